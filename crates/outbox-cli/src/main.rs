@@ -1,0 +1,2 @@
+//! outbox-cli
+fn main() {}

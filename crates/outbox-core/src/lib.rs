@@ -1,0 +1,30 @@
+//! Core of the `outbox` relay: the event model, the [`Source`] and [`Sink`] traits, the retry
+//! policy and the relay loop that moves events from one to the other.
+//!
+//! The core never names a database or a broker. A source reads committed outbox events and
+//! records what became of them; a sink publishes them; the [`relay`] decides, per event, whether
+//! it was delivered, must be retried later, or is dead-lettered, and keeps per-aggregate order.
+//!
+//! The delivery contract is **at-least-once**: an event is recorded as delivered only after the
+//! sink returned an acknowledgement for it, so a crash between publish and settle republishes
+//! the event. Consumers deduplicate by [`Event::id`].
+
+pub mod destination;
+pub mod event;
+pub mod identifier;
+pub mod message;
+pub mod metrics;
+pub mod policy;
+pub mod relay;
+pub mod sink;
+pub mod source;
+
+pub use destination::{Destination, DestinationError};
+pub use event::{Event, NewEvent, Position};
+pub use identifier::{Identifier, IdentifierError, QualifiedTable};
+pub use policy::{Backoff, FailureAction, RetryPolicy};
+pub use relay::{DeadLetterPolicy, Ordering, Relay, RelayConfig, RelayError, RelayReport};
+pub use sink::{DynSink, Sink, SinkError, SinkErrorKind};
+pub use source::{
+    Backlog, Fetched, Inspect, Outcome, Settlement, Source, SourceError, SourceErrorKind,
+};

@@ -1,0 +1,65 @@
+//! Metric names, in one place. Labels are low-cardinality (`sink`, `outcome`); never an
+//! aggregate id or event id.
+
+/// Counter: events the broker acknowledged. Label `sink`.
+pub const EVENTS_PUBLISHED: &str = "outbox_events_published_total";
+/// Counter: failed publish attempts that will be retried. Labels `sink`, `kind`.
+pub const EVENTS_FAILED: &str = "outbox_events_failed_total";
+/// Counter: events dead-lettered. Label `sink`.
+pub const EVENTS_DEAD_LETTERED: &str = "outbox_events_dead_lettered_total";
+/// Counter: batches whose outcomes could not be recorded (their events will be published
+/// again: the source of duplicates).
+pub const SETTLE_FAILURES: &str = "outbox_settle_failures_total";
+/// Counter: fetches that failed because the database was unavailable.
+pub const SOURCE_ERRORS: &str = "outbox_source_errors_total";
+/// Histogram (seconds): from the event's `created_at` to the broker's acknowledgement.
+pub const COMMIT_TO_ACK_SECONDS: &str = "outbox_commit_to_ack_seconds";
+/// Histogram: events per fetched batch.
+pub const BATCH_SIZE: &str = "outbox_batch_size";
+/// Gauge: events pending delivery.
+pub const PENDING: &str = "outbox_pending_events";
+/// Gauge: pending events waiting for a retry.
+pub const RETRYING: &str = "outbox_retrying_events";
+/// Gauge: dead-lettered events.
+pub const DEAD: &str = "outbox_dead_events";
+/// Gauge (seconds): age of the oldest pending event not waiting on backoff.
+pub const OLDEST_PENDING_AGE_SECONDS: &str = "outbox_oldest_pending_age_seconds";
+/// Gauge: 1 while the sink is considered unavailable, else 0.
+pub const SINK_UP: &str = "outbox_sink_up";
+
+/// Registers descriptions with the installed recorder (call once after installing it).
+pub fn describe() {
+    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+    describe_counter!(EVENTS_PUBLISHED, "Events acknowledged by the broker");
+    describe_counter!(
+        EVENTS_FAILED,
+        "Failed publish attempts that will be retried"
+    );
+    describe_counter!(EVENTS_DEAD_LETTERED, "Events dead-lettered");
+    describe_counter!(
+        SETTLE_FAILURES,
+        "Batches whose outcomes could not be recorded (redelivered later)"
+    );
+    describe_counter!(
+        SOURCE_ERRORS,
+        "Fetches that failed because the database was unavailable"
+    );
+    describe_histogram!(
+        COMMIT_TO_ACK_SECONDS,
+        Unit::Seconds,
+        "From event creation to broker acknowledgement"
+    );
+    describe_histogram!(BATCH_SIZE, Unit::Count, "Events per fetched batch");
+    describe_gauge!(PENDING, "Events pending delivery");
+    describe_gauge!(RETRYING, "Pending events waiting for a retry");
+    describe_gauge!(DEAD, "Dead-lettered events");
+    describe_gauge!(
+        OLDEST_PENDING_AGE_SECONDS,
+        Unit::Seconds,
+        "Age of the oldest pending event not waiting on backoff"
+    );
+    describe_gauge!(
+        SINK_UP,
+        "1 while the sink accepts publishes, 0 while it is unavailable"
+    );
+}

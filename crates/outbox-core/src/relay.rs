@@ -1,0 +1,474 @@
+//! The relay loop: fetch a batch from the [`Source`], publish it through the [`Sink`] in
+//! per-aggregate waves, decide each event's outcome, settle, repeat.
+//!
+//! Ordering within a batch: when ordering is on, the batch is split into *waves*: wave `k`
+//! holds the `k`-th event of every aggregate in the batch. A wave is published concurrently
+//! (its events are independent) and fully acknowledged before the next wave starts; an
+//! aggregate whose event failed takes no further part in the batch, so a later event never
+//! overtakes an earlier one that is being retried or dead-lettered.
+
+use std::collections::HashMap;
+use std::num::{NonZeroU32, NonZeroUsize};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::SeedableRng;
+use serde::Deserialize;
+use time::OffsetDateTime;
+use tokio_util::sync::CancellationToken;
+
+use crate::metrics as m;
+use crate::policy::{Backoff, FailureAction, RetryPolicy};
+use crate::sink::Delivery;
+use crate::source::{Fetched, Outcome, Settlement};
+use crate::{Event, Sink, SinkError, SinkErrorKind, Source, SourceError, SourceErrorKind};
+
+/// Which events must reach the broker in commit order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Ordering {
+    /// No order: events are published as fast as possible, a failed event does not hold back
+    /// anything.
+    None,
+    /// Events of one aggregate reach the broker in commit order (guarantee 3).
+    #[default]
+    PerAggregate,
+    /// All events in commit order (CDC source only: one active relay following the WAL).
+    Total,
+}
+
+/// What a dead-lettered event means for the later events of its aggregate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum DeadLetterPolicy {
+    /// Later events of the aggregate wait until the dead letter is retried or purged: a
+    /// consumer never sees event N+1 of an aggregate without event N.
+    #[default]
+    HoldAggregate,
+    /// Later events of the aggregate flow on; the dead letter is out of line.
+    Skip,
+}
+
+/// Relay settings (`[relay]` in the config file).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RelayConfig {
+    /// Ordering guarantee (`none`, `per-aggregate`, `total`).
+    pub ordering: Ordering,
+    /// What a dead letter means for its aggregate (`hold-aggregate`, `skip`).
+    pub dead_letter: DeadLetterPolicy,
+    /// Most events claimed per batch.
+    pub batch_size: NonZeroUsize,
+    /// Failed attempts after which an event is dead-lettered.
+    pub max_attempts: NonZeroU32,
+    /// Backoff between attempts of one event.
+    pub backoff: Backoff,
+    /// Pause after a batch that was not full (a full batch is followed by the next at once).
+    #[serde(with = "humantime_serde")]
+    pub poll_interval: Duration,
+    /// Longest pause between polls while the outbox stays empty (the pause doubles from
+    /// `poll_interval` up to this).
+    #[serde(with = "humantime_serde")]
+    pub idle_interval: Duration,
+    /// Longest wait for the broker to acknowledge one wave; past it the wave counts as
+    /// unavailable and its events are released untouched.
+    #[serde(with = "humantime_serde")]
+    pub publish_timeout: Duration,
+    /// Concurrent pipelines in this process, each with its own database connection: while
+    /// one publishes, another claims.
+    pub workers: NonZeroUsize,
+}
+
+impl Default for RelayConfig {
+    fn default() -> Self {
+        Self {
+            ordering: Ordering::PerAggregate,
+            dead_letter: DeadLetterPolicy::HoldAggregate,
+            batch_size: NonZeroUsize::new(500).expect("nonzero"),
+            max_attempts: NonZeroU32::new(10).expect("nonzero"),
+            backoff: Backoff::default(),
+            poll_interval: Duration::from_millis(5),
+            idle_interval: Duration::from_millis(50),
+            publish_timeout: Duration::from_secs(30),
+            workers: NonZeroUsize::new(2).expect("nonzero"),
+        }
+    }
+}
+
+impl RelayConfig {
+    /// Checks values serde cannot; the error names the key (`relay.backoff.max: ...`).
+    pub fn validate(&self) -> Result<(), String> {
+        self.backoff
+            .validate()
+            .map_err(|(k, why)| format!("relay.backoff.{k}: {why}"))?;
+        if self.idle_interval < self.poll_interval {
+            return Err("relay.idle_interval: must not be less than relay.poll_interval".into());
+        }
+        if self.publish_timeout.is_zero() {
+            return Err("relay.publish_timeout: must be greater than 0".into());
+        }
+        Ok(())
+    }
+
+    fn retry_policy(&self) -> RetryPolicy {
+        RetryPolicy {
+            max_attempts: self.max_attempts.get(),
+            backoff: self.backoff.clone(),
+        }
+    }
+}
+
+/// Why the relay stopped other than by shutdown.
+#[derive(Debug, thiserror::Error)]
+pub enum RelayError {
+    /// The source failed in a way retrying cannot fix.
+    #[error("the outbox source failed")]
+    Source(#[source] SourceError),
+}
+
+/// Totals of one relay run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RelayReport {
+    /// Events acknowledged by the broker.
+    pub delivered: u64,
+    /// Failed attempts scheduled for retry.
+    pub retried: u64,
+    /// Events dead-lettered.
+    pub dead_lettered: u64,
+    /// Batches whose outcomes could not be recorded (their events will be published again).
+    pub settle_failures: u64,
+}
+
+impl std::ops::AddAssign for RelayReport {
+    fn add_assign(&mut self, o: Self) {
+        self.delivered += o.delivered;
+        self.retried += o.retried;
+        self.dead_lettered += o.dead_lettered;
+        self.settle_failures += o.settle_failures;
+    }
+}
+
+/// The relay: moves events from sources to a sink until told to stop.
+pub struct Relay<K> {
+    config: RelayConfig,
+    sink: Arc<K>,
+}
+
+/// Exponential pause for repeated unavailability of the database or the broker.
+#[derive(Debug)]
+struct Pause {
+    next: Duration,
+}
+
+impl Pause {
+    const FIRST: Duration = Duration::from_millis(100);
+    const MAX: Duration = Duration::from_secs(10);
+    fn new() -> Self {
+        Self { next: Self::FIRST }
+    }
+    fn take(&mut self) -> Duration {
+        let d = self.next;
+        self.next = (self.next * 2).min(Self::MAX);
+        d
+    }
+    fn reset(&mut self) {
+        self.next = Self::FIRST;
+    }
+}
+
+impl<K: Sink> Relay<K> {
+    /// A relay publishing to `sink`.
+    pub fn new(config: RelayConfig, sink: Arc<K>) -> Self {
+        Self { config, sink }
+    }
+
+    /// Runs one pipeline per source until `shutdown` is cancelled, then finishes the batch in
+    /// flight (publish, await acks, settle) and returns. Returns an error only for a fatal
+    /// source error; an unavailable database or broker is waited out with backoff.
+    pub async fn run<S: Source>(
+        &self,
+        sources: Vec<S>,
+        shutdown: CancellationToken,
+    ) -> Result<RelayReport, RelayError> {
+        let workers = sources
+            .into_iter()
+            .enumerate()
+            .map(|(i, s)| self.run_worker(i, s, shutdown.clone()));
+        let reports = futures::future::join_all(workers).await;
+        let mut total = RelayReport::default();
+        let mut first_err = None;
+        for r in reports {
+            match r {
+                Ok(rep) => total += rep,
+                Err(e) => {
+                    shutdown.cancel();
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(total),
+        }
+    }
+
+    async fn run_worker<S: Source>(
+        &self,
+        worker: usize,
+        mut source: S,
+        shutdown: CancellationToken,
+    ) -> Result<RelayReport, RelayError> {
+        let mut report = RelayReport::default();
+        let mut db_pause = Pause::new();
+        let mut sink_pause = Pause::new();
+        let mut idle = self.config.poll_interval;
+        let mut rng = rand::rngs::SmallRng::from_os_rng();
+        let policy = self.config.retry_policy();
+        let limit = self.config.batch_size.get();
+        tracing::debug!(worker, "relay worker started");
+        while !shutdown.is_cancelled() {
+            let fetched = match source.fetch(limit, OffsetDateTime::now_utc()).await {
+                Ok(f) => {
+                    db_pause.reset();
+                    f
+                }
+                Err(e) if e.kind() == SourceErrorKind::Unavailable => {
+                    let d = db_pause.take();
+                    metrics::counter!(m::SOURCE_ERRORS).increment(1);
+                    tracing::warn!(worker, error = %ErrorChain(&e), retry_in = ?d, "outbox database unavailable");
+                    sleep_or_cancel(d, &shutdown).await;
+                    continue;
+                }
+                Err(e) => {
+                    tracing::error!(worker, error = %ErrorChain(&e), "outbox source failed; stopping");
+                    return Err(RelayError::Source(e));
+                }
+            };
+            let Fetched { events, more } = fetched;
+            if events.is_empty() {
+                if !more {
+                    tokio::select! {
+                        () = source.wait_for_events(idle) => {}
+                        () = shutdown.cancelled() => {}
+                    }
+                    idle = (idle * 2).min(self.config.idle_interval);
+                }
+                continue;
+            }
+            idle = self.config.poll_interval;
+            metrics::histogram!(m::BATCH_SIZE).record(events.len() as f64);
+
+            let (settlements, batch_report, sink_down) =
+                self.publish_batch(events, &policy, &mut rng).await;
+            let now = OffsetDateTime::now_utc();
+            match source.settle(&settlements, now).await {
+                Ok(()) => report += batch_report,
+                Err(e) => {
+                    // Nothing was recorded: every event of the batch stays pending and will be
+                    // published again (duplicates, never loss).
+                    report.settle_failures += 1;
+                    metrics::counter!(m::SETTLE_FAILURES).increment(1);
+                    tracing::warn!(worker, error = %ErrorChain(&e), "could not record batch outcomes; its events will be published again");
+                    if e.kind() == SourceErrorKind::Fatal {
+                        return Err(RelayError::Source(e));
+                    }
+                    sleep_or_cancel(db_pause.take(), &shutdown).await;
+                    continue;
+                }
+            }
+            if let Some(err) = sink_down {
+                let d = sink_pause.take();
+                metrics::gauge!(m::SINK_UP).set(0.0);
+                tracing::warn!(worker, sink = self.sink.name(), error = %err.report(), retry_in = ?d, "broker unavailable; pausing");
+                sleep_or_cancel(d, &shutdown).await;
+            } else {
+                sink_pause.reset();
+                metrics::gauge!(m::SINK_UP).set(1.0);
+                if !more {
+                    sleep_or_cancel(self.config.poll_interval, &shutdown).await;
+                }
+            }
+        }
+        tracing::debug!(worker, ?report, "relay worker stopped");
+        Ok(report)
+    }
+
+    /// Publishes one batch wave by wave and decides every event's outcome. Returns the
+    /// settlements, the totals, and the error that made the broker count as unavailable.
+    async fn publish_batch(
+        &self,
+        events: Vec<Event>,
+        policy: &RetryPolicy,
+        rng: &mut impl rand::Rng,
+    ) -> (Vec<Settlement>, RelayReport, Option<SinkError>) {
+        let mut settlements = Vec::with_capacity(events.len());
+        let mut report = RelayReport::default();
+        let mut sink_down: Option<SinkError> = None;
+        let sink_name = self.sink.name();
+        let waves = split_into_waves(events, self.config.ordering);
+        // Aggregates that failed earlier in this batch: their later events are released.
+        let mut failed: HashMap<(String, String), ()> = HashMap::new();
+        let ordered = self.config.ordering != Ordering::None;
+
+        for wave in waves {
+            let (wave, held): (Vec<Event>, Vec<Event>) = if sink_down.is_some() {
+                (Vec::new(), wave)
+            } else if ordered && !failed.is_empty() {
+                wave.into_iter().partition(|e| {
+                    !failed.contains_key(&(e.aggregate_type.clone(), e.aggregate_id.clone()))
+                })
+            } else {
+                (wave, Vec::new())
+            };
+            settlements.extend(held.iter().map(|e| Settlement {
+                position: e.position,
+                outcome: Outcome::Released,
+            }));
+            if wave.is_empty() {
+                continue;
+            }
+            let deliveries: Vec<Delivery> =
+                match tokio::time::timeout(self.config.publish_timeout, self.sink.publish(&wave))
+                    .await
+                {
+                    Ok(Ok(d)) if d.len() == wave.len() => d,
+                    Ok(Ok(d)) => {
+                        let e = SinkError::transient(format!(
+                            "sink `{sink_name}` returned {} results for {} events",
+                            d.len(),
+                            wave.len()
+                        ));
+                        vec![Err(e); wave.len()]
+                    }
+                    Ok(Err(e)) => vec![Err(e); wave.len()],
+                    Err(_) => {
+                        let e = SinkError::unavailable(format!(
+                            "no acknowledgement within {:?} (relay.publish_timeout)",
+                            self.config.publish_timeout
+                        ));
+                        vec![Err(e); wave.len()]
+                    }
+                };
+            let acked_at = OffsetDateTime::now_utc();
+            let mut published = 0u64;
+            for (event, delivery) in wave.iter().zip(deliveries) {
+                let outcome = match delivery {
+                    Ok(()) => {
+                        published += 1;
+                        let latency = (acked_at - event.created_at).as_seconds_f64().max(0.0);
+                        metrics::histogram!(m::COMMIT_TO_ACK_SECONDS).record(latency);
+                        Outcome::Delivered
+                    }
+                    Err(err) => match policy.on_failure(err.kind(), event.attempts, rng) {
+                        FailureAction::Release => {
+                            sink_down.get_or_insert(err);
+                            Outcome::Released
+                        }
+                        FailureAction::RetryAfter(delay) => {
+                            report.retried += 1;
+                            let kind = match err.kind() {
+                                SinkErrorKind::Unavailable => "unavailable",
+                                SinkErrorKind::Transient => "transient",
+                                SinkErrorKind::Rejected => "rejected",
+                            };
+                            metrics::counter!(m::EVENTS_FAILED, "sink" => sink_name, "kind" => kind).increment(1);
+                            tracing::debug!(event_id = %event.id, error = %err.report(), retry_in = ?delay, "publish failed; will retry");
+                            Outcome::Retry {
+                                not_before: acked_at + delay,
+                                error: err.report(),
+                            }
+                        }
+                        FailureAction::DeadLetter => {
+                            report.dead_lettered += 1;
+                            metrics::counter!(m::EVENTS_DEAD_LETTERED, "sink" => sink_name)
+                                .increment(1);
+                            let reason = if err.kind() == SinkErrorKind::Transient {
+                                format!(
+                                    "gave up after {} failed attempts: {}",
+                                    event.attempts + 1,
+                                    err.report()
+                                )
+                            } else {
+                                err.report()
+                            };
+                            tracing::warn!(
+                                event_id = %event.id,
+                                aggregate_type = %event.aggregate_type,
+                                event_type = %event.event_type,
+                                reason = %reason,
+                                "event dead-lettered"
+                            );
+                            Outcome::DeadLetter { reason }
+                        }
+                    },
+                };
+                if ordered && outcome != Outcome::Delivered {
+                    failed.insert(
+                        (event.aggregate_type.clone(), event.aggregate_id.clone()),
+                        (),
+                    );
+                }
+                settlements.push(Settlement {
+                    position: event.position,
+                    outcome,
+                });
+            }
+            report.delivered += published;
+            metrics::counter!(m::EVENTS_PUBLISHED, "sink" => sink_name).increment(published);
+        }
+        (settlements, report, sink_down)
+    }
+}
+
+/// Splits a batch into waves: wave `k` holds the `k`-th event of each aggregate, in batch
+/// order. Without ordering the whole batch is one wave; with total order, one event per wave.
+pub fn split_into_waves(events: Vec<Event>, ordering: Ordering) -> Vec<Vec<Event>> {
+    match ordering {
+        Ordering::None => vec![events],
+        Ordering::Total => events.into_iter().map(|e| vec![e]).collect(),
+        Ordering::PerAggregate => {
+            let mut seen: HashMap<(&str, &str), usize> = HashMap::with_capacity(events.len());
+            let mut wave_of = Vec::with_capacity(events.len());
+            let mut waves_needed = 0;
+            for e in &events {
+                let n = seen
+                    .entry((e.aggregate_type.as_str(), e.aggregate_id.as_str()))
+                    .or_insert(0);
+                wave_of.push(*n);
+                *n += 1;
+                waves_needed = waves_needed.max(*n);
+            }
+            drop(seen);
+            if waves_needed <= 1 {
+                return vec![events];
+            }
+            let mut waves: Vec<Vec<Event>> = (0..waves_needed).map(|_| Vec::new()).collect();
+            for (e, w) in events.into_iter().zip(wave_of) {
+                waves[w].push(e);
+            }
+            waves
+        }
+    }
+}
+
+async fn sleep_or_cancel(d: Duration, shutdown: &CancellationToken) {
+    tokio::select! {
+        () = tokio::time::sleep(d) => {}
+        () = shutdown.cancelled() => {}
+    }
+}
+
+/// Displays an error with its whole `source()` chain on one line.
+pub struct ErrorChain<'a>(pub &'a (dyn std::error::Error + 'static));
+
+impl std::fmt::Display for ErrorChain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut cause = self.0.source();
+        while let Some(c) = cause {
+            write!(f, ": {c}")?;
+            cause = c.source();
+        }
+        Ok(())
+    }
+}

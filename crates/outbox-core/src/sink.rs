@@ -1,0 +1,185 @@
+//! The [`Sink`] trait: where events are published, and how a publish can fail.
+
+use std::error::Error as StdError;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use crate::Event;
+
+/// How a publish failed, which decides what the relay does next (see
+/// [`crate::policy::RetryPolicy::on_failure`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SinkErrorKind {
+    /// The broker cannot be reached or did not answer (connection refused, timeout, closed
+    /// connection). Says nothing about the event: no attempt is counted, the event is released
+    /// untouched and the relay pauses before the next batch.
+    Unavailable,
+    /// The broker refused this event for a reason that may pass (HTTP 429/5xx, a transient
+    /// JetStream error). Counts as a failed attempt; retried with backoff, dead-lettered after
+    /// `max_attempts`.
+    Transient,
+    /// The broker will never accept this event as it is (larger than its size limit, HTTP 4xx,
+    /// an invalid subject). Dead-lettered at once with the reason.
+    Rejected,
+}
+
+/// A publish failure: a kind (what to do) and a message (what happened, for humans).
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct SinkError {
+    kind: SinkErrorKind,
+    message: String,
+    #[source]
+    source: Option<Arc<dyn StdError + Send + Sync>>,
+}
+
+impl Clone for SinkError {
+    fn clone(&self) -> Self {
+        Self {
+            kind: self.kind,
+            message: self.message.clone(),
+            source: self.source.clone(),
+        }
+    }
+}
+
+impl SinkError {
+    /// A failure of the given kind.
+    pub fn new(kind: SinkErrorKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+            source: None,
+        }
+    }
+    /// The broker could not be reached; see [`SinkErrorKind::Unavailable`].
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::new(SinkErrorKind::Unavailable, message)
+    }
+    /// A failure that may pass; see [`SinkErrorKind::Transient`].
+    pub fn transient(message: impl Into<String>) -> Self {
+        Self::new(SinkErrorKind::Transient, message)
+    }
+    /// The event can never be accepted; see [`SinkErrorKind::Rejected`].
+    pub fn rejected(message: impl Into<String>) -> Self {
+        Self::new(SinkErrorKind::Rejected, message)
+    }
+    /// Attaches the underlying cause.
+    pub fn with_source(mut self, source: impl StdError + Send + Sync + 'static) -> Self {
+        self.source = Some(Arc::new(source));
+        self
+    }
+    /// What kind of failure this is.
+    pub fn kind(&self) -> SinkErrorKind {
+        self.kind
+    }
+    /// The message plus every cause in the chain, on one line (for logs and `last_error`).
+    pub fn report(&self) -> String {
+        let mut out = self.message.clone();
+        let mut cause = self
+            .source
+            .as_deref()
+            .map(|e| e as &(dyn StdError + 'static));
+        while let Some(e) = cause {
+            let text = e.to_string();
+            if !out.contains(&text) {
+                out.push_str(": ");
+                out.push_str(&text);
+            }
+            cause = e.source();
+        }
+        out
+    }
+}
+
+/// The result of publishing one event: `Ok` once the broker acknowledged it.
+pub type Delivery = Result<(), SinkError>;
+
+/// Publishes events to a broker.
+///
+/// Contract:
+/// - `publish` returns one [`Delivery`] per input event, in input order, and returns `Ok(())`
+///   for an event only after the broker acknowledged it durably (JetStream ack, Kafka delivery
+///   report, publisher confirm, 2xx). `Err` for the whole call means no event of the batch may
+///   be assumed published.
+/// - The events of one call are independent: when ordering is on, the relay never passes two
+///   events of the same aggregate in one call, so a sink may publish them all concurrently and
+///   await the acknowledgements together.
+/// - At-least-once: the same event may be published again after a crash or an unacknowledged
+///   publish. Every message carries the event id so consumers can deduplicate.
+pub trait Sink: Send + Sync + 'static {
+    /// Short, stable name for logs and metric labels (`nats`, `http`, `stdout`, ...).
+    fn name(&self) -> &'static str;
+
+    /// Publishes `batch`; see the trait documentation for the contract.
+    fn publish<'a>(
+        &'a self,
+        batch: &'a [Event],
+    ) -> impl Future<Output = Result<Vec<Delivery>, SinkError>> + Send + 'a;
+
+    /// Checks that the broker is reachable and configured (stream exists, endpoint answers).
+    fn healthcheck(&self) -> impl Future<Output = Result<(), SinkError>> + Send;
+}
+
+/// A boxed future, for the object-safe [`DynSink`].
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Object-safe form of [`Sink`], implemented for every `Sink`; lets the binary choose a sink at
+/// run time (`Box<dyn DynSink>` is itself a [`Sink`]).
+pub trait DynSink: Send + Sync + 'static {
+    /// See [`Sink::name`].
+    fn dyn_name(&self) -> &'static str;
+    /// See [`Sink::publish`].
+    fn dyn_publish<'a>(
+        &'a self,
+        batch: &'a [Event],
+    ) -> BoxFuture<'a, Result<Vec<Delivery>, SinkError>>;
+    /// See [`Sink::healthcheck`].
+    fn dyn_healthcheck(&self) -> BoxFuture<'_, Result<(), SinkError>>;
+}
+
+impl<T: Sink> DynSink for T {
+    fn dyn_name(&self) -> &'static str {
+        self.name()
+    }
+    fn dyn_publish<'a>(
+        &'a self,
+        batch: &'a [Event],
+    ) -> BoxFuture<'a, Result<Vec<Delivery>, SinkError>> {
+        Box::pin(self.publish(batch))
+    }
+    fn dyn_healthcheck(&self) -> BoxFuture<'_, Result<(), SinkError>> {
+        Box::pin(self.healthcheck())
+    }
+}
+
+impl Sink for Box<dyn DynSink> {
+    fn name(&self) -> &'static str {
+        (**self).dyn_name()
+    }
+    fn publish<'a>(
+        &'a self,
+        batch: &'a [Event],
+    ) -> impl Future<Output = Result<Vec<Delivery>, SinkError>> + Send + 'a {
+        (**self).dyn_publish(batch)
+    }
+    fn healthcheck(&self) -> impl Future<Output = Result<(), SinkError>> + Send {
+        (**self).dyn_healthcheck()
+    }
+}
+
+impl<T: Sink> Sink for Arc<T> {
+    fn name(&self) -> &'static str {
+        (**self).name()
+    }
+    fn publish<'a>(
+        &'a self,
+        batch: &'a [Event],
+    ) -> impl Future<Output = Result<Vec<Delivery>, SinkError>> + Send + 'a {
+        (**self).publish(batch)
+    }
+    fn healthcheck(&self) -> impl Future<Output = Result<(), SinkError>> + Send {
+        (**self).healthcheck()
+    }
+}

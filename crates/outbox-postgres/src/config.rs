@@ -1,0 +1,186 @@
+//! `[source]` settings for PostgreSQL (`kind = "postgres"`).
+
+use std::fmt;
+use std::time::Duration;
+
+use outbox_core::{Identifier, QualifiedTable};
+use serde::Deserialize;
+
+/// How the relay reads the outbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    /// Claim batches with `FOR UPDATE SKIP LOCKED`, polling adaptively.
+    #[default]
+    Poll,
+    /// Stream inserts over logical replication (not in this release).
+    Cdc,
+}
+
+/// What happens to a row once the broker acknowledged its event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum OnDelivered {
+    /// Set `state = 'delivered'` and `delivered_at`; retention deletes it later. Keeps history
+    /// for `replay` and `status`.
+    #[default]
+    Mark,
+    /// Delete the row at once: about half the WAL of `mark`, nothing to clean up, no replay.
+    Delete,
+}
+
+/// A database URL whose password never appears in logs or `Debug` output.
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct DatabaseUrl(String);
+
+impl DatabaseUrl {
+    /// Wraps a URL.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self(url.into())
+    }
+    /// The URL with its password, for connecting.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+    /// The URL with any password replaced by `***`.
+    pub fn redacted(&self) -> String {
+        redact(&self.0)
+    }
+}
+
+/// Replaces the password of a `scheme://user:password@host` URL with `***`.
+pub fn redact(url: &str) -> String {
+    if let Some((scheme, rest)) = url.split_once("://")
+        && let Some((userinfo, host)) = rest.split_once('@')
+        && let Some((user, _)) = userinfo.split_once(':')
+    {
+        return format!("{scheme}://{user}:***@{host}");
+    }
+    url.to_owned()
+}
+
+impl fmt::Debug for DatabaseUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.redacted())
+    }
+}
+
+impl fmt::Display for DatabaseUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.redacted())
+    }
+}
+
+/// PostgreSQL source settings.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PostgresConfig {
+    /// Connection URL, e.g. `postgres://app@127.0.0.1:5432/app`. Env: `OUTBOX_DATABASE_URL`.
+    pub url: DatabaseUrl,
+    /// Schema of the outbox table.
+    #[serde(default = "default_schema")]
+    pub schema: Identifier,
+    /// Name of the outbox table.
+    #[serde(default = "default_table")]
+    pub table: Identifier,
+    /// `poll` (default) or `cdc`.
+    #[serde(default)]
+    pub mode: Mode,
+    /// `mark` (default) or `delete` delivered rows.
+    #[serde(default)]
+    pub on_delivered: OnDelivered,
+    /// Wake the relay with LISTEN/NOTIFY on insert (installs a statement trigger at
+    /// `migrate`). Lowers idle latency; costs producers commit throughput. Default false.
+    #[serde(default)]
+    pub listen_notify: bool,
+    /// Connections in the relay's pool (one per worker, plus one for status and metrics).
+    #[serde(default)]
+    pub max_connections: Option<u32>,
+    /// A claim transaction idle longer than this is ended by the server
+    /// (`idle_in_transaction_session_timeout`), which frees its events for other replicas if
+    /// this relay hangs. Must exceed `relay.publish_timeout`.
+    #[serde(default = "default_claim_timeout", with = "humantime_serde")]
+    pub claim_timeout: Duration,
+    /// How long to wait for a connection (and for the database at start).
+    #[serde(default = "default_connect_timeout", with = "humantime_serde")]
+    pub connect_timeout: Duration,
+}
+
+fn default_schema() -> Identifier {
+    Identifier::new("public").expect("valid")
+}
+fn default_table() -> Identifier {
+    Identifier::new("outbox").expect("valid")
+}
+fn default_claim_timeout() -> Duration {
+    Duration::from_secs(60)
+}
+fn default_connect_timeout() -> Duration {
+    Duration::from_secs(10)
+}
+
+impl PostgresConfig {
+    /// Settings with every default and the given URL.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: DatabaseUrl::new(url),
+            schema: default_schema(),
+            table: default_table(),
+            mode: Mode::Poll,
+            on_delivered: OnDelivered::Mark,
+            listen_notify: false,
+            max_connections: None,
+            claim_timeout: default_claim_timeout(),
+            connect_timeout: default_connect_timeout(),
+        }
+    }
+
+    /// The qualified outbox table.
+    pub fn qualified_table(&self) -> QualifiedTable {
+        QualifiedTable::new(Some(self.schema.clone()), self.table.clone())
+    }
+
+    /// Checks what serde cannot; the error names the key.
+    pub fn validate(&self) -> Result<(), String> {
+        if !(self.url.expose().starts_with("postgres://")
+            || self.url.expose().starts_with("postgresql://"))
+        {
+            return Err(format!(
+                "source.url: `{}` is not a PostgreSQL URL (postgres://user@host:port/db)",
+                self.url.redacted()
+            ));
+        }
+        if self.mode == Mode::Cdc {
+            return Err("source.mode: `cdc` is not available in this release; use `poll`".into());
+        }
+        if self.claim_timeout < Duration::from_secs(1) {
+            return Err("source.claim_timeout: must be at least 1s".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_never_print() {
+        let url = DatabaseUrl::new("postgres://app:s3cret@db:5432/app");
+        assert_eq!(format!("{url:?}"), "postgres://app:***@db:5432/app");
+        assert_eq!(url.to_string(), "postgres://app:***@db:5432/app");
+        assert_eq!(redact("postgres://app@db/app"), "postgres://app@db/app");
+    }
+
+    #[test]
+    fn unknown_keys_and_sql_in_table_names_are_refused() {
+        let err = toml::from_str::<PostgresConfig>("url = \"postgres://x\"\ntabel = \"o\"")
+            .expect_err("unknown key");
+        assert!(err.to_string().contains("unknown field `tabel`"), "{err}");
+        let err =
+            toml::from_str::<PostgresConfig>("url = \"postgres://x\"\ntable = \"o; drop table x\"")
+                .expect_err("bad identifier");
+        assert!(err.to_string().contains("not a plain identifier"), "{err}");
+    }
+}

@@ -1,0 +1,49 @@
+//! Errors of the PostgreSQL crate, and the mapping of database errors to the core's kinds.
+
+use outbox_core::{SourceError, SourceErrorKind};
+
+/// Why `enqueue` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum EnqueueError {
+    /// The event is not valid (an empty aggregate type, id or event type).
+    #[error("invalid outbox event: {0}")]
+    Invalid(&'static str),
+    /// The database refused the insert or could not be reached. The caller's transaction
+    /// should be rolled back.
+    #[error("writing to the outbox failed")]
+    Database(#[source] sqlx::Error),
+}
+
+/// Maps a database error to what the relay should do: wait and retry, or stop.
+pub(crate) fn source_error(context: &str, table: &str, e: sqlx::Error) -> SourceError {
+    let kind = classify(&e);
+    let message = match (&e, kind) {
+        (sqlx::Error::Database(db), _) if db.code().as_deref() == Some("42P01") => {
+            format!("{context}: outbox table {table} does not exist; run `outbox migrate` first")
+        }
+        (sqlx::Error::Database(db), _) if db.code().as_deref() == Some("42501") => {
+            format!("{context}: permission denied on outbox table {table}")
+        }
+        _ => context.to_owned(),
+    };
+    SourceError::new(kind, message).with_source(e)
+}
+
+/// Unavailable: anything that may pass (connection lost, server restarting, timeouts,
+/// serialization failures). Fatal: errors in the SQL's meaning (missing table or column,
+/// permissions: SQLSTATE class 42) and configuration.
+pub(crate) fn classify(e: &sqlx::Error) -> SourceErrorKind {
+    match e {
+        sqlx::Error::Database(db) => match db.code().as_deref() {
+            Some(code) if code.starts_with("42") => SourceErrorKind::Fatal,
+            Some(code) if code.starts_with("28") => SourceErrorKind::Fatal,
+            _ => SourceErrorKind::Unavailable,
+        },
+        sqlx::Error::Configuration(_)
+        | sqlx::Error::ColumnNotFound(_)
+        | sqlx::Error::ColumnDecode { .. }
+        | sqlx::Error::Decode(_)
+        | sqlx::Error::TypeNotFound { .. } => SourceErrorKind::Fatal,
+        _ => SourceErrorKind::Unavailable,
+    }
+}

@@ -1,0 +1,43 @@
+//! PostgreSQL support for `outbox`: the schema ([`migrate`]), the producer ([`PgOutbox`],
+//! [`enqueue`]) and the polling source ([`PgPollSource`]).
+//!
+//! SQL lives in `queries/*.sql` (one statement per file, named `<table>_<verb>`) and
+//! `migrations/*.sql`; a configured schema or table name reaches SQL only through
+//! validated identifiers (see `sql.rs`).
+
+mod config;
+mod error;
+mod inspect;
+mod migrate;
+mod poll;
+mod producer;
+mod sql;
+
+use std::time::Duration;
+
+pub use config::{DatabaseUrl, Mode, OnDelivered, PostgresConfig, redact};
+pub use error::EnqueueError;
+pub use inspect::{HeldAggregate, LockWait, PgInspector};
+pub use migrate::{MigrateError, MigrationReport, SCHEMA_VERSION, migrate, schema_version};
+pub use poll::PgPollSource;
+pub use producer::{PgOutbox, enqueue, enqueue_batch};
+
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+/// Opens a pool for the relay or the CLI: `connections` connections, each with
+/// `idle_in_transaction_session_timeout = claim_timeout` and `application_name = outbox`.
+pub async fn connect(config: &PostgresConfig, connections: u32) -> Result<PgPool, sqlx::Error> {
+    let options: PgConnectOptions = config.url.expose().parse()?;
+    let timeout_ms = config.claim_timeout.as_millis().to_string();
+    let options = options
+        .application_name("outbox")
+        .options([("idle_in_transaction_session_timeout", timeout_ms.as_str())]);
+    PgPoolOptions::new()
+        .max_connections(connections.max(1))
+        .min_connections(0)
+        .acquire_timeout(config.connect_timeout)
+        .idle_timeout(Some(Duration::from_secs(300)))
+        .connect_with(options)
+        .await
+}

@@ -1,0 +1,202 @@
+//! Schema migrations for one outbox table, with their own bookkeeping table
+//! (`<table>_migrations`, next to the outbox table; never the application's).
+//!
+//! `migrate` is idempotent and safe to run concurrently: everything happens in one
+//! transaction that first takes an advisory lock named after the table, so a second
+//! `migrate` waits and then finds nothing to do. PostgreSQL DDL is transactional, so a failed
+//! migration leaves nothing half-done.
+
+use outbox_core::QualifiedTable;
+use sqlx::{Executor, PgPool};
+
+use crate::sql::render;
+
+/// One bundled migration.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Migration {
+    pub(crate) version: i32,
+    pub(crate) name: &'static str,
+    pub(crate) sql: &'static str,
+}
+
+/// Every migration, in order. Append only; never edit one that has shipped.
+pub(crate) const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    name: "outbox_table",
+    sql: include_str!("../migrations/0001_outbox_table.sql"),
+}];
+
+/// The schema version this build of the library expects.
+pub const SCHEMA_VERSION: i32 = 1;
+
+const BOOKKEEPING: &str = "CREATE TABLE IF NOT EXISTS {{qname:_migrations}} (
+    version    integer     PRIMARY KEY,
+    name       text        NOT NULL,
+    checksum   text        NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+)";
+const WAKEUP_ON: &str = "DROP TRIGGER IF EXISTS {{name:_wakeup}} ON {{table}};
+CREATE TRIGGER {{name:_wakeup}} AFTER INSERT ON {{table}}
+    FOR EACH STATEMENT EXECUTE FUNCTION {{qname:_notify}}();";
+const WAKEUP_OFF: &str = "DROP TRIGGER IF EXISTS {{name:_wakeup}} ON {{table}}";
+
+/// Why a migration failed.
+#[derive(Debug, thiserror::Error)]
+pub enum MigrateError {
+    /// The database refused a statement or could not be reached.
+    #[error("migrating outbox table {table} failed")]
+    Database {
+        /// The table being migrated.
+        table: String,
+        /// The database error.
+        #[source]
+        source: sqlx::Error,
+    },
+    /// A migration recorded as applied differs from the bundled one.
+    #[error(
+        "migration {version} of outbox table {table} was applied from different SQL (checksum {found}, this build has {expected}); refusing to continue"
+    )]
+    Modified {
+        /// The table.
+        table: String,
+        /// Migration version.
+        version: i32,
+        /// Recorded checksum.
+        found: String,
+        /// Bundled checksum.
+        expected: String,
+    },
+    /// The database has a newer schema than this build knows.
+    #[error(
+        "outbox table {table} has schema version {found}, newer than this build's {SCHEMA_VERSION}; upgrade outbox"
+    )]
+    Newer {
+        /// The table.
+        table: String,
+        /// Highest version recorded in the database.
+        found: i32,
+    },
+}
+
+/// What `migrate` did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MigrationReport {
+    /// Migrations applied by this call (version, name).
+    pub applied: Vec<(i32, &'static str)>,
+    /// The schema version after the call.
+    pub version: i32,
+    /// Whether the LISTEN/NOTIFY wake-up trigger is now installed.
+    pub wakeup_trigger: bool,
+}
+
+fn checksum(sql: &str) -> String {
+    // FNV-1a, 64 bit: detects an edited migration; not a security boundary.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in sql.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("{h:016x}")
+}
+
+/// Creates or upgrades the outbox schema for `table`, and installs (`listen_notify = true`)
+/// or removes the statement-level NOTIFY wake-up trigger.
+pub async fn migrate(
+    pool: &PgPool,
+    table: &QualifiedTable,
+    listen_notify: bool,
+) -> Result<MigrationReport, MigrateError> {
+    let name = table.to_string();
+    let db = |source| MigrateError::Database {
+        table: name.clone(),
+        source,
+    };
+    let mut tx = pool.begin().await.map_err(db)?;
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+        .bind(format!("outbox migrate {name}"))
+        .execute(&mut *tx)
+        .await
+        .map_err(db)?;
+    let schema_sql = render("CREATE SCHEMA IF NOT EXISTS {{schema}}", table);
+    tx.execute(sqlx::AssertSqlSafe(schema_sql))
+        .await
+        .map_err(db)?;
+    tx.execute(sqlx::AssertSqlSafe(render(BOOKKEEPING, table)))
+        .await
+        .map_err(db)?;
+    let applied: Vec<(i32, String)> = sqlx::query_as(sqlx::AssertSqlSafe(render(
+        "SELECT version, checksum FROM {{qname:_migrations}} ORDER BY version",
+        table,
+    )))
+    .fetch_all(&mut *tx)
+    .await
+    .map_err(db)?;
+    if let Some((found, _)) = applied.iter().find(|(v, _)| *v > SCHEMA_VERSION) {
+        return Err(MigrateError::Newer {
+            table: name,
+            found: *found,
+        });
+    }
+    let mut report = MigrationReport {
+        applied: Vec::new(),
+        version: 0,
+        wakeup_trigger: listen_notify,
+    };
+    for m in MIGRATIONS {
+        let expected = checksum(m.sql);
+        if let Some((_, found)) = applied.iter().find(|(v, _)| *v == m.version) {
+            if *found != expected {
+                return Err(MigrateError::Modified {
+                    table: name,
+                    version: m.version,
+                    found: found.clone(),
+                    expected,
+                });
+            }
+            report.version = m.version;
+            continue;
+        }
+        tx.execute(sqlx::raw_sql(sqlx::AssertSqlSafe(render(m.sql, table))))
+            .await
+            .map_err(db)?;
+        sqlx::query(sqlx::AssertSqlSafe(render(
+            "INSERT INTO {{qname:_migrations}} (version, name, checksum) VALUES ($1, $2, $3)",
+            table,
+        )))
+        .bind(m.version)
+        .bind(m.name)
+        .bind(&expected)
+        .execute(&mut *tx)
+        .await
+        .map_err(db)?;
+        tracing::info!(table = %name, version = m.version, migration = m.name, "applied migration");
+        report.applied.push((m.version, m.name));
+        report.version = m.version;
+    }
+    let wakeup = if listen_notify { WAKEUP_ON } else { WAKEUP_OFF };
+    tx.execute(sqlx::raw_sql(sqlx::AssertSqlSafe(render(wakeup, table))))
+        .await
+        .map_err(db)?;
+    tx.commit().await.map_err(db)?;
+    Ok(report)
+}
+
+/// The schema version recorded for `table`, or `None` when it was never migrated.
+pub async fn schema_version(
+    pool: &PgPool,
+    table: &QualifiedTable,
+) -> Result<Option<i32>, sqlx::Error> {
+    let exists: Option<String> = sqlx::query_scalar("SELECT to_regclass($1)::text")
+        .bind(render("{{qname:_migrations}}", table))
+        .fetch_one(pool)
+        .await?;
+    if exists.is_none() {
+        return Ok(None);
+    }
+    sqlx::query_scalar(sqlx::AssertSqlSafe(render(
+        "SELECT max(version) FROM {{qname:_migrations}}",
+        table,
+    )))
+    .fetch_one(pool)
+    .await
+}

@@ -1,0 +1,261 @@
+//! The polling source: claims batches with `FOR UPDATE SKIP LOCKED` in a transaction that
+//! stays open while the batch is published, then records every outcome and commits.
+//!
+//! Why a held transaction instead of a lease column: the row locks are the claim. If the relay
+//! is killed, its connection closes, PostgreSQL rolls the transaction back and the events are
+//! claimable by another replica at once; there is no lease to expire and no extra write per
+//! claim. A relay that hangs instead is cut off by `idle_in_transaction_session_timeout`
+//! (`source.claim_timeout`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use outbox_core::source::{Fetched, Outcome, Settlement};
+use outbox_core::{DeadLetterPolicy, Event, Ordering, Position, Source, SourceError};
+use sqlx::postgres::{PgListener, PgRow};
+use sqlx::types::Json;
+use sqlx::{PgPool, Postgres, Row, Transaction};
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+use crate::config::{OnDelivered, PostgresConfig};
+use crate::error::source_error;
+use crate::sql::{Queries, stmt};
+
+/// Reads the outbox by polling. One instance per relay worker; each holds at most one claim
+/// transaction (one pooled connection) at a time.
+pub struct PgPollSource {
+    pool: PgPool,
+    queries: Arc<Queries>,
+    table: String,
+    ordering: Ordering,
+    hold_dead: bool,
+    on_delivered: OnDelivered,
+    claim: Option<Transaction<'static, Postgres>>,
+    listener: Option<PgListener>,
+    wakeup_channel: Option<String>,
+}
+
+impl std::fmt::Debug for PgPollSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgPollSource")
+            .field("table", &self.table)
+            .field("ordering", &self.ordering)
+            .field("claim_open", &self.claim.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl PgPollSource {
+    /// A source over `config`'s table using `pool` (see [`crate::connect`]).
+    pub fn new(
+        pool: PgPool,
+        config: &PostgresConfig,
+        ordering: Ordering,
+        dead_letter: DeadLetterPolicy,
+    ) -> Self {
+        let table = config.qualified_table();
+        Self {
+            pool,
+            queries: Arc::new(Queries::new(&table)),
+            table: table.to_string(),
+            ordering,
+            hold_dead: dead_letter == DeadLetterPolicy::HoldAggregate,
+            on_delivered: config.on_delivered,
+            claim: None,
+            listener: None,
+            wakeup_channel: config
+                .listen_notify
+                .then(|| format!("{}_wakeup", config.table.as_str())),
+        }
+    }
+
+    fn err(&self, context: &str, e: sqlx::Error) -> SourceError {
+        source_error(context, &self.table, e)
+    }
+
+    async fn claim(&mut self, limit: usize, now: OffsetDateTime) -> Result<Fetched, SourceError> {
+        let mut tx = self
+            .pool
+            .begin()
+            .await
+            .map_err(|e| self.err("starting a claim transaction", e))?;
+        let limit_i64 = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = match self.ordering {
+            Ordering::None => {
+                sqlx::query(stmt(&self.queries.claim_batch_unordered))
+                    .bind(now)
+                    .bind(limit_i64)
+                    .fetch_all(&mut *tx)
+                    .await
+            }
+            Ordering::PerAggregate | Ordering::Total => {
+                sqlx::query(stmt(&self.queries.claim_batch))
+                    .bind(now)
+                    .bind(limit_i64)
+                    .bind(self.hold_dead)
+                    .fetch_all(&mut *tx)
+                    .await
+            }
+        }
+        .map_err(|e| self.err("claiming a batch", e))?;
+        let claimed = rows.len();
+        let mut events = Vec::with_capacity(claimed);
+        for row in &rows {
+            let (event, gap) = decode(row).map_err(|e| self.err("reading a claimed event", e))?;
+            // Deliver only what precedes the first earlier event this batch does not hold;
+            // the rest stays locked, untouched, until commit, then is claimable again.
+            if gap.is_none_or(|g| event.position.0 < g) {
+                events.push(event);
+            }
+        }
+        if events.is_empty() {
+            tx.commit()
+                .await
+                .map_err(|e| self.err("ending an empty claim", e))?;
+            return Ok(Fetched::default());
+        }
+        self.claim = Some(tx);
+        Ok(Fetched {
+            more: claimed >= limit,
+            events,
+        })
+    }
+
+    async fn record(
+        &mut self,
+        settlements: &[Settlement],
+        now: OffsetDateTime,
+    ) -> Result<(), SourceError> {
+        let Some(mut tx) = self.claim.take() else {
+            return Ok(());
+        };
+        let mut delivered = Vec::new();
+        let (mut retry_seqs, mut retry_at, mut retry_errors) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut dead_seqs, mut dead_reasons) = (Vec::new(), Vec::new());
+        for s in settlements {
+            match &s.outcome {
+                Outcome::Delivered => delivered.push(s.position.0),
+                Outcome::Retry { not_before, error } => {
+                    retry_seqs.push(s.position.0);
+                    retry_at.push(*not_before);
+                    retry_errors.push(error.as_str());
+                }
+                Outcome::DeadLetter { reason } => {
+                    dead_seqs.push(s.position.0);
+                    dead_reasons.push(reason.as_str());
+                }
+                Outcome::Released => {}
+            }
+        }
+        if !delivered.is_empty() {
+            let q = match self.on_delivered {
+                OnDelivered::Mark => sqlx::query(stmt(&self.queries.mark_delivered))
+                    .bind(&delivered)
+                    .bind(now),
+                OnDelivered::Delete => {
+                    sqlx::query(stmt(&self.queries.delete_delivered)).bind(&delivered)
+                }
+            };
+            q.execute(&mut *tx)
+                .await
+                .map_err(|e| self.err("recording delivered events", e))?;
+        }
+        if !retry_seqs.is_empty() {
+            sqlx::query(stmt(&self.queries.schedule_retry))
+                .bind(&retry_seqs)
+                .bind(&retry_at)
+                .bind(&retry_errors)
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| self.err("scheduling retries", e))?;
+        }
+        if !dead_seqs.is_empty() {
+            sqlx::query(stmt(&self.queries.dead_letter))
+                .bind(&dead_seqs)
+                .bind(&dead_reasons)
+                .bind(now)
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| self.err("dead-lettering events", e))?;
+        }
+        tx.commit()
+            .await
+            .map_err(|e| self.err("committing batch outcomes", e))
+    }
+}
+
+fn decode(row: &PgRow) -> Result<(Event, Option<i64>), sqlx::Error> {
+    let headers: Json<serde_json::Map<String, serde_json::Value>> = row.try_get(6)?;
+    let attempts: i32 = row.try_get(8)?;
+    let payload: Vec<u8> = row.try_get(5)?;
+    let event = Event {
+        position: Position(row.try_get(0)?),
+        id: row.try_get::<Uuid, _>(1)?,
+        aggregate_type: row.try_get(2)?,
+        aggregate_id: row.try_get(3)?,
+        event_type: row.try_get(4)?,
+        payload: Bytes::from(payload),
+        headers: headers
+            .0
+            .into_iter()
+            .map(|(k, v)| match v {
+                serde_json::Value::String(s) => (k, s),
+                other => (k, other.to_string()),
+            })
+            .collect(),
+        created_at: row.try_get(7)?,
+        attempts: u32::try_from(attempts).unwrap_or(0),
+    };
+    Ok((event, row.try_get(9)?))
+}
+
+impl Source for PgPollSource {
+    async fn fetch(&mut self, limit: usize, now: OffsetDateTime) -> Result<Fetched, SourceError> {
+        if let Some(stale) = self.claim.take() {
+            // A fetch without settle: release the previous claim untouched.
+            let _ = stale.rollback().await;
+        }
+        self.claim(limit, now).await
+    }
+
+    async fn settle(
+        &mut self,
+        settlements: &[Settlement],
+        now: OffsetDateTime,
+    ) -> Result<(), SourceError> {
+        self.record(settlements, now).await
+    }
+
+    async fn wait_for_events(&mut self, max: Duration) {
+        let Some(channel) = self.wakeup_channel.clone() else {
+            tokio::time::sleep(max).await;
+            return;
+        };
+        if self.listener.is_none() {
+            match PgListener::connect_with(&self.pool).await {
+                Ok(mut l) => match l.listen(&channel).await {
+                    Ok(()) => self.listener = Some(l),
+                    Err(e) => tracing::warn!(error = %e, "LISTEN failed; polling only"),
+                },
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not open the LISTEN connection; polling only")
+                }
+            }
+        }
+        let Some(listener) = self.listener.as_mut() else {
+            tokio::time::sleep(max).await;
+            return;
+        };
+        let deadline = tokio::time::Instant::now() + max;
+        match tokio::time::timeout_at(deadline, listener.recv()).await {
+            Ok(Ok(_)) | Err(_) => {}
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "LISTEN connection lost; reconnecting on next wait");
+                self.listener = None;
+                tokio::time::sleep_until(deadline).await;
+            }
+        }
+    }
+}

@@ -1,0 +1,159 @@
+//! The producer side: write events into the outbox inside the caller's own transaction.
+
+use std::sync::{Arc, OnceLock};
+
+use outbox_core::{NewEvent, QualifiedTable};
+use sqlx::PgExecutor;
+use sqlx::types::Json;
+use uuid::Uuid;
+
+use crate::error::EnqueueError;
+use crate::sql::{Queries, stmt};
+
+/// A handle on one outbox table for producers. Cheap to clone; create it once.
+///
+/// ```no_run
+/// # async fn place_order(pool: &sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+/// use outbox_core::NewEvent;
+/// use outbox_postgres::PgOutbox;
+///
+/// let outbox = PgOutbox::default();
+/// let mut tx = pool.begin().await?;
+/// sqlx::query("INSERT INTO orders (id, total_cents) VALUES ($1, $2)")
+///     .bind("o_91f2").bind(1250_i64)
+///     .execute(&mut *tx).await?;
+/// let event = NewEvent::json("Order", "o_91f2", "order.placed",
+///     &serde_json::json!({"order_id": "o_91f2", "total_cents": 1250}))?;
+/// let id = outbox.enqueue(&mut *tx, &event).await?;  // same transaction
+/// tx.commit().await?;                                  // both or neither
+/// # let _ = id; Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct PgOutbox {
+    table: QualifiedTable,
+    queries: Arc<Queries>,
+}
+
+impl Default for PgOutbox {
+    /// The table `public.outbox`.
+    fn default() -> Self {
+        Self::new(crate::PostgresConfig::new("postgres://").qualified_table())
+    }
+}
+
+impl PgOutbox {
+    /// A handle on `table`.
+    pub fn new(table: QualifiedTable) -> Self {
+        let queries = Arc::new(Queries::new(&table));
+        Self { table, queries }
+    }
+
+    /// The table this handle writes to.
+    pub fn table(&self) -> &QualifiedTable {
+        &self.table
+    }
+
+    /// Writes `event` using `executor`: pass `&mut *tx` to write in your transaction (the event
+    /// then exists exactly when your transaction commits). Returns the event id.
+    pub async fn enqueue<'e, E: PgExecutor<'e>>(
+        &self,
+        executor: E,
+        event: &NewEvent,
+    ) -> Result<Uuid, EnqueueError> {
+        validate(event)?;
+        let id = event.id.unwrap_or_else(Uuid::now_v7);
+        sqlx::query(stmt(&self.queries.insert))
+            .bind(id)
+            .bind(&event.aggregate_type)
+            .bind(&event.aggregate_id)
+            .bind(&event.event_type)
+            .bind(&event.payload[..])
+            .bind(Json(headers_object(event)))
+            .execute(executor)
+            .await
+            .map_err(EnqueueError::Database)?;
+        Ok(id)
+    }
+
+    /// Writes many events in one round trip, in order (events of one aggregate keep their
+    /// order). Returns their ids, in input order.
+    pub async fn enqueue_batch<'e, E: PgExecutor<'e>>(
+        &self,
+        executor: E,
+        events: &[NewEvent],
+    ) -> Result<Vec<Uuid>, EnqueueError> {
+        if events.is_empty() {
+            return Ok(Vec::new());
+        }
+        let n = events.len();
+        let (mut ids, mut types, mut agg_ids, mut event_types, mut payloads, mut headers) = (
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+        );
+        for e in events {
+            validate(e)?;
+            ids.push(e.id.unwrap_or_else(Uuid::now_v7));
+            types.push(e.aggregate_type.as_str());
+            agg_ids.push(e.aggregate_id.as_str());
+            event_types.push(e.event_type.as_str());
+            payloads.push(&e.payload[..]);
+            headers.push(Json(headers_object(e)));
+        }
+        sqlx::query(stmt(&self.queries.insert_batch))
+            .bind(&ids)
+            .bind(&types)
+            .bind(&agg_ids)
+            .bind(&event_types)
+            .bind(&payloads)
+            .bind(&headers)
+            .execute(executor)
+            .await
+            .map_err(EnqueueError::Database)?;
+        Ok(ids)
+    }
+}
+
+/// Writes `event` into `public.outbox` with `executor` (see [`PgOutbox::enqueue`]).
+pub async fn enqueue<'e, E: PgExecutor<'e>>(
+    executor: E,
+    event: &NewEvent,
+) -> Result<Uuid, EnqueueError> {
+    default_outbox().enqueue(executor, event).await
+}
+
+/// Writes `events` into `public.outbox` in one round trip (see [`PgOutbox::enqueue_batch`]).
+pub async fn enqueue_batch<'e, E: PgExecutor<'e>>(
+    executor: E,
+    events: &[NewEvent],
+) -> Result<Vec<Uuid>, EnqueueError> {
+    default_outbox().enqueue_batch(executor, events).await
+}
+
+fn default_outbox() -> &'static PgOutbox {
+    static DEFAULT: OnceLock<PgOutbox> = OnceLock::new();
+    DEFAULT.get_or_init(PgOutbox::default)
+}
+
+fn validate(e: &NewEvent) -> Result<(), EnqueueError> {
+    if e.aggregate_type.is_empty() {
+        return Err(EnqueueError::Invalid("aggregate_type is empty"));
+    }
+    if e.aggregate_id.is_empty() {
+        return Err(EnqueueError::Invalid("aggregate_id is empty"));
+    }
+    if e.event_type.is_empty() {
+        return Err(EnqueueError::Invalid("event_type is empty"));
+    }
+    Ok(())
+}
+
+fn headers_object(e: &NewEvent) -> serde_json::Map<String, serde_json::Value> {
+    e.headers
+        .iter()
+        .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+        .collect()
+}

@@ -1,0 +1,152 @@
+//! The one place where a configured schema or table name enters SQL.
+//!
+//! Queries and migrations live in `.sql` files with placeholders (`{{table}}`, `{{schema}}`,
+//! `{{name:_suffix}}`, `{{qname:_suffix}}`, `{{regclass:_suffix}}`). [`render`] fills them
+//! from a [`QualifiedTable`], whose parts are validated identifiers, always double-quoted.
+//! Suffixes come from the `.sql` files shipped with this crate, never from input.
+
+use std::sync::Arc;
+
+use outbox_core::QualifiedTable;
+
+/// Fills the placeholders of `template` for `table`.
+///
+/// # Panics
+/// On an unknown placeholder or a malformed suffix: both are bugs in this crate's `.sql`
+/// files (covered by tests), never caused by input.
+pub(crate) fn render(template: &str, table: &QualifiedTable) -> String {
+    let schema = table
+        .schema
+        .as_ref()
+        .map(|s| s.quoted())
+        .unwrap_or_else(|| "\"public\"".to_owned());
+    let mut out = String::with_capacity(template.len() + 64);
+    let mut rest = template;
+    while let Some(start) = rest.find("{{") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 2..];
+        let end = after
+            .find("}}")
+            .expect("unterminated placeholder in bundled SQL");
+        let placeholder = &after[..end];
+        match placeholder.split_once(':') {
+            None => match placeholder {
+                "table" => out.push_str(&format!("{schema}.{}", table.table.quoted())),
+                "schema" => out.push_str(&schema),
+                other => panic!("unknown placeholder `{other}` in bundled SQL"),
+            },
+            Some((kind, suffix)) => {
+                assert!(
+                    !suffix.is_empty()
+                        && suffix.chars().all(|c| c.is_ascii_lowercase() || c == '_'),
+                    "bad suffix `{suffix}` in bundled SQL"
+                );
+                let name = format!("\"{}{suffix}\"", table.table.as_str());
+                match kind {
+                    "name" => out.push_str(&name),
+                    "qname" => out.push_str(&format!("{schema}.{name}")),
+                    "regclass" => out.push_str(&format!("'{schema}.{name}'::regclass")),
+                    other => panic!("unknown placeholder kind `{other}` in bundled SQL"),
+                }
+            }
+        }
+        rest = &after[end + 2..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Every query of this crate, rendered once for one outbox table.
+#[derive(Debug, Clone)]
+pub(crate) struct Queries {
+    pub(crate) claim_batch: Arc<str>,
+    pub(crate) claim_batch_unordered: Arc<str>,
+    pub(crate) mark_delivered: Arc<str>,
+    pub(crate) delete_delivered: Arc<str>,
+    pub(crate) schedule_retry: Arc<str>,
+    pub(crate) dead_letter: Arc<str>,
+    pub(crate) insert: Arc<str>,
+    pub(crate) insert_batch: Arc<str>,
+    pub(crate) backlog: Arc<str>,
+    pub(crate) held_aggregates: Arc<str>,
+    pub(crate) lock_waits: Arc<str>,
+}
+
+macro_rules! query_file {
+    ($name:literal) => {
+        include_str!(concat!("../queries/", $name, ".sql"))
+    };
+}
+
+impl Queries {
+    pub(crate) fn new(table: &QualifiedTable) -> Self {
+        let r = |t: &str| -> Arc<str> { render(t, table).into() };
+        Self {
+            claim_batch: r(query_file!("outbox_claim_batch")),
+            claim_batch_unordered: r(query_file!("outbox_claim_batch_unordered")),
+            mark_delivered: r(query_file!("outbox_mark_delivered")),
+            delete_delivered: r(query_file!("outbox_delete_delivered")),
+            schedule_retry: r(query_file!("outbox_schedule_retry")),
+            dead_letter: r(query_file!("outbox_dead_letter")),
+            insert: r(query_file!("outbox_insert")),
+            insert_batch: r(query_file!("outbox_insert_batch")),
+            backlog: r(query_file!("outbox_backlog")),
+            held_aggregates: r(query_file!("outbox_held_aggregates")),
+            lock_waits: r(query_file!("outbox_lock_waits")),
+        }
+    }
+}
+
+/// A rendered statement, marked as audited for sqlx: its only dynamic parts are validated,
+/// quoted identifiers inserted by [`render`].
+pub(crate) fn stmt(sql: &Arc<str>) -> sqlx::AssertSqlSafe<Arc<str>> {
+    sqlx::AssertSqlSafe(Arc::clone(sql))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use outbox_core::Identifier;
+
+    fn table() -> QualifiedTable {
+        QualifiedTable::new(
+            Some(Identifier::new("app").expect("valid")),
+            Identifier::new("events").expect("valid"),
+        )
+    }
+
+    #[test]
+    fn placeholders_render_to_quoted_identifiers() {
+        let sql = render(
+            "{{table}} {{schema}} {{name:_idx}} {{qname:_seq}} {{regclass:_seq}}",
+            &table(),
+        );
+        assert_eq!(
+            sql,
+            "\"app\".\"events\" \"app\" \"events_idx\" \"app\".\"events_seq\" '\"app\".\"events_seq\"'::regclass"
+        );
+    }
+
+    #[test]
+    fn every_bundled_query_and_migration_renders_without_leftover_placeholders() {
+        let q = Queries::new(&table());
+        for sql in [
+            &q.claim_batch,
+            &q.claim_batch_unordered,
+            &q.mark_delivered,
+            &q.delete_delivered,
+            &q.schedule_retry,
+            &q.dead_letter,
+            &q.insert,
+            &q.insert_batch,
+            &q.backlog,
+            &q.held_aggregates,
+            &q.lock_waits,
+        ] {
+            assert!(!sql.contains("{{"), "{sql}");
+        }
+        for m in crate::migrate::MIGRATIONS {
+            assert!(!render(m.sql, &table()).contains("{{"), "{}", m.name);
+        }
+    }
+}
