@@ -1,0 +1,62 @@
+//! Shared test support: a fresh, migrated outbox in its own database, and the conformance
+//! harness over it.
+
+#![allow(dead_code, unreachable_pub, missing_docs)]
+
+use outbox_core::{DeadLetterPolicy, NewEvent, Ordering};
+use outbox_postgres::{OnDelivered, PgOutbox, PgPollSource, PostgresConfig};
+use outbox_testkit::conformance::{Harness, StoredEvent};
+use outbox_testkit::services::Postgres;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+pub struct PgHarness {
+    pub pool: PgPool,
+    pub config: PostgresConfig,
+    pub outbox: PgOutbox,
+}
+
+impl PgHarness {
+    pub async fn new(on_delivered: OnDelivered) -> anyhow::Result<Self> {
+        outbox_testkit::init_tracing();
+        let pg = Postgres::shared().await?;
+        let url = pg.fresh_database().await?;
+        let mut config = PostgresConfig::new(url);
+        config.on_delivered = on_delivered;
+        let pool = outbox_postgres::connect(&config, 20).await?;
+        outbox_postgres::migrate(&pool, &config.qualified_table(), false).await?;
+        let outbox = PgOutbox::new(config.qualified_table());
+        Ok(Self { pool, config, outbox })
+    }
+}
+
+impl Harness for PgHarness {
+    type Source = PgPollSource;
+
+    async fn source(&self, ordering: Ordering, dead_letter: DeadLetterPolicy) -> anyhow::Result<PgPollSource> {
+        Ok(PgPollSource::new(self.pool.clone(), &self.config, ordering, dead_letter))
+    }
+
+    async fn write(&self, events: Vec<NewEvent>, commit: bool) -> anyhow::Result<Vec<Uuid>> {
+        let mut tx = self.pool.begin().await?;
+        let ids = self.outbox.enqueue_batch(&mut *tx, &events).await?;
+        if commit {
+            tx.commit().await?;
+        } else {
+            tx.rollback().await?;
+        }
+        Ok(ids)
+    }
+
+    async fn stored(&self, id: Uuid) -> anyhow::Result<Option<StoredEvent>> {
+        let row: Option<(String, i32)> = sqlx::query_as("SELECT state, attempts FROM outbox WHERE id = $1")
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.map(|(state, attempts)| StoredEvent { state, attempts }))
+    }
+
+    fn replicas(&self) -> usize {
+        3
+    }
+}
