@@ -1,1 +1,40 @@
-//! outbox
+//! Transactional outbox for Rust applications.
+//!
+//! Write an event in the same database transaction as the business data it describes; the
+//! `outbox relay` daemon publishes it afterwards, at least once, in per-aggregate order.
+//!
+//! ```no_run
+//! # async fn example(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+//! let mut tx = pool.begin().await?;
+//! sqlx::query("UPDATE orders SET status = 'placed' WHERE id = $1")
+//!     .bind("o_91f2")
+//!     .execute(&mut *tx)
+//!     .await?;
+//! let event = outbox::NewEvent::json(
+//!     "Order",
+//!     "o_91f2",
+//!     "order.placed",
+//!     &serde_json::json!({ "order_id": "o_91f2", "total_cents": 1250 }),
+//! )?;
+//! let id = outbox::postgres::enqueue(&mut *tx, &event).await?; // same transaction
+//! tx.commit().await?; // the order and its event exist together, or neither does
+//! # let _ = id; Ok(()) }
+//! ```
+//!
+//! Features: `postgres` and `sqlite` (both on by default) select the database modules.
+
+pub use outbox_core::{Event, Identifier, NewEvent, QualifiedTable};
+
+/// PostgreSQL: [`enqueue`](postgres::enqueue), [`enqueue_batch`](postgres::enqueue_batch),
+/// [`PgOutbox`](postgres::PgOutbox) for a custom schema or table, and
+/// [`migrate`](postgres::migrate).
+#[cfg(feature = "postgres")]
+pub mod postgres {
+    pub use outbox_postgres::{EnqueueError, MigrateError, PgOutbox, enqueue, enqueue_batch, migrate};
+}
+
+/// SQLite (the embedded default): the same shape as [`postgres`](crate::postgres).
+#[cfg(feature = "sqlite")]
+pub mod sqlite {
+    pub use outbox_sqlite::*;
+}
