@@ -350,13 +350,14 @@ impl<K: Sink> Relay<K> {
                     }
                 };
             let acked_at = OffsetDateTime::now_utc();
+            let latency_histogram = metrics::histogram!(m::COMMIT_TO_ACK_SECONDS);
             let mut published = 0u64;
             for (event, delivery) in wave.iter().zip(deliveries) {
                 let outcome = match delivery {
                     Ok(()) => {
                         published += 1;
                         let latency = (acked_at - event.created_at).as_seconds_f64().max(0.0);
-                        metrics::histogram!(m::COMMIT_TO_ACK_SECONDS).record(latency);
+                        latency_histogram.record(latency);
                         Outcome::Delivered
                     }
                     Err(err) => match policy.on_failure(err.kind(), event.attempts, rng) {
@@ -470,5 +471,80 @@ impl std::fmt::Display for ErrorChain<'_> {
             cause = c.source();
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Position;
+
+    fn ev(agg: &str, pos: i64) -> Event {
+        Event {
+            id: uuid::Uuid::from_u128(pos as u128),
+            position: Position(pos),
+            aggregate_type: "T".into(),
+            aggregate_id: agg.into(),
+            event_type: "e".into(),
+            payload: bytes::Bytes::new(),
+            headers: vec![],
+            created_at: OffsetDateTime::UNIX_EPOCH,
+            attempts: 0,
+        }
+    }
+
+    fn positions(waves: &[Vec<Event>]) -> Vec<Vec<i64>> {
+        waves
+            .iter()
+            .map(|w| w.iter().map(|e| e.position.0).collect())
+            .collect()
+    }
+
+    #[test]
+    fn waves_hold_the_kth_event_of_each_aggregate_in_batch_order() {
+        let batch = vec![
+            ev("a", 1),
+            ev("b", 2),
+            ev("a", 3),
+            ev("c", 4),
+            ev("a", 5),
+            ev("b", 6),
+        ];
+        let waves = split_into_waves(batch.clone(), Ordering::PerAggregate);
+        assert_eq!(positions(&waves), vec![vec![1, 2, 4], vec![3, 6], vec![5]]);
+        assert_eq!(
+            positions(&split_into_waves(batch.clone(), Ordering::None)),
+            vec![vec![1, 2, 3, 4, 5, 6]]
+        );
+        assert_eq!(split_into_waves(batch, Ordering::Total).len(), 6);
+    }
+
+    #[test]
+    fn a_batch_of_distinct_aggregates_is_one_wave() {
+        let batch = vec![ev("a", 1), ev("b", 2), ev("c", 3)];
+        assert_eq!(
+            positions(&split_into_waves(batch, Ordering::PerAggregate)),
+            vec![vec![1, 2, 3]]
+        );
+    }
+
+    #[test]
+    fn relay_config_defaults_and_unknown_keys() {
+        let c: RelayConfig =
+            toml::from_str("batch_size = 100\nordering = \"none\"").expect("valid");
+        assert_eq!(c.batch_size.get(), 100);
+        assert_eq!(c.ordering, Ordering::None);
+        assert_eq!(c.max_attempts.get(), 10);
+        assert!(toml::from_str::<RelayConfig>("batch_sise = 1").is_err());
+        assert!(toml::from_str::<RelayConfig>("batch_size = 0").is_err());
+        let bad = RelayConfig {
+            idle_interval: Duration::from_millis(1),
+            ..RelayConfig::default()
+        };
+        assert!(
+            bad.validate()
+                .unwrap_err()
+                .starts_with("relay.idle_interval")
+        );
     }
 }

@@ -32,21 +32,33 @@ const RAW_PRODUCERS: usize = 2;
 const RAW_TX: usize = 80;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn per_aggregate_order_survives_replicas_concurrent_producers_rollbacks_and_long_transactions() -> anyhow::Result<()> {
+async fn per_aggregate_order_survives_replicas_concurrent_producers_rollbacks_and_long_transactions()
+-> anyhow::Result<()> {
     let h = Arc::new(PgHarness::new(OnDelivered::Delete).await?);
     sqlx::query("CREATE TABLE counters (aggregate_id text PRIMARY KEY, n bigint NOT NULL)")
         .execute(&h.pool)
         .await?;
-    let aggregates: Vec<String> = HOT.iter().map(|s| s.to_string()).chain((0..12).map(|i| format!("cold-{i}"))).collect();
+    let aggregates: Vec<String> = HOT
+        .iter()
+        .map(|s| s.to_string())
+        .chain((0..12).map(|i| format!("cold-{i}")))
+        .collect();
     for a in &aggregates {
-        sqlx::query("INSERT INTO counters VALUES ($1, 0)").bind(a).execute(&h.pool).await?;
+        sqlx::query("INSERT INTO counters VALUES ($1, 0)")
+            .bind(a)
+            .execute(&h.pool)
+            .await?;
     }
 
     // An idle session holding a snapshot open: pins the xmin horizon for the whole run. Our
     // design must not depend on the horizon, so delivery must go on regardless.
     let mut pinning = h.pool.acquire().await?;
-    sqlx::query("BEGIN ISOLATION LEVEL REPEATABLE READ").execute(&mut *pinning).await?;
-    sqlx::query("SELECT count(*) FROM counters").execute(&mut *pinning).await?;
+    sqlx::query("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        .execute(&mut *pinning)
+        .await?;
+    sqlx::query("SELECT count(*) FROM counters")
+        .execute(&mut *pinning)
+        .await?;
 
     let sink = Arc::new(ScriptedSink::new());
     sink.set_delay(Duration::from_millis(1));
@@ -56,7 +68,10 @@ async fn per_aggregate_order_survives_replicas_concurrent_producers_rollbacks_an
     for _ in 0..2 {
         let mut sources = Vec::new();
         for _ in 0..3 {
-            sources.push(h.source(Ordering::PerAggregate, DeadLetterPolicy::HoldAggregate).await?);
+            sources.push(
+                h.source(Ordering::PerAggregate, DeadLetterPolicy::HoldAggregate)
+                    .await?,
+            );
         }
         relays.push(RunningRelay::start(config.clone(), sink.clone(), sources));
     }
@@ -68,10 +83,17 @@ async fn per_aggregate_order_survives_replicas_concurrent_producers_rollbacks_an
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(100)).await;
             let mut tx = h.pool.begin().await?;
-            let n: i64 = sqlx::query_scalar("UPDATE counters SET n = n + 1 WHERE aggregate_id = 'hot-a' RETURNING n")
-                .fetch_one(&mut *tx)
+            let n: i64 = sqlx::query_scalar(
+                "UPDATE counters SET n = n + 1 WHERE aggregate_id = 'hot-a' RETURNING n",
+            )
+            .fetch_one(&mut *tx)
+            .await?;
+            h.outbox
+                .enqueue(
+                    &mut *tx,
+                    &NewEvent::new("Order", "hot-a", "slow", n.to_string()),
+                )
                 .await?;
-            h.outbox.enqueue(&mut *tx, &NewEvent::new("Order", "hot-a", "slow", n.to_string())).await?;
             tokio::time::sleep(Duration::from_millis(500)).await;
             tx.commit().await?;
             anyhow::Ok(1usize)
@@ -97,11 +119,16 @@ async fn per_aggregate_order_survives_replicas_concurrent_producers_rollbacks_an
                 let mut tx = h.pool.begin().await?;
                 let mut batch = Vec::new();
                 for _ in 0..events_in_tx {
-                    let n: i64 = sqlx::query_scalar("UPDATE counters SET n = n + 1 WHERE aggregate_id = $1 RETURNING n")
-                        .bind(&agg)
-                        .fetch_one(&mut *tx)
-                        .await?;
-                    batch.push(NewEvent::new("Order", agg.clone(), "counted", n.to_string()).with_header("producer", p.to_string()));
+                    let n: i64 = sqlx::query_scalar(
+                        "UPDATE counters SET n = n + 1 WHERE aggregate_id = $1 RETURNING n",
+                    )
+                    .bind(&agg)
+                    .fetch_one(&mut *tx)
+                    .await?;
+                    batch.push(
+                        NewEvent::new("Order", agg.clone(), "counted", n.to_string())
+                            .with_header("producer", p.to_string()),
+                    );
                 }
                 h.outbox.enqueue_batch(&mut *tx, &batch).await?;
                 if rollback {
@@ -155,33 +182,62 @@ async fn per_aggregate_order_survives_replicas_concurrent_producers_rollbacks_an
 
     // Dedupe redeliveries (at-least-once), keep first deliveries in broker order.
     let mut seen = std::collections::HashSet::new();
-    let firsts: Vec<_> = published.into_iter().filter(|e| seen.insert(e.id)).collect();
-    ensure!(firsts.len() == expected_total, "{} distinct events published, {expected_total} committed", firsts.len());
+    let firsts: Vec<_> = published
+        .into_iter()
+        .filter(|e| seen.insert(e.id))
+        .collect();
+    ensure!(
+        firsts.len() == expected_total,
+        "{} distinct events published, {expected_total} committed",
+        firsts.len()
+    );
 
     let mut counted: HashMap<String, Vec<i64>> = HashMap::new();
     let mut raw: HashMap<(String, String), Vec<usize>> = HashMap::new();
     for e in &firsts {
         let body = std::str::from_utf8(&e.payload)?;
         if e.aggregate_type == "Order" {
-            counted.entry(e.aggregate_id.clone()).or_default().push(body.parse()?);
+            counted
+                .entry(e.aggregate_id.clone())
+                .or_default()
+                .push(body.parse()?);
         } else {
             let (p, i) = body.split_once(':').context("raw payload")?;
-            raw.entry((e.aggregate_id.clone(), p.to_owned())).or_default().push(i.parse()?);
+            raw.entry((e.aggregate_id.clone(), p.to_owned()))
+                .or_default()
+                .push(i.parse()?);
         }
     }
     for (agg, ns) in &counted {
         let expected: Vec<i64> = (1..=ns.len() as i64).collect();
-        ensure!(*ns == expected, "aggregate {agg}: broker saw counter values {ns:?}; commit order is 1..={}", ns.len());
+        ensure!(
+            *ns == expected,
+            "aggregate {agg}: broker saw counter values {ns:?}; commit order is 1..={}",
+            ns.len()
+        );
         let final_n: i64 = sqlx::query_scalar("SELECT n FROM counters WHERE aggregate_id = $1")
             .bind(agg)
             .fetch_one(&h.pool)
             .await?;
-        ensure!(final_n == ns.len() as i64, "aggregate {agg}: {final_n} committed, {} published", ns.len());
+        ensure!(
+            final_n == ns.len() as i64,
+            "aggregate {agg}: {final_n} committed, {} published",
+            ns.len()
+        );
     }
-    ensure!(counted.get("hot-a").is_some_and(|v| v.len() > 10), "hot-a saw too little traffic to test anything");
+    ensure!(
+        counted.get("hot-a").is_some_and(|v| v.len() > 10),
+        "hot-a saw too little traffic to test anything"
+    );
     for (key, is) in &raw {
-        ensure!(is.windows(2).all(|w| w[0] < w[1]), "plain-SQL producer {key:?}: program order broken: {is:?}");
-        ensure!(is.iter().all(|i| i % 7 != 3), "plain-SQL producer {key:?}: a rolled-back event was published");
+        ensure!(
+            is.windows(2).all(|w| w[0] < w[1]),
+            "plain-SQL producer {key:?}: program order broken: {is:?}"
+        );
+        ensure!(
+            is.iter().all(|i| i % 7 != 3),
+            "plain-SQL producer {key:?}: a rolled-back event was published"
+        );
     }
     Ok(())
 }

@@ -13,7 +13,10 @@ use std::time::Duration;
 
 use anyhow::{Context, bail, ensure};
 use outbox_core::policy::Backoff;
-use outbox_core::{DeadLetterPolicy, Event, NewEvent, Ordering, Relay, RelayConfig, RelayReport, SinkErrorKind, Source};
+use outbox_core::{
+    DeadLetterPolicy, Event, NewEvent, Ordering, Relay, RelayConfig, RelayReport, SinkErrorKind,
+    Source,
+};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -34,9 +37,17 @@ pub trait Harness: Send + Sync + 'static {
     /// The source under test.
     type Source: Source;
     /// A new source (a relay replica's pipeline) on this outbox.
-    fn source(&self, ordering: Ordering, dead_letter: DeadLetterPolicy) -> impl Future<Output = anyhow::Result<Self::Source>> + Send;
+    fn source(
+        &self,
+        ordering: Ordering,
+        dead_letter: DeadLetterPolicy,
+    ) -> impl Future<Output = anyhow::Result<Self::Source>> + Send;
     /// Writes `events` in ONE transaction and commits it (`commit = true`) or rolls it back.
-    fn write(&self, events: Vec<NewEvent>, commit: bool) -> impl Future<Output = anyhow::Result<Vec<Uuid>>> + Send;
+    fn write(
+        &self,
+        events: Vec<NewEvent>,
+        commit: bool,
+    ) -> impl Future<Output = anyhow::Result<Vec<Uuid>>> + Send;
     /// The stored state of an event; `None` when there is no row (deleted or never written).
     fn stored(&self, id: Uuid) -> impl Future<Output = anyhow::Result<Option<StoredEvent>>> + Send;
     /// Whether several sources may relay one outbox concurrently (replicas).
@@ -46,7 +57,11 @@ pub trait Harness: Send + Sync + 'static {
 const WAIT: Duration = Duration::from_secs(30);
 
 /// A relay config for tests: small batches (so batches interleave), fast backoff.
-pub fn test_relay_config(ordering: Ordering, dead_letter: DeadLetterPolicy, max_attempts: u32) -> RelayConfig {
+pub fn test_relay_config(
+    ordering: Ordering,
+    dead_letter: DeadLetterPolicy,
+    max_attempts: u32,
+) -> RelayConfig {
     RelayConfig {
         ordering,
         dead_letter,
@@ -91,7 +106,12 @@ impl RunningRelay {
     }
 }
 
-async fn sources<H: Harness>(h: &H, n: usize, ordering: Ordering, dead_letter: DeadLetterPolicy) -> anyhow::Result<Vec<H::Source>> {
+async fn sources<H: Harness>(
+    h: &H,
+    n: usize,
+    ordering: Ordering,
+    dead_letter: DeadLetterPolicy,
+) -> anyhow::Result<Vec<H::Source>> {
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
         out.push(h.source(ordering, dead_letter).await?);
@@ -113,22 +133,39 @@ fn order_by_aggregate(events: &[Event]) -> HashMap<(String, String), Vec<Uuid>> 
 /// already published is allowed: at-least-once).
 fn first_deliveries(events: &[Event]) -> Vec<Event> {
     let mut seen = std::collections::HashSet::new();
-    events.iter().filter(|e| seen.insert(e.id)).cloned().collect()
+    events
+        .iter()
+        .filter(|e| seen.insert(e.id))
+        .cloned()
+        .collect()
 }
 
 fn event(aggregate: &str, n: usize) -> NewEvent {
-    NewEvent::new("Order", aggregate, "order.changed", format!("{{\"aggregate\":\"{aggregate}\",\"n\":{n}}}"))
-        .with_header("n", n.to_string())
+    NewEvent::new(
+        "Order",
+        aggregate,
+        "order.changed",
+        format!("{{\"aggregate\":\"{aggregate}\",\"n\":{n}}}"),
+    )
+    .with_header("n", n.to_string())
 }
 
 /// Committed events from concurrent writers reach the broker once each (at least), and each
 /// aggregate's events arrive in the order their transactions committed.
-pub async fn committed_events_arrive_in_per_aggregate_order<H: Harness>(h: &H) -> anyhow::Result<()> {
+pub async fn committed_events_arrive_in_per_aggregate_order<H: Harness>(
+    h: &H,
+) -> anyhow::Result<()> {
     let sink = Arc::new(ScriptedSink::new());
     let relay = RunningRelay::start(
         test_relay_config(Ordering::PerAggregate, DeadLetterPolicy::HoldAggregate, 5),
         sink.clone(),
-        sources(h, h.replicas(), Ordering::PerAggregate, DeadLetterPolicy::HoldAggregate).await?,
+        sources(
+            h,
+            h.replicas(),
+            Ordering::PerAggregate,
+            DeadLetterPolicy::HoldAggregate,
+        )
+        .await?,
     );
     // Writers commit concurrently with the relay: 6 aggregates, 40 transactions of 1-3 events.
     let mut expected: HashMap<(String, String), Vec<Uuid>> = HashMap::new();
@@ -138,26 +175,45 @@ pub async fn committed_events_arrive_in_per_aggregate_order<H: Harness>(h: &H) -
         let events: Vec<NewEvent> = (0..(t % 3) + 1).map(|i| event(&agg, t * 10 + i)).collect();
         total += events.len();
         let ids = h.write(events, true).await?;
-        expected.entry(("Order".into(), agg)).or_default().extend(ids);
+        expected
+            .entry(("Order".into(), agg))
+            .or_default()
+            .extend(ids);
     }
     let published = sink.wait_for_published(total, WAIT).await?;
     relay.stop().await?;
     let firsts = first_deliveries(&published);
-    ensure!(firsts.len() == total, "expected {total} distinct events, broker saw {}", firsts.len());
+    ensure!(
+        firsts.len() == total,
+        "expected {total} distinct events, broker saw {}",
+        firsts.len()
+    );
     let got = order_by_aggregate(&firsts);
     for (key, ids) in &expected {
-        ensure!(got.get(key) == Some(ids), "aggregate {key:?}: broker order {:?} differs from commit order {ids:?}", got.get(key));
+        ensure!(
+            got.get(key) == Some(ids),
+            "aggregate {key:?}: broker order {:?} differs from commit order {ids:?}",
+            got.get(key)
+        );
     }
     Ok(())
 }
 
 /// An event written by a transaction that rolled back is never published.
-pub async fn rolled_back_transaction_never_reaches_the_broker<H: Harness>(h: &H) -> anyhow::Result<()> {
+pub async fn rolled_back_transaction_never_reaches_the_broker<H: Harness>(
+    h: &H,
+) -> anyhow::Result<()> {
     let sink = Arc::new(ScriptedSink::new());
     let relay = RunningRelay::start(
         test_relay_config(Ordering::PerAggregate, DeadLetterPolicy::HoldAggregate, 5),
         sink.clone(),
-        sources(h, 1, Ordering::PerAggregate, DeadLetterPolicy::HoldAggregate).await?,
+        sources(
+            h,
+            1,
+            Ordering::PerAggregate,
+            DeadLetterPolicy::HoldAggregate,
+        )
+        .await?,
     );
     let phantom = h.write(vec![event("rb", 1), event("rb", 2)], false).await?;
     let before = h.write(vec![event("ok", 1)], true).await?;
@@ -167,18 +223,30 @@ pub async fn rolled_back_transaction_never_reaches_the_broker<H: Harness>(h: &H)
     // Give the relay a few more polls to (wrongly) publish anything else.
     let more = sink.wait_for_published(3, Duration::from_millis(300)).await;
     relay.stop().await?;
-    ensure!(more.is_err(), "more than the 2 committed events were published: {:?}", sink.published());
+    ensure!(
+        more.is_err(),
+        "more than the 2 committed events were published: {:?}",
+        sink.published()
+    );
     let ids: Vec<Uuid> = published.iter().map(|e| e.id).collect();
-    ensure!(ids == vec![before[0], after[0]], "published {ids:?}, expected the two committed events");
+    ensure!(
+        ids == vec![before[0], after[0]],
+        "published {ids:?}, expected the two committed events"
+    );
     for id in phantom.iter().chain(&phantom2) {
-        ensure!(h.stored(*id).await?.is_none(), "rolled-back event {id} has a row");
+        ensure!(
+            h.stored(*id).await?.is_none(),
+            "rolled-back event {id} has a row"
+        );
     }
     Ok(())
 }
 
 /// A poison event is dead-lettered with its reason while other aggregates keep flowing, and
 /// (with `dead_letter = "hold-aggregate"`) the later events of its aggregate wait.
-pub async fn poison_event_is_dead_lettered_and_holds_only_its_aggregate<H: Harness>(h: &H) -> anyhow::Result<()> {
+pub async fn poison_event_is_dead_lettered_and_holds_only_its_aggregate<H: Harness>(
+    h: &H,
+) -> anyhow::Result<()> {
     poison_event(h, DeadLetterPolicy::HoldAggregate).await
 }
 
@@ -193,31 +261,67 @@ async fn poison_event<H: Harness>(h: &H, policy: DeadLetterPolicy) -> anyhow::Re
         let poison_agg = format!("poison-{policy:?}");
         let ids = h.write(vec![event(&poison_agg, 1)], true).await?;
         let poison = ids[0];
-        sink.fail(Match::EventId(poison), SinkErrorKind::Rejected, Times::Forever);
+        sink.fail(
+            Match::EventId(poison),
+            SinkErrorKind::Rejected,
+            Times::Forever,
+        );
         let behind = h.write(vec![event(&poison_agg, 2)], true).await?[0];
-        let others = h.write((0..5).map(|i| event(&format!("fine-{policy:?}-{i}"), i)).collect(), true).await?;
+        let others = h
+            .write(
+                (0..5)
+                    .map(|i| event(&format!("fine-{policy:?}-{i}"), i))
+                    .collect(),
+                true,
+            )
+            .await?;
         let relay = RunningRelay::start(
             test_relay_config(Ordering::PerAggregate, policy, 3),
             sink.clone(),
             sources(h, 1, Ordering::PerAggregate, policy).await?,
         );
-        let expected = if policy == DeadLetterPolicy::Skip { 6 } else { 5 };
+        let expected = if policy == DeadLetterPolicy::Skip {
+            6
+        } else {
+            5
+        };
         let published = sink.wait_for_published(expected, WAIT).await?;
-        let extra = sink.wait_for_published(expected + 1, Duration::from_millis(300)).await;
+        let extra = sink
+            .wait_for_published(expected + 1, Duration::from_millis(300))
+            .await;
         let report = relay.stop().await?;
-        ensure!(extra.is_err(), "{policy:?}: too many events published: {:?}", sink.published());
+        ensure!(
+            extra.is_err(),
+            "{policy:?}: too many events published: {:?}",
+            sink.published()
+        );
         let published_ids: Vec<Uuid> = published.iter().map(|e| e.id).collect();
         for id in &others {
-            ensure!(published_ids.contains(id), "{policy:?}: unrelated event {id} was not published");
+            ensure!(
+                published_ids.contains(id),
+                "{policy:?}: unrelated event {id} was not published"
+            );
         }
-        ensure!(!published_ids.contains(&poison), "{policy:?}: the poison event was acknowledged");
+        ensure!(
+            !published_ids.contains(&poison),
+            "{policy:?}: the poison event was acknowledged"
+        );
         let stored = h.stored(poison).await?.context("poison row missing")?;
-        ensure!(stored.state == "dead", "{policy:?}: poison event is {stored:?}, expected dead");
+        ensure!(
+            stored.state == "dead",
+            "{policy:?}: poison event is {stored:?}, expected dead"
+        );
         ensure!(report.dead_lettered == 1, "{policy:?}: report {report:?}");
         let behind_published = published_ids.contains(&behind);
         match policy {
-            DeadLetterPolicy::HoldAggregate => ensure!(!behind_published, "hold-aggregate: the event behind the dead letter was published"),
-            DeadLetterPolicy::Skip => ensure!(behind_published, "skip: the event behind the dead letter was not published"),
+            DeadLetterPolicy::HoldAggregate => ensure!(
+                !behind_published,
+                "hold-aggregate: the event behind the dead letter was published"
+            ),
+            DeadLetterPolicy::Skip => ensure!(
+                behind_published,
+                "skip: the event behind the dead letter was not published"
+            ),
         }
     }
     Ok(())
@@ -226,18 +330,34 @@ async fn poison_event<H: Harness>(h: &H, policy: DeadLetterPolicy) -> anyhow::Re
 /// Transient failures are retried with backoff, counting attempts, and dead-lettered after
 /// `max_attempts`; an event that recovers is delivered before the later events of its
 /// aggregate, and other aggregates never wait for it.
-pub async fn transient_failures_retry_then_recover_or_dead_letter<H: Harness>(h: &H) -> anyhow::Result<()> {
+pub async fn transient_failures_retry_then_recover_or_dead_letter<H: Harness>(
+    h: &H,
+) -> anyhow::Result<()> {
     let sink = Arc::new(ScriptedSink::new());
     let flaky = h.write(vec![event("flaky", 1)], true).await?[0];
     let flaky_next = h.write(vec![event("flaky", 2)], true).await?[0];
     let hopeless = h.write(vec![event("hopeless", 1)], true).await?[0];
     let bystander = h.write(vec![event("bystander", 1)], true).await?[0];
-    sink.fail(Match::EventId(flaky), SinkErrorKind::Transient, Times::Count(2));
-    sink.fail(Match::EventId(hopeless), SinkErrorKind::Transient, Times::Forever);
+    sink.fail(
+        Match::EventId(flaky),
+        SinkErrorKind::Transient,
+        Times::Count(2),
+    );
+    sink.fail(
+        Match::EventId(hopeless),
+        SinkErrorKind::Transient,
+        Times::Forever,
+    );
     let relay = RunningRelay::start(
         test_relay_config(Ordering::PerAggregate, DeadLetterPolicy::HoldAggregate, 4),
         sink.clone(),
-        sources(h, 1, Ordering::PerAggregate, DeadLetterPolicy::HoldAggregate).await?,
+        sources(
+            h,
+            1,
+            Ordering::PerAggregate,
+            DeadLetterPolicy::HoldAggregate,
+        )
+        .await?,
     );
     // hopeless: 4 attempts; flaky: 3 attempts; flaky_next, bystander: 1 each.
     sink.wait_for_attempts(9, WAIT).await?;
@@ -251,33 +371,72 @@ pub async fn transient_failures_retry_then_recover_or_dead_letter<H: Harness>(h:
     };
     ensure!(a < b, "flaky aggregate published out of order: {ids:?}");
     let stored = h.stored(hopeless).await?.context("hopeless row missing")?;
-    ensure!(stored == StoredEvent { state: "dead".into(), attempts: 4 }, "hopeless event: {stored:?}");
-    let flaky_attempts: Vec<_> = sink.attempts().into_iter().filter(|a| a.event.id == flaky).collect();
-    ensure!(flaky_attempts.len() == 3, "flaky event attempted {} times", flaky_attempts.len());
+    ensure!(
+        stored
+            == StoredEvent {
+                state: "dead".into(),
+                attempts: 4
+            },
+        "hopeless event: {stored:?}"
+    );
+    let flaky_attempts: Vec<_> = sink
+        .attempts()
+        .into_iter()
+        .filter(|a| a.event.id == flaky)
+        .collect();
+    ensure!(
+        flaky_attempts.len() == 3,
+        "flaky event attempted {} times",
+        flaky_attempts.len()
+    );
     Ok(())
 }
 
 /// While the broker is unavailable no attempt is counted and nothing is lost; once it is
 /// back, the backlog drains.
-pub async fn broker_outage_loses_nothing_and_counts_no_attempts<H: Harness>(h: &H) -> anyhow::Result<()> {
+pub async fn broker_outage_loses_nothing_and_counts_no_attempts<H: Harness>(
+    h: &H,
+) -> anyhow::Result<()> {
     let sink = Arc::new(ScriptedSink::new());
     sink.set_down(true);
-    let ids = h.write((0..20).map(|i| event(&format!("outage-{}", i % 4), i)).collect(), true).await?;
+    let ids = h
+        .write(
+            (0..20)
+                .map(|i| event(&format!("outage-{}", i % 4), i))
+                .collect(),
+            true,
+        )
+        .await?;
     let relay = RunningRelay::start(
         test_relay_config(Ordering::PerAggregate, DeadLetterPolicy::HoldAggregate, 2),
         sink.clone(),
-        sources(h, 1, Ordering::PerAggregate, DeadLetterPolicy::HoldAggregate).await?,
+        sources(
+            h,
+            1,
+            Ordering::PerAggregate,
+            DeadLetterPolicy::HoldAggregate,
+        )
+        .await?,
     );
     sink.wait_for_calls(3, WAIT).await?;
     for id in &ids {
         let s = h.stored(*id).await?.context("row missing during outage")?;
-        ensure!(s == StoredEvent { state: "pending".into(), attempts: 0 }, "during the outage event {id} is {s:?}");
+        ensure!(
+            s == StoredEvent {
+                state: "pending".into(),
+                attempts: 0
+            },
+            "during the outage event {id} is {s:?}"
+        );
     }
     sink.set_down(false);
     let published = sink.wait_for_published(ids.len(), WAIT).await?;
     relay.stop().await?;
     let got: std::collections::HashSet<Uuid> = published.iter().map(|e| e.id).collect();
-    ensure!(ids.iter().all(|id| got.contains(id)), "events lost across the outage");
+    ensure!(
+        ids.iter().all(|id| got.contains(id)),
+        "events lost across the outage"
+    );
     Ok(())
 }
 
@@ -286,45 +445,84 @@ pub async fn broker_outage_loses_nothing_and_counts_no_attempts<H: Harness>(h: &
 pub async fn shutdown_drains_the_batch_in_flight<H: Harness>(h: &H) -> anyhow::Result<()> {
     let sink = Arc::new(ScriptedSink::new());
     sink.pause();
-    let ids = h.write((0..5).map(|i| event(&format!("drain-{i}"), i)).collect(), true).await?;
+    let ids = h
+        .write(
+            (0..5).map(|i| event(&format!("drain-{i}"), i)).collect(),
+            true,
+        )
+        .await?;
     let relay = RunningRelay::start(
         test_relay_config(Ordering::PerAggregate, DeadLetterPolicy::HoldAggregate, 2),
         sink.clone(),
-        sources(h, 1, Ordering::PerAggregate, DeadLetterPolicy::HoldAggregate).await?,
+        sources(
+            h,
+            1,
+            Ordering::PerAggregate,
+            DeadLetterPolicy::HoldAggregate,
+        )
+        .await?,
     );
     sink.wait_for_calls(1, WAIT).await?;
     relay.shutdown.cancel();
     tokio::time::sleep(Duration::from_millis(50)).await;
-    ensure!(!relay.handle.is_finished(), "relay returned while a publish was in flight");
+    ensure!(
+        !relay.handle.is_finished(),
+        "relay returned while a publish was in flight"
+    );
     sink.resume();
     relay.stop().await?;
-    let published: std::collections::HashSet<Uuid> = sink.published().iter().map(|e| e.id).collect();
+    let published: std::collections::HashSet<Uuid> =
+        sink.published().iter().map(|e| e.id).collect();
     for id in &ids {
         let s = h.stored(*id).await?;
         let delivered = s.as_ref().is_none_or(|s| s.state == "delivered");
-        ensure!(delivered == published.contains(id), "event {id}: published={} but stored {s:?}", published.contains(id));
+        ensure!(
+            delivered == published.contains(id),
+            "event {id}: published={} but stored {s:?}",
+            published.contains(id)
+        );
     }
-    ensure!(!published.is_empty(), "the in-flight batch was not published");
+    ensure!(
+        !published.is_empty(),
+        "the in-flight batch was not published"
+    );
     Ok(())
 }
 
 /// A batch claimed by a relay that dies before settling is claimed again and published.
 pub async fn claim_of_a_dead_relay_is_released<H: Harness>(h: &H) -> anyhow::Result<()> {
-    let ids = h.write((0..3).map(|i| event("crash", i)).collect(), true).await?;
-    let mut doomed = h.source(Ordering::PerAggregate, DeadLetterPolicy::HoldAggregate).await?;
+    let ids = h
+        .write((0..3).map(|i| event("crash", i)).collect(), true)
+        .await?;
+    let mut doomed = h
+        .source(Ordering::PerAggregate, DeadLetterPolicy::HoldAggregate)
+        .await?;
     let claimed = doomed.fetch(10, time::OffsetDateTime::now_utc()).await?;
-    ensure!(claimed.events.len() == 3, "first relay claimed {} events", claimed.events.len());
+    ensure!(
+        claimed.events.len() == 3,
+        "first relay claimed {} events",
+        claimed.events.len()
+    );
     drop(doomed); // dies without settling
     let sink = Arc::new(ScriptedSink::new());
     let relay = RunningRelay::start(
         test_relay_config(Ordering::PerAggregate, DeadLetterPolicy::HoldAggregate, 2),
         sink.clone(),
-        sources(h, 1, Ordering::PerAggregate, DeadLetterPolicy::HoldAggregate).await?,
+        sources(
+            h,
+            1,
+            Ordering::PerAggregate,
+            DeadLetterPolicy::HoldAggregate,
+        )
+        .await?,
     );
     let published = sink.wait_for_published(3, WAIT).await?;
     relay.stop().await?;
     let got: Vec<Uuid> = published.iter().map(|e| e.id).collect();
-    ensure!(got == ids, "after the crash the broker saw {got:?}, expected {ids:?} in order");
+    ensure!(
+        got == ids,
+        "after the crash the broker saw {got:?}, expected {ids:?} in order"
+    );
     Ok(())
 }
 

@@ -90,15 +90,19 @@ impl State {
                 event.payload.len()
             )));
         }
-        let rule = self.rules.iter_mut().find(|r| {
-            r.matcher.matches(event) && r.times != Times::Count(0)
-        })?;
+        let rule = self
+            .rules
+            .iter_mut()
+            .find(|r| r.matcher.matches(event) && r.times != Times::Count(0))?;
         if let Times::Count(n) = &mut rule.times {
             *n -= 1;
         }
         Some(SinkError::new(
             rule.kind,
-            format!("scripted {:?} failure for event {} ({:?})", rule.kind, event.id, rule.matcher),
+            format!(
+                "scripted {:?} failure for event {} ({:?})",
+                rule.kind, event.id, rule.matcher
+            ),
         ))
     }
 }
@@ -146,16 +150,30 @@ impl ScriptedSink {
     /// Fails matching events with `kind`, `times` times (each matching attempt uses one).
     /// Rules are tried in the order they were added.
     pub fn fail(&self, matcher: Match, kind: SinkErrorKind, times: Times) {
-        lock(&self.state).rules.push(Rule { matcher, kind, times });
+        lock(&self.state).rules.push(Rule {
+            matcher,
+            kind,
+            times,
+        });
     }
 
     /// Fails events of aggregate `aggregate_id`; see [`ScriptedSink::fail`].
-    pub fn fail_aggregate(&self, aggregate_id: impl Into<String>, kind: SinkErrorKind, times: Times) {
+    pub fn fail_aggregate(
+        &self,
+        aggregate_id: impl Into<String>,
+        kind: SinkErrorKind,
+        times: Times,
+    ) {
         self.fail(Match::AggregateId(aggregate_id.into()), kind, times);
     }
 
     /// Fails events of type `event_type`; see [`ScriptedSink::fail`].
-    pub fn fail_event_type(&self, event_type: impl Into<String>, kind: SinkErrorKind, times: Times) {
+    pub fn fail_event_type(
+        &self,
+        event_type: impl Into<String>,
+        kind: SinkErrorKind,
+        times: Times,
+    ) {
         self.fail(Match::EventType(event_type.into()), kind, times);
     }
 
@@ -210,27 +228,46 @@ impl ScriptedSink {
 
     /// Waits until at least `n` events were acknowledged; returns them all. On timeout the
     /// error says what was published and attempted.
-    pub async fn wait_for_published(&self, n: usize, timeout: Duration) -> anyhow::Result<Vec<Event>> {
-        self.wait_until(&format!("{n} published events"), timeout, |s| s.published.len() >= n)
-            .await?;
+    pub async fn wait_for_published(
+        &self,
+        n: usize,
+        timeout: Duration,
+    ) -> anyhow::Result<Vec<Event>> {
+        self.wait_until(&format!("{n} published events"), timeout, |s| {
+            s.published.len() >= n
+        })
+        .await?;
         Ok(self.published())
     }
 
     /// Waits until at least `n` `publish` calls have started (e.g. to stop the relay while a
     /// paused call is in flight).
     pub async fn wait_for_calls(&self, n: usize, timeout: Duration) -> anyhow::Result<()> {
-        self.wait_until(&format!("{n} publish calls"), timeout, |s| s.calls_started >= n)
-            .await
+        self.wait_until(&format!("{n} publish calls"), timeout, |s| {
+            s.calls_started >= n
+        })
+        .await
     }
 
     /// Waits until at least `n` attempts (any result) were recorded; returns them all.
-    pub async fn wait_for_attempts(&self, n: usize, timeout: Duration) -> anyhow::Result<Vec<Attempt>> {
-        self.wait_until(&format!("{n} publish attempts"), timeout, |s| s.attempts.len() >= n)
-            .await?;
+    pub async fn wait_for_attempts(
+        &self,
+        n: usize,
+        timeout: Duration,
+    ) -> anyhow::Result<Vec<Attempt>> {
+        self.wait_until(&format!("{n} publish attempts"), timeout, |s| {
+            s.attempts.len() >= n
+        })
+        .await?;
         Ok(self.attempts())
     }
 
-    async fn wait_until(&self, what: &str, timeout: Duration, done: impl Fn(&State) -> bool) -> anyhow::Result<()> {
+    async fn wait_until(
+        &self,
+        what: &str,
+        timeout: Duration,
+        done: impl Fn(&State) -> bool,
+    ) -> anyhow::Result<()> {
         let mut changes = self.changed.subscribe();
         let check = |_: &u64| done(&lock(&self.state));
         if let Ok(Ok(_)) = tokio::time::timeout(timeout, changes.wait_for(check)).await {
@@ -243,7 +280,12 @@ impl ScriptedSink {
             .map(|a| {
                 format!(
                     "call {} {}/{} {} {}: {:?}",
-                    a.call, a.event.aggregate_type, a.event.aggregate_id, a.event.event_type, a.event.id, a.result
+                    a.call,
+                    a.event.aggregate_type,
+                    a.event.aggregate_id,
+                    a.event.event_type,
+                    a.event.id,
+                    a.result
                 )
             })
             .collect();
@@ -344,12 +386,23 @@ mod tests {
         let sink = ScriptedSink::new();
         sink.fail_aggregate("a", SinkErrorKind::Transient, Times::Count(1));
         sink.fail_event_type("bad", SinkErrorKind::Rejected, Times::Forever);
-        let batch = [event(1, "a", "ok"), event(2, "b", "bad"), event(3, "c", "ok")];
+        let batch = [
+            event(1, "a", "ok"),
+            event(2, "b", "bad"),
+            event(3, "c", "ok"),
+        ];
         let first = sink.publish(&batch).await.expect("batch accepted");
-        let kinds: Vec<_> = first.iter().map(|d| d.as_ref().map_err(SinkError::kind).copied()).collect();
+        let kinds: Vec<_> = first
+            .iter()
+            .map(|d| d.as_ref().map_err(SinkError::kind).copied())
+            .collect();
         assert_eq!(
             kinds,
-            vec![Err(SinkErrorKind::Transient), Err(SinkErrorKind::Rejected), Ok(())]
+            vec![
+                Err(SinkErrorKind::Transient),
+                Err(SinkErrorKind::Rejected),
+                Ok(())
+            ]
         );
         let second = sink.publish(&batch).await.expect("batch accepted");
         assert!(second[0].is_ok() && second[1].is_err() && second[2].is_ok());
@@ -367,15 +420,27 @@ mod tests {
         assert!(sink.healthcheck().await.is_err());
         sink.set_down(false);
         sink.publish(&[event(1, "a", "x")]).await.expect("up again");
-        assert_eq!(sink.wait_for_published(1, Duration::from_secs(1)).await.expect("published").len(), 1);
+        assert_eq!(
+            sink.wait_for_published(1, Duration::from_secs(1))
+                .await
+                .expect("published")
+                .len(),
+            1
+        );
     }
 
     #[tokio::test]
     async fn oversized_payloads_are_rejected() {
         let sink = ScriptedSink::new();
         sink.set_max_payload(Some(1));
-        let d = sink.publish(&[event(1, "a", "x")]).await.expect("batch accepted");
-        assert_eq!(d[0].as_ref().map_err(SinkError::kind), Err(SinkErrorKind::Rejected));
+        let d = sink
+            .publish(&[event(1, "a", "x")])
+            .await
+            .expect("batch accepted");
+        assert_eq!(
+            d[0].as_ref().map_err(SinkError::kind),
+            Err(SinkErrorKind::Rejected)
+        );
     }
 
     #[tokio::test]
@@ -386,11 +451,16 @@ mod tests {
             let sink = sink.clone();
             async move { sink.publish(&[event(1, "a", "x")]).await.map(|d| d.len()) }
         });
-        sink.wait_for_calls(1, Duration::from_secs(5)).await.expect("call started");
+        sink.wait_for_calls(1, Duration::from_secs(5))
+            .await
+            .expect("call started");
         assert!(sink.published().is_empty());
         sink.resume();
         assert_eq!(task.await.expect("task").expect("published"), 1);
-        let err = sink.wait_for_published(2, Duration::from_millis(50)).await.expect_err("only one");
+        let err = sink
+            .wait_for_published(2, Duration::from_millis(50))
+            .await
+            .expect_err("only one");
         assert!(err.to_string().contains("1 published"), "{err}");
     }
 }

@@ -55,9 +55,11 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn passes_once_the_condition_holds_and_fails_after_the_timeout() {
         let calls = AtomicU32::new(0);
-        eventually(Duration::from_secs(1), || async { calls.fetch_add(1, Ordering::SeqCst) >= 3 })
-            .await
-            .expect("holds on the fourth check");
+        eventually(Duration::from_secs(1), || async {
+            calls.fetch_add(1, Ordering::SeqCst) >= 3
+        })
+        .await
+        .expect("holds on the fourth check");
         assert_eq!(calls.load(Ordering::SeqCst), 4);
 
         let err = eventually(Duration::from_millis(100), || async { false })

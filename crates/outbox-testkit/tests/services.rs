@@ -21,14 +21,18 @@ async fn each_fresh_database_is_empty_and_separate() -> anyhow::Result<()> {
     assert_ne!(a, b);
 
     let mut conn_a = PgConnection::connect(&a).await?;
-    sqlx::query("CREATE TABLE t (x int)").execute(&mut conn_a).await?;
+    sqlx::query("CREATE TABLE t (x int)")
+        .execute(&mut conn_a)
+        .await?;
     let mut conn_b = PgConnection::connect(&b).await?;
     let tables: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_tables WHERE tablename = 't'")
         .fetch_one(&mut conn_b)
         .await?;
     assert_eq!(tables, 0);
 
-    let wal_level: String = sqlx::query_scalar("SHOW wal_level").fetch_one(&mut conn_a).await?;
+    let wal_level: String = sqlx::query_scalar("SHOW wal_level")
+        .fetch_one(&mut conn_a)
+        .await?;
     assert_eq!(wal_level, "logical", "CDC tests need logical decoding");
     Ok(())
 }
@@ -36,7 +40,10 @@ async fn each_fresh_database_is_empty_and_separate() -> anyhow::Result<()> {
 #[tokio::test]
 async fn the_shared_postgres_cannot_be_stopped() -> anyhow::Result<()> {
     let pg = Postgres::shared().await?;
-    let err = pg.stop().await.expect_err("shared servers are not ours to stop");
+    let err = pg
+        .stop()
+        .await
+        .expect_err("shared servers are not ours to stop");
     assert!(err.to_string().contains("start_private"), "{err}");
     Ok(())
 }
@@ -53,15 +60,23 @@ async fn private_postgres_keeps_its_data_across_stop_and_restart() -> anyhow::Re
 
     pg.stop().await?;
     assert!(!pg.is_running());
-    assert!(PgConnection::connect(&url).await.is_err(), "connections are refused while stopped");
+    assert!(
+        PgConnection::connect(&url).await.is_err(),
+        "connections are refused while stopped"
+    );
 
     pg.restart().await?;
     let mut conn = PgConnection::connect(&url).await?;
-    let x: i32 = sqlx::query_scalar("SELECT x FROM t").fetch_one(&mut conn).await?;
+    let x: i32 = sqlx::query_scalar("SELECT x FROM t")
+        .fetch_one(&mut conn)
+        .await?;
     assert_eq!(x, 42);
     drop(conn);
 
-    let dir = pg.log_path().and_then(|p| p.parent().map(ToOwned::to_owned)).expect("local server");
+    let dir = pg
+        .log_path()
+        .and_then(|p| p.parent().map(ToOwned::to_owned))
+        .expect("local server");
     drop(pg);
     assert!(!dir.exists(), "the data directory is removed on drop");
     Ok(())
@@ -100,7 +115,10 @@ async fn private_nats_keeps_jetstream_data_across_stop_and_restart() -> anyhow::
     js.publish("kept.one", "1".into()).await?.await?;
 
     nats.stop().await?;
-    assert!(nats.connect().await.is_err(), "connections are refused while stopped");
+    assert!(
+        nats.connect().await.is_err(),
+        "connections are refused while stopped"
+    );
     nats.restart().await?;
 
     let js = jetstream::new(nats.connect().await?);
@@ -134,13 +152,21 @@ async fn http_receiver_records_requests_and_follows_its_script() -> anyhow::Resu
     let summary: Vec<_> = got.iter().map(|r| (r.seq, &r.body[..], r.status)).collect();
     assert_eq!(
         summary,
-        vec![(0, &b"a"[..], 503), (1, &b"b"[..], 200), (2, &b"c"[..], 400), (3, &b"d"[..], 429)]
+        vec![
+            (0, &b"a"[..], 503),
+            (1, &b"b"[..], 200),
+            (2, &b"c"[..], 400),
+            (3, &b"d"[..], 429)
+        ]
     );
     assert_eq!(got[0].method, "POST");
     assert_eq!(got[0].path, "/hooks?x=1");
     assert_eq!(got[0].header("Outbox-Aggregate_Id"), Some("o_1"));
 
-    let err = hooks.wait_for_accepted(2, Duration::from_millis(100)).await.expect_err("only one 2xx");
+    let err = hooks
+        .wait_for_accepted(2, Duration::from_millis(100))
+        .await
+        .expect_err("only one 2xx");
     assert!(err.to_string().contains("got 4"), "{err}");
     Ok(())
 }
@@ -148,20 +174,36 @@ async fn http_receiver_records_requests_and_follows_its_script() -> anyhow::Resu
 #[tokio::test]
 async fn http_receiver_simulates_slowness_and_outages() -> anyhow::Result<()> {
     let hooks = HttpReceiver::start().await?;
-    let client = reqwest::Client::builder().timeout(Duration::from_millis(200)).build()?;
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_millis(200))
+        .build()?;
 
     hooks.set_delay(Duration::from_secs(5));
     let slow = client.post(hooks.url()).body("slow").send().await;
-    assert!(slow.is_err_and(|e| e.is_timeout()), "a delayed answer times out the client");
+    assert!(
+        slow.is_err_and(|e| e.is_timeout()),
+        "a delayed answer times out the client"
+    );
     hooks.set_delay(Duration::ZERO);
 
     hooks.stop().await;
     assert!(!hooks.is_running());
-    assert!(client.post(hooks.url()).body("lost").send().await.is_err(), "refused while stopped");
+    assert!(
+        client.post(hooks.url()).body("lost").send().await.is_err(),
+        "refused while stopped"
+    );
 
     hooks.restart().await?;
-    assert_eq!(client.post(hooks.url()).body("back").send().await?.status(), 200);
-    let bodies: Vec<_> = hooks.wait_for(2, WAIT).await?.into_iter().map(|r| r.body).collect();
+    assert_eq!(
+        client.post(hooks.url()).body("back").send().await?.status(),
+        200
+    );
+    let bodies: Vec<_> = hooks
+        .wait_for(2, WAIT)
+        .await?
+        .into_iter()
+        .map(|r| r.body)
+        .collect();
     assert_eq!(bodies, vec!["slow", "back"]);
     Ok(())
 }
@@ -175,6 +217,9 @@ async fn http_receiver_stop_drops_open_connections() -> anyhow::Result<()> {
     hooks.wait_for(1, WAIT).await?;
     hooks.stop().await;
     let result = tokio::time::timeout(WAIT, in_flight).await??;
-    assert!(result.is_err(), "a request in flight gets no answer: {result:?}");
+    assert!(
+        result.is_err(),
+        "a request in flight gets no answer: {result:?}"
+    );
     Ok(())
 }

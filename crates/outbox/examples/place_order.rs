@@ -18,12 +18,19 @@ struct OrderPlaced<'a> {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let url = std::env::var("DATABASE_URL").context("set DATABASE_URL to a PostgreSQL URL")?;
-    let pool = sqlx::PgPool::connect(&url).await.context("connecting to PostgreSQL")?;
-    let table = outbox::QualifiedTable::new(Some(outbox::Identifier::new("public")?), outbox::Identifier::new("outbox")?);
+    let pool = sqlx::PgPool::connect(&url)
+        .await
+        .context("connecting to PostgreSQL")?;
+    let table = outbox::QualifiedTable::new(
+        Some(outbox::Identifier::new("public")?),
+        outbox::Identifier::new("outbox")?,
+    );
     outbox::postgres::migrate(&pool, &table, false).await?;
-    sqlx::query("CREATE TABLE IF NOT EXISTS orders (id text PRIMARY KEY, total_cents bigint NOT NULL)")
-        .execute(&pool)
-        .await?;
+    sqlx::query(
+        "CREATE TABLE IF NOT EXISTS orders (id text PRIMARY KEY, total_cents bigint NOT NULL)",
+    )
+    .execute(&pool)
+    .await?;
 
     let order_id = format!("o_{}", uuid_like());
     let mut tx = pool.begin().await?;
@@ -32,8 +39,16 @@ async fn main() -> anyhow::Result<()> {
         .bind(1250_i64)
         .execute(&mut *tx)
         .await?;
-    let event = NewEvent::json("Order", &order_id, "order.placed", &OrderPlaced { order_id: &order_id, total_cents: 1250 })?
-        .with_header("source", "examples/place_order");
+    let event = NewEvent::json(
+        "Order",
+        &order_id,
+        "order.placed",
+        &OrderPlaced {
+            order_id: &order_id,
+            total_cents: 1250,
+        },
+    )?
+    .with_header("source", "examples/place_order");
     let event_id = outbox::postgres::enqueue(&mut *tx, &event).await?;
     tx.commit().await?;
     println!("placed order {order_id}; event {event_id} is in the outbox");

@@ -30,7 +30,9 @@ pub use outbox_core::{Event, Identifier, NewEvent, QualifiedTable};
 /// [`migrate`](postgres::migrate).
 #[cfg(feature = "postgres")]
 pub mod postgres {
-    pub use outbox_postgres::{EnqueueError, MigrateError, PgOutbox, enqueue, enqueue_batch, migrate};
+    pub use outbox_postgres::{
+        EnqueueError, MigrateError, PgOutbox, enqueue, enqueue_batch, migrate,
+    };
 }
 
 /// SQLite (the embedded default): the same shape as [`postgres`](crate::postgres).

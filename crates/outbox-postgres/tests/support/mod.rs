@@ -26,15 +26,28 @@ impl PgHarness {
         let pool = outbox_postgres::connect(&config, 20).await?;
         outbox_postgres::migrate(&pool, &config.qualified_table(), false).await?;
         let outbox = PgOutbox::new(config.qualified_table());
-        Ok(Self { pool, config, outbox })
+        Ok(Self {
+            pool,
+            config,
+            outbox,
+        })
     }
 }
 
 impl Harness for PgHarness {
     type Source = PgPollSource;
 
-    async fn source(&self, ordering: Ordering, dead_letter: DeadLetterPolicy) -> anyhow::Result<PgPollSource> {
-        Ok(PgPollSource::new(self.pool.clone(), &self.config, ordering, dead_letter))
+    async fn source(
+        &self,
+        ordering: Ordering,
+        dead_letter: DeadLetterPolicy,
+    ) -> anyhow::Result<PgPollSource> {
+        Ok(PgPollSource::new(
+            self.pool.clone(),
+            &self.config,
+            ordering,
+            dead_letter,
+        ))
     }
 
     async fn write(&self, events: Vec<NewEvent>, commit: bool) -> anyhow::Result<Vec<Uuid>> {
@@ -49,10 +62,11 @@ impl Harness for PgHarness {
     }
 
     async fn stored(&self, id: Uuid) -> anyhow::Result<Option<StoredEvent>> {
-        let row: Option<(String, i32)> = sqlx::query_as("SELECT state, attempts FROM outbox WHERE id = $1")
-            .bind(id)
-            .fetch_optional(&self.pool)
-            .await?;
+        let row: Option<(String, i32)> =
+            sqlx::query_as("SELECT state, attempts FROM outbox WHERE id = $1")
+                .bind(id)
+                .fetch_optional(&self.pool)
+                .await?;
         Ok(row.map(|(state, attempts)| StoredEvent { state, attempts }))
     }
 

@@ -106,7 +106,9 @@ pub struct HttpReceiver {
 
 impl std::fmt::Debug for HttpReceiver {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HttpReceiver").field("addr", &self.addr).finish_non_exhaustive()
+        f.debug_struct("HttpReceiver")
+            .field("addr", &self.addr)
+            .finish_non_exhaustive()
     }
 }
 
@@ -160,7 +162,9 @@ impl HttpReceiver {
     /// Answers the next `n` requests with `status`, then the default again.
     pub fn fail_next(&self, n: usize, status: u16) {
         let status = valid(status);
-        lock(&self.shared.script).next.extend(std::iter::repeat_n(status, n));
+        lock(&self.shared.script)
+            .next
+            .extend(std::iter::repeat_n(status, n));
     }
 
     /// Answers `status` to every request whose header `name` has the value `value`
@@ -203,11 +207,16 @@ impl HttpReceiver {
     /// Waits until at least `n` requests arrived; returns all of them. On timeout the error
     /// lists what did arrive.
     pub async fn wait_for(&self, n: usize, timeout: Duration) -> anyhow::Result<Vec<Request>> {
-        self.wait_until(&format!("{n} requests"), timeout, |r| r.len() >= n).await
+        self.wait_until(&format!("{n} requests"), timeout, |r| r.len() >= n)
+            .await
     }
 
     /// Waits until at least `n` requests were answered 2xx; returns all requests.
-    pub async fn wait_for_accepted(&self, n: usize, timeout: Duration) -> anyhow::Result<Vec<Request>> {
+    pub async fn wait_for_accepted(
+        &self,
+        n: usize,
+        timeout: Duration,
+    ) -> anyhow::Result<Vec<Request>> {
         self.wait_until(&format!("{n} accepted (2xx) requests"), timeout, |r| {
             r.iter().filter(|r| r.accepted()).count() >= n
         })
@@ -224,22 +233,30 @@ impl HttpReceiver {
     ) -> anyhow::Result<Vec<Request>> {
         let mut changes = self.shared.changed.subscribe();
         let check = |_: &u64| done(&lock(&self.shared.received));
-        match tokio::time::timeout(timeout, changes.wait_for(check)).await {
-            Ok(Ok(_)) => Ok(self.received()),
-            _ => {
-                let got = self.received();
-                let summary: Vec<String> = got
-                    .iter()
-                    .map(|r| format!("#{} {} {} -> {} ({} bytes)", r.seq, r.method, r.path, r.status, r.body.len()))
-                    .collect();
-                anyhow::bail!(
-                    "waited {timeout:?} for {what} at {}; got {}:\n{}",
-                    self.url(),
-                    got.len(),
-                    summary.join("\n")
-                )
-            }
+        let done = matches!(
+            tokio::time::timeout(timeout, changes.wait_for(check)).await,
+            Ok(Ok(_))
+        );
+        let got = self.received();
+        if done {
+            return Ok(got);
         }
+        let summary: Vec<String> = got
+            .iter()
+            .map(|r| {
+                let (seq, method, path, status) = (r.seq, &r.method, &r.path, r.status);
+                format!(
+                    "#{seq} {method} {path} -> {status} ({} bytes)",
+                    r.body.len()
+                )
+            })
+            .collect();
+        anyhow::bail!(
+            "waited {timeout:?} for {what} at {}; got {}:\n{}",
+            self.url(),
+            got.len(),
+            summary.join("\n")
+        )
     }
 
     /// Simulates an outage: closes the listening socket and drops every open connection
@@ -273,7 +290,9 @@ impl HttpReceiver {
     }
 
     fn serve(&self, listener: TcpListener) {
-        let router = Router::new().fallback(record).with_state(self.shared.clone());
+        let router = Router::new()
+            .fallback(record)
+            .with_state(self.shared.clone());
         let stop = CancellationToken::new();
         let task = tokio::spawn(accept_loop(listener, router, stop.clone()));
         *lock(&self.server) = Some(Running { stop, task });
@@ -329,10 +348,17 @@ async fn record(
     let mut request = Request {
         seq: 0,
         method: method.to_string(),
-        path: uri.path_and_query().map_or_else(|| uri.path().to_owned(), |p| p.to_string()),
+        path: uri
+            .path_and_query()
+            .map_or_else(|| uri.path().to_owned(), |p| p.to_string()),
         headers: headers
             .iter()
-            .map(|(n, v)| (n.as_str().to_owned(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
+            .map(|(n, v)| {
+                (
+                    n.as_str().to_owned(),
+                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                )
+            })
             .collect(),
         body,
         status: 0,
@@ -360,6 +386,9 @@ async fn record(
 }
 
 fn valid(status: u16) -> u16 {
-    assert!((100..=999).contains(&status), "invalid HTTP status {status}");
+    assert!(
+        (100..=999).contains(&status),
+        "invalid HTTP status {status}"
+    );
     status
 }

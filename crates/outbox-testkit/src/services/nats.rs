@@ -61,7 +61,9 @@ impl Nats {
         SHARED
             .get_or_try_init(|| async {
                 match std::env::var(NATS_URL_ENV) {
-                    Ok(url) if !url.trim().is_empty() => Self::external(url.trim().to_owned()).await,
+                    Ok(url) if !url.trim().is_empty() => {
+                        Self::external(url.trim().to_owned()).await
+                    }
                     _ => Self::launch(false).await,
                 }
             })
@@ -117,7 +119,9 @@ impl Nats {
     /// True while a server this process started is running (always true for an external one).
     pub fn is_running(&self) -> bool {
         match &self.local {
-            Some(local) => lock(&local.server).as_mut().is_some_and(|s| s.exited().is_none()),
+            Some(local) => lock(&local.server)
+                .as_mut()
+                .is_some_and(|s| s.exited().is_none()),
             None => true,
         }
     }
@@ -125,7 +129,9 @@ impl Nats {
     fn private_local(&self, what: &str) -> anyhow::Result<&Local> {
         match &self.local {
             Some(local) if local.private => Ok(local),
-            _ => anyhow::bail!("cannot {what} the shared NATS server (other tests use it); use Nats::start()"),
+            _ => anyhow::bail!(
+                "cannot {what} the shared NATS server (other tests use it); use Nats::start()"
+            ),
         }
     }
 
@@ -148,7 +154,11 @@ impl Nats {
                 Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
             }
         }
-        Ok(Nats { url, port, local: None })
+        Ok(Nats {
+            url,
+            port,
+            local: None,
+        })
     }
 
     async fn launch(private: bool) -> anyhow::Result<Nats> {
@@ -167,11 +177,6 @@ impl Nats {
             _dir: None,
             server: Mutex::new(None),
         };
-        if private {
-            local._dir = Some(dir);
-        } else {
-            let _ = dir.keep();
-        }
         let mut attempt = 0;
         loop {
             attempt += 1;
@@ -181,6 +186,13 @@ impl Nats {
             match wait_ready(&url, server).await {
                 Ok(server) => {
                     *lock(&local.server) = Some(server);
+                    if private {
+                        local._dir = Some(dir);
+                    } else {
+                        // The shared server is never dropped: its watchdog removes the
+                        // directory when the process exits. (On failure `dir` removes it.)
+                        let _ = dir.keep();
+                    }
                     return Ok(Nats {
                         url,
                         port,
@@ -273,7 +285,9 @@ async fn wait_ready(url: &str, mut server: Supervised) -> anyhow::Result<Supervi
         if Instant::now() >= deadline {
             let tail = server.log_tail();
             server.stop().await.ok();
-            anyhow::bail!("nats-server not ready on {url} within {READY_TIMEOUT:?} (last error: {last_error:#})\n{tail}");
+            anyhow::bail!(
+                "nats-server not ready on {url} within {READY_TIMEOUT:?} (last error: {last_error:#})\n{tail}"
+            );
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
     }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use sqlx::postgres::{PgConnectOptions, PgConnection};
-use sqlx::{Connection, ConnectOptions};
+use sqlx::{ConnectOptions, Connection};
 use tokio::sync::OnceCell;
 
 use super::process::{self, Launch, Supervised};
@@ -74,7 +74,9 @@ impl Postgres {
         SHARED
             .get_or_try_init(|| async {
                 match std::env::var(DATABASE_URL_ENV) {
-                    Ok(url) if !url.trim().is_empty() => Self::external(url.trim().to_owned()).await,
+                    Ok(url) if !url.trim().is_empty() => {
+                        Self::external(url.trim().to_owned()).await
+                    }
                     _ => Self::launch(false).await,
                 }
             })
@@ -143,7 +145,9 @@ impl Postgres {
     /// True while a server this process started is running (always true for an external one).
     pub fn is_running(&self) -> bool {
         match &self.local {
-            Some(local) => lock(&local.server).as_mut().is_some_and(|s| s.exited().is_none()),
+            Some(local) => lock(&local.server)
+                .as_mut()
+                .is_some_and(|s| s.exited().is_none()),
             None => true,
         }
     }
@@ -197,8 +201,13 @@ impl Postgres {
         let root = dir.path().to_owned();
         let run_as = process::running_as_root().then_some("postgres");
         if let Some(user) = run_as {
-            run(std::process::Command::new("chown").arg(format!("{user}:")).arg(&root), &root)
-                .context("giving the data directory to the `postgres` user")?;
+            run(
+                std::process::Command::new("chown")
+                    .arg(format!("{user}:"))
+                    .arg(&root),
+                &root,
+            )
+            .context("giving the data directory to the `postgres` user")?;
         }
         let mut local = Local {
             private,
@@ -209,12 +218,6 @@ impl Postgres {
             server: Mutex::new(None),
         };
         local.initdb()?;
-        // The shared server is never dropped: its watchdog removes the directory.
-        if private {
-            local._dir = Some(dir);
-        } else {
-            let _ = dir.keep();
-        }
 
         let mut attempt = 0;
         loop {
@@ -225,6 +228,13 @@ impl Postgres {
             match wait_ready(&admin_url, server).await {
                 Ok(server) => {
                     *lock(&local.server) = Some(server);
+                    if private {
+                        local._dir = Some(dir);
+                    } else {
+                        // The shared server is never dropped: its watchdog removes the
+                        // directory when the process exits. (On failure `dir` removes it.)
+                        let _ = dir.keep();
+                    }
                     return Ok(Postgres {
                         admin_url,
                         port,
@@ -252,9 +262,16 @@ impl Local {
     /// `initdb` into `root/data`, as the `postgres` user when we are root.
     fn initdb(&self) -> anyhow::Result<()> {
         let mut cmd = self.command(&self.bin_dir.join("initdb"));
-        cmd.arg("-D")
-            .arg(self.data())
-            .args(["-U", "postgres", "-A", "trust", "--no-sync", "-E", "UTF8", "--locale=C"]);
+        cmd.arg("-D").arg(self.data()).args([
+            "-U",
+            "postgres",
+            "-A",
+            "trust",
+            "--no-sync",
+            "-E",
+            "UTF8",
+            "--locale=C",
+        ]);
         run(&mut cmd, &self.root).context("initdb failed")
     }
 
@@ -284,7 +301,12 @@ impl Local {
             "max_connections=200",
             "shared_buffers=128MB",
         ];
-        let mut args = vec!["-D".into(), self.data().into_os_string(), "-p".into(), port.to_string().into()];
+        let mut args = vec![
+            "-D".into(),
+            self.data().into_os_string(),
+            "-p".into(),
+            port.to_string().into(),
+        ];
         args.extend(["-k".into(), self.root.clone().into_os_string()]);
         for s in settings {
             args.extend(["-c".into(), s.into()]);
@@ -344,7 +366,9 @@ async fn wait_ready(admin_url: &str, mut server: Supervised) -> anyhow::Result<S
 /// `/usr/lib/postgresql/*/bin` (Debian keeps them out of `PATH`), else `PATH`.
 fn bin_dir() -> anyhow::Result<PathBuf> {
     let has_server = |dir: &Path| dir.join("initdb").is_file() && dir.join("postgres").is_file();
-    if let Ok(out) = std::process::Command::new("pg_config").arg("--bindir").output()
+    if let Ok(out) = std::process::Command::new("pg_config")
+        .arg("--bindir")
+        .output()
         && out.status.success()
     {
         let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
@@ -422,7 +446,10 @@ mod tests {
             with_database("postgres://postgres@127.0.0.1:5432/postgres", "t1"),
             "postgres://postgres@127.0.0.1:5432/t1"
         );
-        assert_eq!(with_database("postgres://u:p@h:1", "t1"), "postgres://u:p@h:1/t1");
+        assert_eq!(
+            with_database("postgres://u:p@h:1", "t1"),
+            "postgres://u:p@h:1/t1"
+        );
         assert_eq!(
             with_database("postgres://h/db?sslmode=disable", "t1"),
             "postgres://h/t1?sslmode=disable"

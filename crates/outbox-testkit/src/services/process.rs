@@ -161,7 +161,11 @@ impl Supervised {
             .stdin(Stdio::null())
             .status()
             .context("running `kill`")?;
-        anyhow::ensure!(status.success(), "could not signal the {} watchdog", self.name);
+        anyhow::ensure!(
+            status.success(),
+            "could not signal the {} watchdog",
+            self.name
+        );
         Ok(())
     }
 
@@ -200,7 +204,9 @@ pub(crate) fn free_port() -> anyhow::Result<u16> {
 /// True when we run as root (some servers, PostgreSQL, refuse to).
 pub(crate) fn running_as_root() -> bool {
     use std::os::unix::fs::MetadataExt;
-    std::fs::metadata("/proc/self").map(|m| m.uid() == 0).unwrap_or(false)
+    std::fs::metadata("/proc/self")
+        .map(|m| m.uid() == 0)
+        .unwrap_or(false)
 }
 
 /// Finds `name` in `PATH`, then in the usual system directories (`/usr/sbin` is not in a
@@ -208,12 +214,24 @@ pub(crate) fn running_as_root() -> bool {
 pub(crate) fn find_program(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
-        .chain(["/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"].map(PathBuf::from))
+        .chain(
+            [
+                "/usr/local/sbin",
+                "/usr/local/bin",
+                "/usr/sbin",
+                "/usr/bin",
+                "/sbin",
+                "/bin",
+            ]
+            .map(PathBuf::from),
+        )
         .map(|dir| dir.join(name))
         .find(|p| p.is_file())
 }
 
 /// True when a server log says the port was taken between [`free_port`] and the bind.
 pub(crate) fn port_was_taken(log: &Path) -> bool {
-    log_tail(log, 50).to_ascii_lowercase().contains("address already in use")
+    log_tail(log, 50)
+        .to_ascii_lowercase()
+        .contains("address already in use")
 }

@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# The project's test command (CI runs exactly this through .ci/run):
+#
+#   scripts/test.sh [extra cargo-nextest arguments, e.g. -p outbox-postgres or a test filter]
+#
+# 1. installs PostgreSQL and nats-server from Debian packages when they are missing;
+# 2. checks formatting and runs clippy with warnings as errors;
+# 3. starts ONE PostgreSQL and ONE nats-server for the run on free ports of 127.0.0.1 (data and
+#    logs in a temporary directory, stopped and removed on exit) and passes them to the tests as
+#    OUTBOX_TEST_DATABASE_URL and OUTBOX_TEST_NATS_URL;
+# 4. runs the whole test suite with cargo-nextest (falls back to `cargo test` without it), then
+#    the doc tests.
+#
+# Environment: OUTBOX_TEST_THREADS (parallel tests, default 4: the tests mostly wait on servers),
+# OUTBOX_SKIP_LINT=1 to skip fmt and clippy while iterating.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# shellcheck source=scripts/services.sh
+source scripts/services.sh
+
+step() { printf '\n==> %s\n' "$*" >&2; }
+
+started=$(date +%s)
+step "tools"
+cargo --version >&2
+if cargo nextest --version >/dev/null 2>&1; then
+    have_nextest=1
+    cargo nextest --version 2>/dev/null | head -n 1 >&2
+else
+    have_nextest=0
+    echo "cargo-nextest not installed: falling back to cargo test" >&2
+fi
+services_install
+
+if [ "${OUTBOX_SKIP_LINT:-0}" != 1 ]; then
+    step "cargo fmt --all --check"
+    cargo fmt --all --check
+
+    step "cargo clippy --workspace --all-targets -- -D warnings"
+    cargo clippy --workspace --all-targets -- -D warnings
+fi
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/outbox-test.XXXXXX")
+cleanup() {
+    local status=$?
+    services_stop "$work"
+    rm -rf "$work"
+    exit "$status"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+step "services"
+services_start_all "$work"
+export OUTBOX_TEST_DATABASE_URL OUTBOX_TEST_NATS_URL
+
+# On failure, show what the servers said: a crash there explains many test failures at once.
+show_service_logs() {
+    services_log_tail "$work/postgres/postgres.log" 30
+    services_log_tail "$work/nats/nats-server.log" 30
+}
+
+# `-p NAME` arguments narrow the run (nextest and doc tests) instead of --workspace.
+scope=()
+prev=
+for arg in "$@"; do
+    case "$prev" in -p | --package) scope+=(-p "$arg") ;; esac
+    case "$arg" in -p?*) scope+=(-p "${arg#-p}") ;; --package=*) scope+=(-p "${arg#--package=}") ;; esac
+    prev=$arg
+done
+[ ${#scope[@]} -eq 0 ] && scope=(--workspace)
+
+threads=${OUTBOX_TEST_THREADS:-4}
+status=0
+if [ "$have_nextest" = 1 ]; then
+    args=(--no-fail-fast)
+    [ "${scope[0]}" = --workspace ] && args+=(--workspace)
+    case " $* " in
+    *" -j"* | *" --test-threads"*) ;;
+    *) args+=(--test-threads "$threads") ;;
+    esac
+    # A hung test must not hang CI: unless the project has its own nextest config, give each
+    # test 60 s before it is reported slow and kill it after 5 minutes.
+    if [ ! -f .config/nextest.toml ]; then
+        cat >"$work/nextest.toml" <<'TOML'
+[profile.default]
+slow-timeout = { period = "60s", terminate-after = 5 }
+TOML
+        args+=(--config-file "$work/nextest.toml")
+    fi
+    step "cargo nextest run ${args[*]} $*"
+    cargo nextest run "${args[@]}" "$@" || status=$?
+
+    if [ "$status" = 0 ]; then
+        step "cargo test --doc ${scope[*]}"
+        cargo test --doc "${scope[@]}" || status=$?
+    fi
+else
+    args=()
+    [ "${scope[0]}" = --workspace ] && args+=(--workspace)
+    step "cargo test ${args[*]} $*"
+    cargo test "${args[@]}" "$@" -- --test-threads "$threads" || status=$?
+fi
+
+if [ "$status" != 0 ]; then
+    show_service_logs
+    step "FAILED after $(($(date +%s) - started)) s"
+    exit "$status"
+fi
+step "all checks passed in $(($(date +%s) - started)) s"
