@@ -1,0 +1,44 @@
+//! [`ConfigError`]: why a sink configuration was refused, naming the key.
+
+/// A sink configuration value that [`validate`](crate::NatsConfig::validate) refused.
+///
+/// Displays as `sink.<key>: <message>`, e.g. `sink.url: must use http or https`, so that a
+/// user sees at once which line of the config file to fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("sink.{key}: {message}")]
+pub struct ConfigError {
+    key: String,
+    message: String,
+}
+
+impl ConfigError {
+    /// A refusal of the value at `key` (relative to the `[sink]` table).
+    pub fn new(key: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            key: key.into(),
+            message: message.into(),
+        }
+    }
+
+    /// The offending key, relative to the `[sink]` table (`url`, `headers.x-tenant`, ...).
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// Why the value was refused.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn displays_the_full_key_path() {
+        let e = ConfigError::new("url", "must not be empty");
+        assert_eq!(e.to_string(), "sink.url: must not be empty");
+        assert_eq!(e.key(), "url");
+    }
+}

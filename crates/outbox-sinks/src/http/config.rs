@@ -1,0 +1,249 @@
+//! [`HttpConfig`]: the `[sink]` table for `kind = "http"`.
+
+use std::collections::BTreeMap;
+use std::num::NonZeroUsize;
+use std::time::Duration;
+
+use outbox_core::{Destination, SinkError};
+use reqwest::Url;
+use reqwest::header::{HeaderName, HeaderValue};
+use serde::Deserialize;
+
+use super::HttpSink;
+use super::signature::Signer;
+use crate::{ConfigError, Secret};
+
+/// Settings of the HTTP webhook sink.
+///
+/// ```toml
+/// [sink]
+/// kind = "http"
+/// url = "https://hooks.example.com/outbox/{aggregate_type}"
+/// secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+/// timeout = "10s"
+/// max_concurrency = 64
+/// headers = { "x-api-key" = "..." }
+/// ```
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpConfig {
+    /// Endpoint URL, `http://` or `https://`. It is also the destination template: it may use
+    /// `{aggregate_type}`, `{event_type}` and `{aggregate_id}` in its path and query (not in
+    /// the scheme, host or port); the values are percent-encoded. Required.
+    pub url: String,
+    /// Signing secret. When set, every request carries `webhook-id`, `webhook-timestamp` and
+    /// `webhook-signature` per the Standard Webhooks spec. `whsec_<base64>` is the standard
+    /// form (the base64 part is the key); any other string is used as raw key bytes. Never
+    /// printed.
+    pub secret: Option<Secret>,
+    /// Longest wait for one request, from connecting to the end of the response headers.
+    /// A connect timeout counts as the endpoint being unavailable, a response timeout as a
+    /// transient failure (retried). Default `10s`.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+    /// Most requests in flight at once. Default `64`.
+    pub max_concurrency: NonZeroUsize,
+    /// Extra headers sent with every request (an API key, say). Names starting with
+    /// `outbox-` or `webhook-` are reserved. A `content-type` here replaces the default
+    /// `application/octet-stream` (a row's own `content-type` header still wins).
+    pub headers: BTreeMap<String, String>,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        Self {
+            url: String::new(),
+            secret: None,
+            timeout: Duration::from_secs(10),
+            max_concurrency: NonZeroUsize::new(64).expect("64 is not zero"),
+            headers: BTreeMap::new(),
+        }
+    }
+}
+
+/// The parts of a validated config that the sink needs.
+pub(super) struct Validated {
+    pub(super) url: Destination,
+    pub(super) origin: Url,
+    pub(super) signer: Option<Signer>,
+    pub(super) headers: reqwest::header::HeaderMap,
+}
+
+impl HttpConfig {
+    /// Checks every value without touching the network; the error names the key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.checked().map(drop)
+    }
+
+    pub(super) fn checked(&self) -> Result<Validated, ConfigError> {
+        if self.url.is_empty() {
+            return Err(ConfigError::new(
+                "url",
+                "must be set (e.g. `https://hooks.example.com/outbox/{event_type}`)",
+            ));
+        }
+        let url =
+            Destination::parse(&self.url).map_err(|e| ConfigError::new("url", e.to_string()))?;
+        let first = super::render_url(&url, &crate::sample_event("Order", "o_1", "order.placed"))
+            .map_err(|e| ConfigError::new("url", e))?;
+        let second =
+            super::render_url(&url, &crate::sample_event("Invoice", "i_2", "invoice.paid"))
+                .map_err(|e| ConfigError::new("url", e))?;
+        let origin = first.origin();
+        if origin != second.origin() {
+            return Err(ConfigError::new(
+                "url",
+                "placeholders may only appear in the path and query, not in the scheme, host or port",
+            ));
+        }
+        let mut origin_url = first.clone();
+        origin_url.set_path("/");
+        origin_url.set_query(None);
+        origin_url.set_fragment(None);
+
+        let signer = match &self.secret {
+            None => None,
+            Some(secret) => Some(
+                Signer::from_secret(secret.expose()).map_err(|e| ConfigError::new("secret", e))?,
+            ),
+        };
+        if self.timeout.is_zero() {
+            return Err(ConfigError::new("timeout", "must be greater than 0"));
+        }
+
+        let mut headers = reqwest::header::HeaderMap::new();
+        for (name, value) in &self.headers {
+            let key = format!("headers.{name}");
+            let lower = name.to_ascii_lowercase();
+            if lower.starts_with("outbox-") || lower.starts_with("webhook-") {
+                return Err(ConfigError::new(
+                    key,
+                    "names starting with `outbox-` or `webhook-` are reserved for the message",
+                ));
+            }
+            let header_name = HeaderName::from_bytes(name.as_bytes())
+                .map_err(|_| ConfigError::new(key.clone(), "is not a valid HTTP header name"))?;
+            let header_value = HeaderValue::from_str(value).map_err(|_| {
+                ConfigError::new(key, "has a value that is not a valid HTTP header value")
+            })?;
+            headers.append(header_name, header_value);
+        }
+        Ok(Validated {
+            url,
+            origin: origin_url,
+            signer,
+            headers,
+        })
+    }
+
+    /// Validates and prepares the HTTP client. Does not contact the endpoint (see
+    /// [`HttpSink`]'s healthcheck for that): a webhook receiver being down at start-up is
+    /// an ordinary outage, not a configuration error.
+    pub async fn build(self) -> Result<HttpSink, SinkError> {
+        let validated = self
+            .checked()
+            .map_err(|e| SinkError::rejected(e.to_string()))?;
+        HttpSink::new(self, validated)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<HttpConfig, toml::de::Error> {
+        toml::from_str(text)
+    }
+
+    #[test]
+    fn a_minimal_table_gets_defaults() {
+        let config = parse("url = \"http://127.0.0.1:8080/hooks\"").expect("parses");
+        assert_eq!(config.validate(), Ok(()));
+        assert_eq!(config.timeout, Duration::from_secs(10));
+        assert_eq!(config.max_concurrency.get(), 64);
+        assert!(config.secret.is_none());
+    }
+
+    #[test]
+    fn every_field_parses_and_the_secret_never_prints() {
+        let config = parse(
+            r#"
+            url = "https://hooks.example.com/outbox/{aggregate_type}?type={event_type}"
+            secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+            timeout = "3s"
+            max_concurrency = 8
+            headers = { "x-api-key" = "k1", "content-type" = "application/json" }
+            "#,
+        )
+        .expect("parses");
+        assert_eq!(config.validate(), Ok(()));
+        let debug = format!("{config:?}");
+        assert!(!debug.contains("MfKQ9r8"), "{debug}");
+        let validated = config.checked().expect("valid");
+        assert_eq!(validated.origin.as_str(), "https://hooks.example.com/");
+    }
+
+    #[test]
+    fn unknown_keys_are_rejected() {
+        let err = parse("url = \"http://x\"\ndestination = \"y\"").expect_err("unknown key");
+        assert!(
+            err.to_string().contains("unknown field `destination`"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn validation_names_the_offending_key() {
+        let cases = [
+            ("", "sink.url: must be set"),
+            ("url = \"ftp://x/y\"", "sink.url: "),
+            ("url = \"not a url\"", "sink.url: "),
+            (
+                "url = \"http://x/{tenant}\"",
+                "sink.url: unknown placeholder",
+            ),
+            (
+                "url = \"http://{aggregate_type}.example.com/\"",
+                "sink.url: placeholders may only",
+            ),
+            ("url = \"http://x\"\nsecret = \"whsec_!!\"", "sink.secret: "),
+            (
+                "url = \"http://x\"\nsecret = \"\"",
+                "sink.secret: must not be empty",
+            ),
+            (
+                "url = \"http://x\"\ntimeout = \"0s\"",
+                "sink.timeout: must be greater than 0",
+            ),
+            (
+                "url = \"http://x\"\nheaders = { \"outbox-id\" = \"1\" }",
+                "sink.headers.outbox-id: ",
+            ),
+            (
+                "url = \"http://x\"\nheaders = { \"bad name\" = \"1\" }",
+                "sink.headers.bad name: ",
+            ),
+            (
+                "url = \"http://x\"\nheaders = { \"x-a\" = \"a\\nb\" }",
+                "sink.headers.x-a: ",
+            ),
+        ];
+        for (text, expected) in cases {
+            let err = parse(text).expect("parses").validate().expect_err(text);
+            assert!(err.to_string().starts_with(expected), "{text}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_secret_is_never_part_of_an_error() {
+        let config = parse("url = \"http://x\"\nsecret = \"whsec_sup3r-secret!\"").expect("parses");
+        let err = config.validate().expect_err("bad base64");
+        assert!(!err.to_string().contains("sup3r"), "{err}");
+    }
+
+    #[test]
+    fn zero_concurrency_is_refused_while_parsing() {
+        let err = parse("url = \"http://x\"\nmax_concurrency = 0").expect_err("zero");
+        assert!(err.to_string().contains("max_concurrency"), "{err}");
+    }
+}

@@ -1,0 +1,78 @@
+//! Sinks for the `outbox` relay: where published events go.
+//!
+//! Each sink lives in its own module behind its own cargo feature and has the same shape:
+//!
+//! - a config type (`NatsConfig`, `HttpConfig`, `StdoutConfig`, `FileConfig`): serde
+//!   `Deserialize` with `deny_unknown_fields`, every field documented and defaulted;
+//! - a pure `validate()` that names the offending key (`sink.url: ...`), separate from
+//! - an async `build()` that connects and returns the sink;
+//! - the sink type, which implements [`outbox_core::Sink`] (publish + healthcheck).
+//!
+//! There is deliberately no `SinkConfig` enum here: the binary owns the `[sink]` table and
+//! its `kind` tag, and wraps these config types in its own enum, so adding a sink never
+//! changes this crate's public API.
+//!
+//! Every sink keeps the message contract of `DESIGN.md`: the destination comes from the
+//! [`outbox_core::Destination`] template, the headers from [`outbox_core::message`] (the four
+//! contract headers, then the row's own), and the body is the payload bytes exactly.
+//!
+//! | feature | module | sink |
+//! | --- | --- | --- |
+//! | `nats` | [`nats`] | NATS JetStream, with `Nats-Msg-Id` deduplication |
+//! | `http` | [`http`] | HTTP webhooks, signed per Standard Webhooks |
+//! | `stdout` | [`stdout`] | JSON lines on standard output or appended to a file |
+
+mod error;
+mod secret;
+
+#[cfg(feature = "http")]
+pub mod http;
+#[cfg(feature = "nats")]
+pub mod nats;
+#[cfg(feature = "stdout")]
+pub mod stdout;
+
+pub use error::ConfigError;
+pub use secret::Secret;
+
+#[cfg(feature = "http")]
+pub use http::{HttpConfig, HttpSink};
+#[cfg(feature = "nats")]
+pub use nats::{NatsConfig, NatsSink};
+#[cfg(feature = "stdout")]
+pub use stdout::{FileConfig, FileSink, StdoutConfig, StdoutSink};
+
+/// Collapses per-event deliveries into one batch error when every event failed because the
+/// broker was unreachable: then nothing of the batch was published, which is exactly what the
+/// whole-batch `Err` of the [`outbox_core::Sink`] contract says.
+#[cfg(any(feature = "nats", feature = "http"))]
+fn collapse_unavailable(
+    deliveries: Vec<outbox_core::sink::Delivery>,
+) -> Result<Vec<outbox_core::sink::Delivery>, outbox_core::SinkError> {
+    use outbox_core::SinkErrorKind;
+    let all_unavailable = !deliveries.is_empty()
+        && deliveries
+            .iter()
+            .all(|d| matches!(d, Err(e) if e.kind() == SinkErrorKind::Unavailable));
+    if all_unavailable && let Some(Err(first)) = deliveries.first() {
+        return Err(first.clone());
+    }
+    Ok(deliveries)
+}
+
+/// An event used by `validate()` to render a destination template without a database: it
+/// checks what the literal parts of the template make of an ordinary event.
+#[cfg(any(feature = "nats", feature = "http"))]
+fn sample_event(aggregate_type: &str, aggregate_id: &str, event_type: &str) -> outbox_core::Event {
+    outbox_core::Event {
+        id: uuid::Uuid::nil(),
+        position: outbox_core::Position(0),
+        aggregate_type: aggregate_type.to_owned(),
+        aggregate_id: aggregate_id.to_owned(),
+        event_type: event_type.to_owned(),
+        payload: bytes::Bytes::new(),
+        headers: Vec::new(),
+        created_at: time::OffsetDateTime::UNIX_EPOCH,
+        attempts: 0,
+    }
+}

@@ -1,0 +1,52 @@
+//! [`Secret`]: a configured string that never appears in `Debug` output or logs.
+
+use std::fmt;
+
+/// A secret config value (a signing key, a token). `Debug` prints `Secret("***")`, so a
+/// config struct can derive `Debug` and be logged without leaking it.
+#[derive(Clone, PartialEq, Eq, serde::Deserialize)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps a secret value.
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+
+    /// The secret itself. Call only where it is used, never to print it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(\"***\")")
+    }
+}
+
+impl From<String> for Secret {
+    fn from(value: String) -> Self {
+        Self(value)
+    }
+}
+
+impl From<&str> for Secret {
+    fn from(value: &str) -> Self {
+        Self(value.to_owned())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_output_hides_the_value() {
+        let s = Secret::new("whsec_hunter2");
+        assert_eq!(format!("{s:?}"), "Secret(\"***\")");
+        assert!(!format!("{:?}", Some(&s)).contains("hunter2"));
+        assert_eq!(s.expose(), "whsec_hunter2");
+    }
+}

@@ -1,0 +1,417 @@
+//! Stdout and JSON-lines file sinks (feature `stdout`).
+//!
+//! Both write one JSON object per event, one per line (`\n`-terminated, UTF-8), in batch
+//! order. The keys always come in this order:
+//!
+//! ```json
+//! {"id":"0190f3c2-7d1e-7a4b-9c61-3f5e0b2a8d10","destination":"outbox.event.Order","key":"o_91f2","event_type":"order.placed","aggregate_type":"Order","aggregate_id":"o_91f2","headers":{"id":"0190f3c2-7d1e-7a4b-9c61-3f5e0b2a8d10","event_type":"order.placed","aggregate_type":"Order","aggregate_id":"o_91f2","tenant":"acme"},"created_at":"2026-11-22T10:15:30.123456Z","payload":{"order_id":"o_91f2","total_cents":1250}}
+//! ```
+//!
+//! | key | value |
+//! | --- | --- |
+//! | `id` | the event id (lowercase hyphenated UUID), the consumer's deduplication key |
+//! | `destination` | the `destination` template rendered for the event |
+//! | `key` | the message key: `aggregate_id` |
+//! | `event_type`, `aggregate_type`, `aggregate_id` | as stored |
+//! | `headers` | an object of string values: the message headers exactly as other sinks send them (the four contract headers, then the row's own; if a row repeats a name, the first value is kept) |
+//! | `created_at` | when the producer wrote the event, RFC 3339 in UTC |
+//! | `payload` | present when the payload is a JSON text: that text itself, embedded as a JSON value (its line breaks, which JSON only allows between tokens, become spaces; surrounding whitespace is dropped) |
+//! | `payload_base64` | present instead when the payload is not JSON (binary, empty, invalid UTF-8): the exact bytes, standard base64 with padding |
+//!
+//! Exactly one of `payload` and `payload_base64` is present. [`JsonLine`] parses a line
+//! back, and [`JsonLine::payload_bytes`] returns the payload bytes.
+//!
+//! `stdout` writes a whole batch with one locked write and a flush; `file` appends it with
+//! one write and (with `sync = true`) an `fsync`, and truncates a half-written batch away on
+//! failure. A batch is reported delivered only after that succeeded; a failed write fails
+//! the whole batch as [`Unavailable`](outbox_core::SinkErrorKind::Unavailable).
+
+mod config;
+
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write as _};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD;
+use outbox_core::sink::Delivery;
+use outbox_core::{Destination, Event, Sink, SinkError, message};
+use serde::ser::{SerializeMap as _, Serializer};
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+pub use config::{FileConfig, StdoutConfig};
+
+/// One line of the stdout / file output, parsed back (see the module documentation).
+#[derive(Debug, Clone, Deserialize)]
+pub struct JsonLine {
+    /// The event id.
+    pub id: Uuid,
+    /// The rendered destination.
+    pub destination: String,
+    /// The message key (`aggregate_id`).
+    pub key: String,
+    /// The event type.
+    pub event_type: String,
+    /// The aggregate type.
+    pub aggregate_type: String,
+    /// The aggregate id.
+    pub aggregate_id: String,
+    /// The message headers: the contract headers and the row's own.
+    pub headers: BTreeMap<String, String>,
+    /// When the producer wrote the event.
+    #[serde(with = "time::serde::rfc3339")]
+    pub created_at: OffsetDateTime,
+    /// The payload, when it is JSON.
+    #[serde(default)]
+    pub payload: Option<Box<RawValue>>,
+    /// The payload bytes in base64, when it is not JSON.
+    #[serde(default)]
+    pub payload_base64: Option<String>,
+}
+
+/// Why a [`JsonLine`]'s payload could not be recovered.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PayloadError {
+    /// Neither `payload` nor `payload_base64` was present.
+    #[error("the line has neither `payload` nor `payload_base64`")]
+    Missing,
+    /// `payload_base64` was not valid base64.
+    #[error("`payload_base64` is not valid base64")]
+    InvalidBase64,
+}
+
+impl JsonLine {
+    /// Parses one line.
+    pub fn parse(line: &str) -> Result<Self, serde_json::Error> {
+        serde_json::from_str(line)
+    }
+
+    /// The payload bytes: the JSON text of `payload`, or the decoded `payload_base64`.
+    pub fn payload_bytes(&self) -> Result<Vec<u8>, PayloadError> {
+        match (&self.payload, &self.payload_base64) {
+            (Some(json), _) => Ok(json.get().as_bytes().to_vec()),
+            (None, Some(encoded)) => STANDARD
+                .decode(encoded)
+                .map_err(|_| PayloadError::InvalidBase64),
+            (None, None) => Err(PayloadError::Missing),
+        }
+    }
+}
+
+/// The line as written (borrowing from the event).
+#[derive(Serialize)]
+struct Line<'a> {
+    id: Uuid,
+    destination: String,
+    key: &'a str,
+    event_type: &'a str,
+    aggregate_type: &'a str,
+    aggregate_id: &'a str,
+    headers: Headers<'a>,
+    #[serde(with = "time::serde::rfc3339")]
+    created_at: OffsetDateTime,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    payload: Option<Box<RawValue>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    payload_base64: Option<String>,
+}
+
+/// The message headers as a JSON object, in message order, first value of a name kept.
+struct Headers<'a>(&'a Event);
+
+impl Serialize for Headers<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut pairs: Vec<(String, String)> = Vec::with_capacity(4 + self.0.headers.len());
+        message::for_each_header(self.0, |name, value| {
+            if !pairs.iter().any(|(n, _)| n == name) {
+                pairs.push((name.to_owned(), value.to_owned()));
+            }
+        });
+        let mut map = serializer.serialize_map(Some(pairs.len()))?;
+        for (name, value) in &pairs {
+            map.serialize_entry(name, value)?;
+        }
+        map.end()
+    }
+}
+
+/// The payload as an embeddable JSON value, or `None` when it is not a JSON text.
+fn json_payload(payload: &[u8]) -> Option<Box<RawValue>> {
+    let text = std::str::from_utf8(payload).ok()?;
+    let value: &RawValue = serde_json::from_str(text).ok()?;
+    let json = value.get();
+    if json.contains(['\n', '\r']) {
+        // Inside a valid JSON text, raw line breaks can only be whitespace between tokens
+        // (strings must escape them), so replacing them keeps the value and the line.
+        RawValue::from_string(json.replace(['\n', '\r'], " ")).ok()
+    } else {
+        Some(value.to_owned())
+    }
+}
+
+/// Appends the line of `event` to `out`; on failure `out` is left as it was.
+fn render_line(destination: &Destination, event: &Event, out: &mut Vec<u8>) -> Delivery {
+    let payload = json_payload(&event.payload);
+    let payload_base64 = payload.is_none().then(|| STANDARD.encode(&event.payload));
+    let line = Line {
+        id: event.id,
+        destination: destination.render(event),
+        key: &event.aggregate_id,
+        event_type: &event.event_type,
+        aggregate_type: &event.aggregate_type,
+        aggregate_id: &event.aggregate_id,
+        headers: Headers(event),
+        created_at: event.created_at.to_offset(time::UtcOffset::UTC),
+        payload,
+        payload_base64,
+    };
+    let start = out.len();
+    if let Err(e) = serde_json::to_writer(&mut *out, &line) {
+        out.truncate(start);
+        return Err(SinkError::rejected(format!(
+            "cannot encode event {} as a JSON line",
+            event.id
+        ))
+        .with_source(e));
+    }
+    out.push(b'\n');
+    Ok(())
+}
+
+/// Renders a batch; an event that cannot be encoded fails alone, the others still go out.
+fn render(destination: &Destination, batch: &[Event]) -> (Vec<u8>, Vec<Delivery>) {
+    let mut out = Vec::with_capacity(batch.len() * 256);
+    let deliveries = batch
+        .iter()
+        .map(|event| render_line(destination, event, &mut out))
+        .collect();
+    (out, deliveries)
+}
+
+/// Runs blocking file or terminal I/O off the async threads.
+async fn blocking_io(
+    what: String,
+    job: impl FnOnce() -> io::Result<()> + Send + 'static,
+) -> Result<(), SinkError> {
+    match tokio::task::spawn_blocking(job).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(SinkError::unavailable(what).with_source(e)),
+        Err(e) => Err(SinkError::unavailable(what).with_source(e)),
+    }
+}
+
+/// Writes events as JSON lines to standard output; built from a [`StdoutConfig`].
+#[derive(Debug)]
+pub struct StdoutSink {
+    destination: Destination,
+}
+
+impl StdoutSink {
+    /// A sink rendering the `destination` field with `destination`.
+    pub fn new(destination: Destination) -> Self {
+        Self { destination }
+    }
+}
+
+impl Sink for StdoutSink {
+    fn name(&self) -> &'static str {
+        "stdout"
+    }
+
+    async fn publish(&self, batch: &[Event]) -> Result<Vec<Delivery>, SinkError> {
+        let (out, deliveries) = render(&self.destination, batch);
+        if !out.is_empty() {
+            blocking_io("writing to standard output failed".to_owned(), move || {
+                let mut stdout = io::stdout().lock();
+                stdout.write_all(&out)?;
+                stdout.flush()
+            })
+            .await?;
+        }
+        Ok(deliveries)
+    }
+
+    async fn healthcheck(&self) -> Result<(), SinkError> {
+        Ok(())
+    }
+}
+
+/// Appends events as JSON lines to a file; built from a [`FileConfig`].
+#[derive(Debug)]
+pub struct FileSink {
+    destination: Destination,
+    path: PathBuf,
+    sync: bool,
+    file: Arc<Mutex<File>>,
+}
+
+impl FileSink {
+    async fn open(config: FileConfig) -> Result<Self, SinkError> {
+        let path = config.path.clone();
+        let opened = tokio::task::spawn_blocking(move || {
+            OpenOptions::new().create(true).append(true).open(&path)
+        })
+        .await
+        .map_err(|e| SinkError::unavailable("opening the output file failed").with_source(e))?;
+        let file = opened.map_err(|e| open_error(&config.path, e))?;
+        Ok(Self {
+            destination: config.destination,
+            path: config.path,
+            sync: config.sync,
+            file: Arc::new(Mutex::new(file)),
+        })
+    }
+
+    /// The file being appended to.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+fn open_error(path: &Path, e: io::Error) -> SinkError {
+    let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
+    let message = match parent {
+        Some(dir) if e.kind() == io::ErrorKind::NotFound && !dir.exists() => format!(
+            "cannot open `{}` for appending: directory `{}` does not exist",
+            path.display(),
+            dir.display()
+        ),
+        _ => format!("cannot open `{}` for appending", path.display()),
+    };
+    SinkError::rejected(message).with_source(e)
+}
+
+impl Sink for FileSink {
+    fn name(&self) -> &'static str {
+        "file"
+    }
+
+    async fn publish(&self, batch: &[Event]) -> Result<Vec<Delivery>, SinkError> {
+        let (out, deliveries) = render(&self.destination, batch);
+        if out.is_empty() {
+            return Ok(deliveries);
+        }
+        let file = Arc::clone(&self.file);
+        let sync = self.sync;
+        blocking_io(
+            format!("appending to `{}` failed", self.path.display()),
+            move || {
+                let file = file.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                let mut handle: &File = &file;
+                let before = handle.metadata()?.len();
+                let written = handle
+                    .write_all(&out)
+                    .and_then(|()| if sync { handle.sync_data() } else { Ok(()) });
+                if let Err(e) = written {
+                    // Best effort: leave no half line behind for readers; the batch is retried.
+                    let _ = handle.set_len(before);
+                    return Err(e);
+                }
+                Ok(())
+            },
+        )
+        .await?;
+        Ok(deliveries)
+    }
+
+    async fn healthcheck(&self) -> Result<(), SinkError> {
+        match tokio::fs::metadata(&self.path).await {
+            Ok(meta) if meta.is_file() => Ok(()),
+            Ok(_) => Err(SinkError::unavailable(format!("`{}` is not a regular file", self.path.display()))),
+            Err(e) => Err(SinkError::unavailable(format!(
+                "`{}` is gone (moved or deleted while the relay runs; restart it to reopen the file)",
+                self.path.display()
+            ))
+            .with_source(e)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(payload: &[u8]) -> Event {
+        Event {
+            id: Uuid::from_u128(0x0190_f3c2_7d1e_7a4b_9c61_3f5e_0b2a_8d10),
+            position: outbox_core::Position(7),
+            aggregate_type: "Order".into(),
+            aggregate_id: "o_91f2".into(),
+            event_type: "order.placed".into(),
+            payload: bytes::Bytes::copy_from_slice(payload),
+            headers: vec![
+                ("tenant".into(), "acme".into()),
+                ("tenant".into(), "other".into()),
+            ],
+            created_at: OffsetDateTime::from_unix_timestamp_nanos(1_795_342_530_123_456_000)
+                .expect("valid"),
+            attempts: 0,
+        }
+    }
+
+    fn line_of(event: &Event) -> String {
+        let (out, deliveries) = render(&Destination::default(), std::slice::from_ref(event));
+        assert!(deliveries.iter().all(Result::is_ok));
+        String::from_utf8(out).expect("utf-8")
+    }
+
+    #[test]
+    fn a_json_payload_is_embedded_as_is_and_keys_keep_their_order() {
+        let line = line_of(&event(br#"{"order_id":"o_91f2","total_cents":1250}"#));
+        assert_eq!(
+            line,
+            concat!(
+                r#"{"id":"0190f3c2-7d1e-7a4b-9c61-3f5e0b2a8d10","destination":"outbox.event.Order","#,
+                r#""key":"o_91f2","event_type":"order.placed","aggregate_type":"Order","aggregate_id":"o_91f2","#,
+                r#""headers":{"id":"0190f3c2-7d1e-7a4b-9c61-3f5e0b2a8d10","event_type":"order.placed","#,
+                r#""aggregate_type":"Order","aggregate_id":"o_91f2","tenant":"acme"},"#,
+                r#""created_at":"2026-11-22T10:15:30.123456Z","payload":{"order_id":"o_91f2","total_cents":1250}}"#,
+                "\n"
+            )
+        );
+    }
+
+    #[test]
+    fn pretty_json_stays_on_one_line_with_the_same_value() {
+        let pretty = b"{\n  \"a\": \"x\\ny\",\n  \"b\": [1,\r\n 2.50]\n}\n";
+        let line = line_of(&event(pretty));
+        assert_eq!(line.matches('\n').count(), 1);
+        let parsed = JsonLine::parse(line.trim_end()).expect("parses");
+        let original: serde_json::Value = serde_json::from_slice(pretty).expect("json");
+        let back: serde_json::Value =
+            serde_json::from_slice(&parsed.payload_bytes().expect("payload")).expect("json");
+        assert_eq!(original, back);
+        assert!(
+            parsed.payload.expect("json").get().contains("2.50"),
+            "number text kept"
+        );
+    }
+
+    #[test]
+    fn non_json_payloads_go_to_base64() {
+        for payload in [
+            &b"\x00\xff\xfe binary"[..],
+            b"",
+            b"not json",
+            b"{\"a\":1} trailing",
+        ] {
+            let line = line_of(&event(payload));
+            let parsed = JsonLine::parse(line.trim_end()).expect("parses");
+            assert!(parsed.payload.is_none(), "{line}");
+            assert_eq!(parsed.payload_bytes().expect("decodes"), payload);
+        }
+    }
+
+    #[test]
+    fn scalar_json_payloads_are_embedded_too() {
+        let line = line_of(&event(b"42"));
+        assert!(line.contains(r#""payload":42}"#), "{line}");
+        let line = line_of(&event(b"\"text\""));
+        assert!(line.contains(r#""payload":"text"}"#), "{line}");
+    }
+}
