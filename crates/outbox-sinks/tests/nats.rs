@@ -1,11 +1,8 @@
 //! The NATS JetStream sink against a real `nats-server -js` on 127.0.0.1.
 //!
-//! Each test starts a private server (0.1 s), except when `OUTBOX_TEST_NATS_URL` names an
-//! existing one: then the tests share it and keep apart with a unique subject prefix and
-//! stream name each. The outage test always starts its own, since it stops it.
-//!
-//! The launcher is local to this file: the testkit's `services::Nats` readiness probe
-//! (`query_account`) does not parse nats-server 2.9's answer at the time of writing.
+//! Tests share the testkit's NATS server (`OUTBOX_TEST_NATS_URL`, else one private server per
+//! test process) and keep apart with a unique subject prefix and stream name each. The
+//! outage test starts its own, since it stops it.
 
 #![cfg(feature = "nats")]
 
@@ -16,8 +13,8 @@ use bytes::Bytes;
 use futures::StreamExt as _;
 use outbox_core::{Destination, Event, Position, Sink, SinkErrorKind};
 use outbox_sinks::{NatsConfig, NatsSink};
+use outbox_testkit::services::Nats;
 use outbox_testkit::wait::eventually;
-use server::Nats;
 use time::OffsetDateTime;
 use uuid::Uuid;
 
@@ -85,7 +82,7 @@ fn header<'m>(message: &'m jetstream::Message, name: &str) -> Option<&'m str> {
 
 #[tokio::test]
 async fn a_batch_arrives_with_exact_bytes_headers_and_subjects() {
-    let nats = &Nats::shared().await;
+    let nats = Nats::shared().await.expect("nats-server starts");
     let prefix = unique();
     let sink = config(nats.url(), &prefix).build().await.expect("builds");
     assert_eq!(
@@ -135,7 +132,7 @@ async fn a_batch_arrives_with_exact_bytes_headers_and_subjects() {
 
 #[tokio::test]
 async fn events_of_one_aggregate_keep_their_order_across_batches() {
-    let nats = &Nats::shared().await;
+    let nats = Nats::shared().await.expect("nats-server starts");
     let prefix = unique();
     let sink = config(nats.url(), &prefix).build().await.expect("builds");
 
@@ -168,7 +165,7 @@ async fn events_of_one_aggregate_keep_their_order_across_batches() {
 
 #[tokio::test]
 async fn republishing_an_event_stores_it_once() {
-    let nats = &Nats::shared().await;
+    let nats = Nats::shared().await.expect("nats-server starts");
     let prefix = unique();
     let sink = config(nats.url(), &prefix).build().await.expect("builds");
 
@@ -188,7 +185,7 @@ async fn republishing_an_event_stores_it_once() {
 
 #[tokio::test]
 async fn oversized_payload_is_rejected_while_the_rest_of_the_batch_flows() {
-    let nats = &Nats::shared().await;
+    let nats = Nats::shared().await.expect("nats-server starts");
     let limit = nats
         .connect()
         .await
@@ -230,7 +227,7 @@ async fn oversized_payload_is_rejected_while_the_rest_of_the_batch_flows() {
 
 #[tokio::test]
 async fn a_configured_max_payload_lowers_the_servers_limit() {
-    let nats = &Nats::shared().await;
+    let nats = Nats::shared().await.expect("nats-server starts");
     let prefix = unique();
     let mut config = config(nats.url(), &prefix);
     config.max_payload = std::num::NonZeroUsize::new(1000);
@@ -253,7 +250,7 @@ async fn a_configured_max_payload_lowers_the_servers_limit() {
 
 #[tokio::test]
 async fn an_aggregate_id_that_makes_an_invalid_subject_is_rejected() {
-    let nats = &Nats::shared().await;
+    let nats = Nats::shared().await.expect("nats-server starts");
     let prefix = unique();
     let mut config = config(nats.url(), &prefix);
     config.destination =
@@ -279,7 +276,7 @@ async fn an_aggregate_id_that_makes_an_invalid_subject_is_rejected() {
 
 #[tokio::test]
 async fn a_subject_no_stream_captures_is_transient() {
-    let nats = &Nats::shared().await;
+    let nats = Nats::shared().await.expect("nats-server starts");
     let prefix = unique();
     let mut config = config(nats.url(), &prefix);
     config.destination =
@@ -305,7 +302,7 @@ async fn a_subject_no_stream_captures_is_transient() {
 
 #[tokio::test]
 async fn an_existing_stream_that_captures_the_subjects_is_reused() {
-    let nats = &Nats::shared().await;
+    let nats = Nats::shared().await.expect("nats-server starts");
     let prefix = unique();
     let existing = format!("EXISTING_{}", prefix.to_uppercase());
     let js = jetstream::new(nats.connect().await.expect("connects"));
@@ -337,7 +334,7 @@ async fn an_existing_stream_that_captures_the_subjects_is_reused() {
 
 #[tokio::test]
 async fn a_deleted_stream_fails_the_healthcheck_with_its_name() {
-    let nats = &Nats::shared().await;
+    let nats = Nats::shared().await.expect("nats-server starts");
     let prefix = unique();
     let sink = config(nats.url(), &prefix).build().await.expect("builds");
     sink.healthcheck().await.expect("healthy");
@@ -354,7 +351,7 @@ async fn a_deleted_stream_fails_the_healthcheck_with_its_name() {
 
 #[tokio::test]
 async fn a_stopped_server_fails_the_whole_batch_as_unavailable_and_the_healthcheck_says_so() {
-    let mut nats = Nats::start().await;
+    let nats = Nats::start().await.expect("nats-server starts");
     let sink: NatsSink = config(nats.url(), &unique()).build().await.expect("builds");
     let batch = [
         event("Order", "o_1", &b"before"[..]),
@@ -368,7 +365,7 @@ async fn a_stopped_server_fails_the_whole_batch_as_unavailable_and_the_healthche
             .all(Result::is_ok)
     );
 
-    nats.stop().await;
+    nats.stop().await.expect("stops");
     eventually(Duration::from_secs(10), || async {
         sink.healthcheck().await.is_err()
     })
@@ -385,7 +382,7 @@ async fn a_stopped_server_fails_the_whole_batch_as_unavailable_and_the_healthche
     let err = sink.publish(&batch).await.expect_err("whole batch fails");
     assert_eq!(err.kind(), SinkErrorKind::Unavailable, "{err}");
 
-    nats.restart().await;
+    nats.restart().await.expect("restarts");
     eventually(Duration::from_secs(15), || async {
         sink.healthcheck().await.is_ok()
     })
@@ -427,143 +424,4 @@ async fn an_invalid_config_is_rejected_before_connecting() {
     let err = config.build().await.expect_err("invalid");
     assert_eq!(err.kind(), SinkErrorKind::Rejected);
     assert!(err.to_string().starts_with("sink.stream: "), "{err}");
-}
-
-/// A private `nats-server -js` on a free port of 127.0.0.1, killed on drop.
-mod server {
-    use std::process::Stdio;
-    use std::time::{Duration, Instant};
-
-    use tokio::process::{Child, Command};
-
-    /// Names an existing JetStream server to use instead of starting one per test.
-    const URL_ENV: &str = "OUTBOX_TEST_NATS_URL";
-
-    pub(crate) struct Nats {
-        url: String,
-        port: u16,
-        dir: Option<tempfile::TempDir>,
-        child: Option<Child>,
-    }
-
-    impl Nats {
-        /// The server named by `OUTBOX_TEST_NATS_URL`, else a private one.
-        pub(crate) async fn shared() -> Nats {
-            match std::env::var(URL_ENV) {
-                Ok(url) if !url.trim().is_empty() => Nats {
-                    url: url.trim().to_owned(),
-                    port: 0,
-                    dir: None,
-                    child: None,
-                },
-                _ => Self::start().await,
-            }
-        }
-
-        /// A private server this test may stop and restart.
-        pub(crate) async fn start() -> Nats {
-            let mut nats = Nats {
-                url: String::new(),
-                port: 0,
-                dir: Some(tempfile::tempdir().expect("temp dir")),
-                child: None,
-            };
-            // A port found free may be taken before the server binds it: try another.
-            for _ in 0..3 {
-                nats.port = std::net::TcpListener::bind("127.0.0.1:0")
-                    .and_then(|l| l.local_addr())
-                    .expect("free port")
-                    .port();
-                nats.url = format!("nats://127.0.0.1:{}", nats.port);
-                if nats.spawn_and_wait().await {
-                    return nats;
-                }
-            }
-            panic!("nats-server did not start (tried 3 ports)");
-        }
-
-        pub(crate) fn url(&self) -> &str {
-            &self.url
-        }
-
-        /// A new client connection.
-        pub(crate) async fn connect(&self) -> Result<async_nats::Client, async_nats::ConnectError> {
-            async_nats::ConnectOptions::new()
-                .connection_timeout(Duration::from_secs(5))
-                .connect(self.url.as_str())
-                .await
-        }
-
-        /// Kills the server (clients see the connection drop; the JetStream store stays).
-        pub(crate) async fn stop(&mut self) {
-            if let Some(mut child) = self.child.take() {
-                child.kill().await.expect("kills nats-server");
-            }
-        }
-
-        /// Starts the server again on the same port with the same store.
-        pub(crate) async fn restart(&mut self) {
-            self.stop().await;
-            assert!(
-                self.spawn_and_wait().await,
-                "nats-server did not restart on {}",
-                self.url
-            );
-        }
-
-        /// Spawns the server and waits until JetStream answers; false if it exited.
-        async fn spawn_and_wait(&mut self) -> bool {
-            let dir = self.dir.as_ref().expect("own server").path();
-            let program = ["/usr/sbin/nats-server", "/usr/bin/nats-server"]
-                .into_iter()
-                .find(|p| std::path::Path::new(p).exists())
-                .unwrap_or("nats-server");
-            let mut child = Command::new(program)
-                .args([
-                    "-a",
-                    "127.0.0.1",
-                    "-p",
-                    &self.port.to_string(),
-                    "-js",
-                    "-sd",
-                ])
-                .arg(dir.join("jetstream"))
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .kill_on_drop(true)
-                .spawn()
-                .expect("nats-server is installed (apt-get install -y nats-server)");
-            let deadline = Instant::now() + Duration::from_secs(20);
-            loop {
-                if child.try_wait().expect("status").is_some() {
-                    return false;
-                }
-                if self.jetstream_answers().await {
-                    self.child = Some(child);
-                    return true;
-                }
-                assert!(
-                    Instant::now() < deadline,
-                    "nats-server not ready on {}",
-                    self.url
-                );
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
-
-        async fn jetstream_answers(&self) -> bool {
-            let Ok(client) = async_nats::ConnectOptions::new()
-                .connection_timeout(Duration::from_millis(500))
-                .connect(self.url.as_str())
-                .await
-            else {
-                return false;
-            };
-            let js = async_nats::jetstream::new(client);
-            matches!(
-                tokio::time::timeout(Duration::from_secs(2), js.get_stream("READINESS_PROBE")).await,
-                Ok(Err(e)) if matches!(e.kind(), async_nats::jetstream::context::GetStreamErrorKind::JetStream(_))
-            )
-        }
-    }
 }
