@@ -1,2 +1,126 @@
-//! outbox-cli
-fn main() {}
+//! The `outbox` command: migrate, relay, status, demo.
+//!
+//! Thin on purpose: each command parses its flags, loads the config, and calls the library
+//! crates. Errors reach the user as one line (plus its causes), with a non-zero exit code.
+
+mod admin;
+mod config;
+mod observe;
+mod relay;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Transactional outbox relay: publishes the events your transactions wrote, at least once,
+/// in per-aggregate order.
+#[derive(Debug, Parser)]
+#[command(name = "outbox", version, about, long_about = None)]
+struct Cli {
+    /// Config file (TOML). Default: ./outbox.toml if present, else the embedded default
+    /// (SQLite `outbox.db` + stdout).
+    #[arg(long, short = 'c', global = true, env = "OUTBOX_CONFIG")]
+    config: Option<PathBuf>,
+    /// Database URL; overrides `[source] url` (and picks the source kind when unset).
+    #[arg(
+        long,
+        global = true,
+        env = "OUTBOX_DATABASE_URL",
+        hide_env_values = true
+    )]
+    database_url: Option<String>,
+    /// Log format.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "OUTBOX_LOG_FORMAT")]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Create or upgrade the outbox schema (idempotent, safe to run concurrently).
+    Migrate,
+    /// Run the relay until SIGTERM/SIGINT, then finish the batch in flight and exit 0.
+    Relay,
+    /// Show the backlog and what holds delivery back.
+    Status {
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Check the configuration and print it resolved (secrets redacted).
+    CheckConfig,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing(cli.log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {}", chain(e.as_ref()));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    let load = || config::load(cli.config.as_deref(), cli.database_url.as_deref());
+    match cli.command {
+        Command::Migrate => admin::migrate(&load()?.0).await,
+        Command::Relay => {
+            let (config, origin) = load()?;
+            relay::run(config, origin).await
+        }
+        Command::Status { json } => admin::status(&load()?.0, json).await,
+        Command::CheckConfig => {
+            let (config, origin) = load()?;
+            println!("configuration from {origin} is valid:\n{config:#?}");
+            Ok(())
+        }
+    }
+}
+
+fn init_tracing(format: LogFormat) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("OUTBOX_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+/// An error and its causes on one line, skipping causes already contained in the message.
+pub(crate) fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        cause = c.source();
+    }
+    out
+}

@@ -2,7 +2,9 @@
 -- event is retrying (backoff) or dead-lettered, with how many events wait behind it.
 -- $1 = now, $2 = max rows. Uses *_held_idx and *_pending_aggregate_idx.
 SELECT h.aggregate_type, h.aggregate_id, h.id AS head_id, h.state, h.attempts,
-       h.next_attempt_at, h.last_error,
+       -- NULL unless in the future (-infinity, "ready at once", has no OffsetDateTime).
+       CASE WHEN h.state = 'pending' AND h.next_attempt_at > $1 THEN h.next_attempt_at END,
+       h.last_error,
        (SELECT count(*) FROM {{table}} AS p
          WHERE p.aggregate_type = h.aggregate_type AND p.aggregate_id = h.aggregate_id
            AND p.state = 'pending' AND p.seq > h.seq) AS waiting

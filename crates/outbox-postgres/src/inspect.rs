@@ -113,14 +113,13 @@ impl PgInspector {
             .map_err(|e| self.err("reading held aggregates", e))?;
         rows.iter()
             .map(|r| {
-                let next: OffsetDateTime = r.try_get(5)?;
                 Ok(HeldAggregate {
                     aggregate_type: r.try_get(0)?,
                     aggregate_id: r.try_get(1)?,
                     head_id: r.try_get(2)?,
                     state: r.try_get(3)?,
                     attempts: r.try_get(4)?,
-                    next_attempt_at: (next > now).then_some(next),
+                    next_attempt_at: r.try_get(5)?,
                     last_error: r.try_get(6)?,
                     waiting: r.try_get(7)?,
                 })

@@ -22,8 +22,8 @@ pub use migrate::{MigrateError, MigrationReport, SCHEMA_VERSION, migrate, schema
 pub use poll::PgPollSource;
 pub use producer::{PgOutbox, enqueue, enqueue_batch};
 
-use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{Connection, PgConnection, PgPool};
 
 /// Opens a pool for the relay or the CLI: `connections` connections, each with
 /// `idle_in_transaction_session_timeout = claim_timeout` and `application_name = outbox`.
@@ -33,6 +33,12 @@ pub async fn connect(config: &PostgresConfig, connections: u32) -> Result<PgPool
     let options = options
         .application_name("outbox")
         .options([("idle_in_transaction_session_timeout", timeout_ms.as_str())]);
+    // One direct connection first: a pool only reports "timed out", this says why
+    // (connection refused, authentication failed, unknown database).
+    let probe = tokio::time::timeout(config.connect_timeout, PgConnection::connect_with(&options))
+        .await
+        .map_err(|_| sqlx::Error::PoolTimedOut)??;
+    let _ = probe.close().await;
     PgPoolOptions::new()
         .max_connections(connections.max(1))
         .min_connections(0)

@@ -1,0 +1,141 @@
+//! Metrics endpoint (`/metrics`, `/healthz`, `/readyz`) and the backlog watchdog.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use anyhow::Context;
+use axum::Router;
+use axum::http::StatusCode;
+use axum::routing::get;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use outbox_core::metrics as m;
+use outbox_core::source::Inspect;
+use outbox_core::{DynSink, Sink};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::MetricsConfig;
+
+/// What `/readyz` reports: the database answered the last backlog query and the broker
+/// passed the last healthcheck.
+#[derive(Debug, Default)]
+pub(crate) struct Readiness {
+    database: AtomicBool,
+    sink: AtomicBool,
+}
+
+impl Readiness {
+    fn ready(&self) -> bool {
+        self.database.load(Ordering::Relaxed) && self.sink.load(Ordering::Relaxed)
+    }
+}
+
+/// Installs the Prometheus recorder and serves the endpoint until `shutdown`.
+pub(crate) async fn serve(
+    listen: SocketAddr,
+    readiness: Arc<Readiness>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let handle = PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            metrics_exporter_prometheus::Matcher::Full(m::COMMIT_TO_ACK_SECONDS.to_owned()),
+            &[
+                0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+                60.0,
+            ],
+        )
+        .context("configuring histogram buckets")?
+        .install_recorder()
+        .context("installing the metrics recorder")?;
+    m::describe();
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("metrics.listen: cannot listen on {listen}"))?;
+    tracing::info!(%listen, "serving /metrics, /healthz and /readyz");
+    let app = router(handle, readiness);
+    tokio::spawn(async move {
+        let server = axum::serve(listener, app)
+            .with_graceful_shutdown(async move { shutdown.cancelled().await });
+        if let Err(e) = server.await {
+            tracing::error!(error = %e, "metrics endpoint failed");
+        }
+    });
+    Ok(())
+}
+
+fn router(handle: PrometheusHandle, readiness: Arc<Readiness>) -> Router {
+    Router::new()
+        .route("/metrics", get(move || std::future::ready(handle.render())))
+        .route("/healthz", get(|| std::future::ready("ok\n")))
+        .route(
+            "/readyz",
+            get(move || {
+                let ready = readiness.ready();
+                std::future::ready(if ready {
+                    (StatusCode::OK, "ready\n")
+                } else {
+                    (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "not ready: database or broker unreachable\n",
+                    )
+                })
+            }),
+        )
+}
+
+/// Refreshes the backlog gauges, runs the stuck-event watchdog and the sink healthcheck
+/// every `refresh_interval`, until `shutdown`.
+pub(crate) async fn watch<I: Inspect>(
+    inspector: I,
+    sink: Arc<Box<dyn DynSink>>,
+    config: MetricsConfig,
+    readiness: Arc<Readiness>,
+    shutdown: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(config.refresh_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_dead = None;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = shutdown.cancelled() => return,
+        }
+        match inspector.backlog().await {
+            Ok(b) => {
+                readiness.database.store(true, Ordering::Relaxed);
+                metrics::gauge!(m::PENDING).set(b.pending as f64);
+                metrics::gauge!(m::RETRYING).set(b.retrying as f64);
+                metrics::gauge!(m::DEAD).set(b.dead as f64);
+                metrics::gauge!(m::OLDEST_PENDING_AGE_SECONDS).set(b.oldest_pending_age_seconds);
+                if b.oldest_pending_age_seconds > config.stuck_after.as_secs_f64() {
+                    tracing::warn!(
+                        oldest_pending_age_seconds = b.oldest_pending_age_seconds,
+                        pending = b.pending,
+                        "events are waiting longer than metrics.stuck_after; see `outbox status`"
+                    );
+                }
+                if let Some(prev) = last_dead
+                    && b.dead > prev
+                {
+                    tracing::warn!(
+                        dead = b.dead,
+                        new = b.dead - prev,
+                        "dead letters are growing; see `outbox status`"
+                    );
+                }
+                last_dead = Some(b.dead);
+            }
+            Err(e) => {
+                readiness.database.store(false, Ordering::Relaxed);
+                tracing::warn!(error = %outbox_core::relay::ErrorChain(&e), "could not read the backlog");
+            }
+        }
+        match sink.healthcheck().await {
+            Ok(()) => readiness.sink.store(true, Ordering::Relaxed),
+            Err(e) => {
+                readiness.sink.store(false, Ordering::Relaxed);
+                tracing::warn!(sink = sink.name(), error = %e.report(), "sink healthcheck failed");
+            }
+        }
+    }
+}

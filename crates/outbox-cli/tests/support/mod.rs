@@ -1,0 +1,218 @@
+//! Test support for the `outbox` binary: config files, running the binary, reading what
+//! reached NATS JetStream.
+
+#![allow(dead_code, unreachable_pub, missing_docs)]
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{Context, ensure};
+use futures::StreamExt;
+use tokio::process::{Child, Command};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_outbox");
+
+/// A scratch directory with a config file in it.
+pub struct Workdir {
+    pub dir: tempfile::TempDir,
+}
+
+impl Workdir {
+    pub fn new() -> anyhow::Result<Self> {
+        Ok(Self {
+            dir: tempfile::tempdir()?,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn write_config(&self, name: &str, toml: &str) -> anyhow::Result<PathBuf> {
+        let p = self.dir.path().join(name);
+        std::fs::write(&p, toml)?;
+        Ok(p)
+    }
+
+    /// Runs `outbox ARGS` to completion in this directory, with a clean environment.
+    pub async fn run(&self, args: &[&str]) -> anyhow::Result<Output> {
+        let out = self
+            .command(args)
+            .output()
+            .await
+            .context("running outbox")?;
+        Ok(Output {
+            code: out.status.code(),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        })
+    }
+
+    /// `outbox ARGS` as a command in this directory, with no OUTBOX_* from the test's env.
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(BIN);
+        cmd.args(args)
+            .current_dir(self.dir.path())
+            .kill_on_drop(true);
+        for (k, _) in std::env::vars() {
+            if k.starts_with("OUTBOX_") {
+                cmd.env_remove(k);
+            }
+        }
+        cmd.env("OUTBOX_LOG", "info,outbox_core=debug");
+        cmd
+    }
+
+    /// Starts `outbox relay --config CONFIG`, logging to `log_name` in this directory.
+    pub fn spawn_relay(&self, config: &Path, log_name: &str) -> anyhow::Result<Child> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join(log_name))?;
+        let child = self
+            .command(&["relay", "--config", config.to_str().context("utf-8 path")?])
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .context("spawning outbox relay")?;
+        Ok(child)
+    }
+
+    pub fn read_log(&self, log_name: &str) -> String {
+        std::fs::read_to_string(self.dir.path().join(log_name)).unwrap_or_default()
+    }
+}
+
+#[derive(Debug)]
+pub struct Output {
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Output {
+    /// A user error: non-zero exit, one `error:` line on stderr mentioning `needle`, and no
+    /// panic or backtrace.
+    pub fn assert_clear_error(&self, needle: &str) -> anyhow::Result<()> {
+        ensure!(
+            self.code.is_some_and(|c| c != 0),
+            "expected a non-zero exit: {self:?}"
+        );
+        ensure!(
+            !self.stderr.contains("panicked") && !self.stderr.contains("RUST_BACKTRACE"),
+            "panic: {}",
+            self.stderr
+        );
+        let errors: Vec<&str> = self
+            .stderr
+            .lines()
+            .filter(|l| l.starts_with("error:"))
+            .collect();
+        ensure!(
+            errors.len() == 1,
+            "expected exactly one `error:` line, got: {}",
+            self.stderr
+        );
+        ensure!(
+            errors[0].contains(needle),
+            "error line does not mention `{needle}`: {}",
+            errors[0]
+        );
+        Ok(())
+    }
+}
+
+/// Sends SIGTERM to a child and waits for it, returning its exit code.
+pub async fn terminate(child: &mut Child, within: Duration) -> anyhow::Result<Option<i32>> {
+    let pid = child.id().context("child already gone")?;
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()?;
+    ensure!(status.success(), "kill -TERM failed");
+    let status = tokio::time::timeout(within, child.wait())
+        .await
+        .context("relay did not exit after SIGTERM")??;
+    Ok(status.code())
+}
+
+/// One message read back from JetStream.
+#[derive(Debug, Clone)]
+pub struct Received {
+    pub subject: String,
+    pub id: String,
+    pub aggregate_id: String,
+    pub headers: Vec<(String, String)>,
+    pub payload: Vec<u8>,
+}
+
+/// Reads every message of `stream` in stream order.
+pub async fn read_stream(
+    client: &async_nats::Client,
+    stream: &str,
+) -> anyhow::Result<Vec<Received>> {
+    let js = async_nats::jetstream::new(client.clone());
+    let mut stream = js.get_stream(stream).await.context("stream missing")?;
+    let count = stream.info().await?.state.messages as usize;
+    let consumer = stream
+        .create_consumer(async_nats::jetstream::consumer::pull::Config {
+            ack_policy: async_nats::jetstream::consumer::AckPolicy::None,
+            ..Default::default()
+        })
+        .await?;
+    let mut out = Vec::with_capacity(count);
+    while out.len() < count {
+        let mut batch = consumer
+            .fetch()
+            .max_messages((count - out.len()).min(500))
+            .expires(Duration::from_secs(2))
+            .messages()
+            .await?;
+        let before = out.len();
+        while let Some(m) = batch.next().await {
+            let m = m.map_err(|e| anyhow::anyhow!("{e}"))?;
+            let headers: Vec<(String, String)> = m
+                .headers
+                .as_ref()
+                .map(|h| {
+                    h.iter()
+                        .flat_map(|(k, vs)| vs.iter().map(move |v| (k.to_string(), v.to_string())))
+                        .collect()
+                })
+                .unwrap_or_default();
+            let get = |name: &str| {
+                headers
+                    .iter()
+                    .find(|(k, _)| k == name)
+                    .map(|(_, v)| v.clone())
+                    .unwrap_or_default()
+            };
+            out.push(Received {
+                subject: m.subject.to_string(),
+                id: get("id"),
+                aggregate_id: get("aggregate_id"),
+                payload: m.payload.to_vec(),
+                headers: headers.clone(),
+            });
+        }
+        ensure!(
+            out.len() > before,
+            "stream read stalled at {} of {count}",
+            out.len()
+        );
+    }
+    Ok(out)
+}
+
+/// Waits until no event is pending in the outbox (PostgreSQL).
+pub async fn wait_drained(pool: &sqlx::PgPool, within: Duration) -> anyhow::Result<()> {
+    let pending = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM outbox WHERE state = 'pending'")
+            .fetch_one(pool)
+            .await
+            .unwrap_or(-1)
+    };
+    outbox_testkit::wait::eventually(within, || async { pending().await == 0 })
+        .await
+        .with_context(|| format!("events still pending after {within:?}"))
+}

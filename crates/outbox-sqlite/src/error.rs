@@ -1,0 +1,68 @@
+//! Errors of the SQLite crate, and the mapping of database errors to the core's kinds.
+
+use outbox_core::{SourceError, SourceErrorKind};
+
+/// Why `enqueue` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum EnqueueError {
+    /// The event is not valid (an empty aggregate type, id or event type).
+    #[error("invalid outbox event: {0}")]
+    Invalid(&'static str),
+    /// The database refused the insert or could not be reached. The caller's transaction
+    /// should be rolled back.
+    #[error("writing to the outbox failed")]
+    Database(#[source] sqlx::Error),
+}
+
+// Primary SQLite result codes (https://www.sqlite.org/rescode.html). sqlx reports the
+// extended code; its low byte is the primary one.
+const SQLITE_ERROR: i32 = 1;
+const SQLITE_PERM: i32 = 3;
+const SQLITE_READONLY: i32 = 8;
+const SQLITE_CORRUPT: i32 = 11;
+const SQLITE_CANTOPEN: i32 = 14;
+const SQLITE_AUTH: i32 = 23;
+const SQLITE_NOTADB: i32 = 26;
+
+fn primary_code(e: &sqlx::Error) -> Option<i32> {
+    match e {
+        sqlx::Error::Database(db) => db
+            .code()
+            .and_then(|c| c.parse::<i32>().ok())
+            .map(|c| c & 0xff),
+        _ => None,
+    }
+}
+
+/// Maps a database error to what the relay should do: wait and retry, or stop.
+pub(crate) fn source_error(context: &str, table: &str, e: sqlx::Error) -> SourceError {
+    let kind = classify(&e);
+    let message = match &e {
+        sqlx::Error::Database(db) if db.message().starts_with("no such table") => {
+            format!("{context}: outbox table {table} does not exist; run `outbox migrate` first")
+        }
+        _ => context.to_owned(),
+    };
+    SourceError::new(kind, message).with_source(e)
+}
+
+/// Unavailable: anything that may pass (the write lock held past `busy_timeout`, I/O errors,
+/// a full disk, a closed pool). Fatal: errors in the SQL's meaning (no such table or column:
+/// `SQLITE_ERROR`), a read-only or corrupt file, a file that is not a database, permissions.
+pub(crate) fn classify(e: &sqlx::Error) -> SourceErrorKind {
+    match e {
+        sqlx::Error::Database(_) => match primary_code(e) {
+            Some(
+                SQLITE_ERROR | SQLITE_PERM | SQLITE_READONLY | SQLITE_CORRUPT | SQLITE_CANTOPEN
+                | SQLITE_AUTH | SQLITE_NOTADB,
+            ) => SourceErrorKind::Fatal,
+            _ => SourceErrorKind::Unavailable,
+        },
+        sqlx::Error::Configuration(_)
+        | sqlx::Error::ColumnNotFound(_)
+        | sqlx::Error::ColumnDecode { .. }
+        | sqlx::Error::Decode(_)
+        | sqlx::Error::TypeNotFound { .. } => SourceErrorKind::Fatal,
+        _ => SourceErrorKind::Unavailable,
+    }
+}

@@ -1,0 +1,185 @@
+//! Schema migrations for one outbox table, with their own bookkeeping table
+//! (`<table>_migrations`, next to the outbox table; never the application's).
+//!
+//! `migrate` is idempotent and safe to run concurrently: everything happens in one
+//! `BEGIN IMMEDIATE` transaction, which takes SQLite's write lock before reading the
+//! bookkeeping table, so a second `migrate` waits (up to `busy_timeout`) and then finds
+//! nothing to do. SQLite DDL is transactional, so a failed migration leaves nothing half-done.
+
+use outbox_core::Identifier;
+use sqlx::{Executor, SqlitePool};
+
+use crate::sql::render;
+
+/// One bundled migration.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Migration {
+    pub(crate) version: i32,
+    pub(crate) name: &'static str,
+    pub(crate) sql: &'static str,
+}
+
+/// Every migration, in order. Append only; never edit one that has shipped.
+pub(crate) const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    name: "outbox_table",
+    sql: include_str!("../migrations/0001_outbox_table.sql"),
+}];
+
+/// The schema version this build of the library expects.
+pub const SCHEMA_VERSION: i32 = 1;
+
+const BOOKKEEPING: &str = "CREATE TABLE IF NOT EXISTS {{name:_migrations}} (
+    version    INTEGER PRIMARY KEY,
+    name       TEXT    NOT NULL,
+    checksum   TEXT    NOT NULL,
+    -- Unix microseconds, like every timestamp of the outbox.
+    applied_at INTEGER NOT NULL
+)";
+
+/// Why a migration failed.
+#[derive(Debug, thiserror::Error)]
+pub enum MigrateError {
+    /// The database refused a statement or could not be reached.
+    #[error("migrating outbox table {table} failed")]
+    Database {
+        /// The table being migrated.
+        table: String,
+        /// The database error.
+        #[source]
+        source: sqlx::Error,
+    },
+    /// A migration recorded as applied differs from the bundled one.
+    #[error(
+        "migration {version} of outbox table {table} was applied from different SQL (checksum {found}, this build has {expected}); refusing to continue"
+    )]
+    Modified {
+        /// The table.
+        table: String,
+        /// Migration version.
+        version: i32,
+        /// Recorded checksum.
+        found: String,
+        /// Bundled checksum.
+        expected: String,
+    },
+    /// The database has a newer schema than this build knows.
+    #[error(
+        "outbox table {table} has schema version {found}, newer than this build's {SCHEMA_VERSION}; upgrade outbox"
+    )]
+    Newer {
+        /// The table.
+        table: String,
+        /// Highest version recorded in the database.
+        found: i32,
+    },
+}
+
+/// What `migrate` did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MigrationReport {
+    /// Migrations applied by this call (version, name).
+    pub applied: Vec<(i32, &'static str)>,
+    /// The schema version after the call.
+    pub version: i32,
+}
+
+fn checksum(sql: &str) -> String {
+    // FNV-1a, 64 bit: detects an edited migration; not a security boundary.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in sql.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("{h:016x}")
+}
+
+/// Creates or upgrades the outbox schema for `table` (the outbox table, its indexes, the
+/// relay lease table and the bookkeeping table).
+pub async fn migrate(
+    pool: &SqlitePool,
+    table: &Identifier,
+) -> Result<MigrationReport, MigrateError> {
+    let name = table.to_string();
+    let db = |source| MigrateError::Database {
+        table: name.clone(),
+        source,
+    };
+    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await.map_err(db)?;
+    tx.execute(sqlx::AssertSqlSafe(render(BOOKKEEPING, table)))
+        .await
+        .map_err(db)?;
+    let applied: Vec<(i32, String)> = sqlx::query_as(sqlx::AssertSqlSafe(render(
+        "SELECT version, checksum FROM {{name:_migrations}} ORDER BY version",
+        table,
+    )))
+    .fetch_all(&mut *tx)
+    .await
+    .map_err(db)?;
+    if let Some((found, _)) = applied.iter().find(|(v, _)| *v > SCHEMA_VERSION) {
+        return Err(MigrateError::Newer {
+            table: name,
+            found: *found,
+        });
+    }
+    let mut report = MigrationReport {
+        applied: Vec::new(),
+        version: 0,
+    };
+    for m in MIGRATIONS {
+        let expected = checksum(m.sql);
+        if let Some((_, found)) = applied.iter().find(|(v, _)| *v == m.version) {
+            if *found != expected {
+                return Err(MigrateError::Modified {
+                    table: name,
+                    version: m.version,
+                    found: found.clone(),
+                    expected,
+                });
+            }
+            report.version = m.version;
+            continue;
+        }
+        tx.execute(sqlx::raw_sql(sqlx::AssertSqlSafe(render(m.sql, table))))
+            .await
+            .map_err(db)?;
+        sqlx::query(sqlx::AssertSqlSafe(render(
+            "INSERT INTO {{name:_migrations}} (version, name, checksum, applied_at) VALUES (?1, ?2, ?3, ?4)",
+            table,
+        )))
+        .bind(m.version)
+        .bind(m.name)
+        .bind(&expected)
+        .bind(crate::timestamp::to_micros(time::OffsetDateTime::now_utc()))
+        .execute(&mut *tx)
+        .await
+        .map_err(db)?;
+        tracing::info!(table = %name, version = m.version, migration = m.name, "applied migration");
+        report.applied.push((m.version, m.name));
+        report.version = m.version;
+    }
+    tx.commit().await.map_err(db)?;
+    Ok(report)
+}
+
+/// The schema version recorded for `table`, or `None` when it was never migrated.
+pub async fn schema_version(
+    pool: &SqlitePool,
+    table: &Identifier,
+) -> Result<Option<i32>, sqlx::Error> {
+    let bookkeeping = format!("{}_migrations", table.as_str());
+    let exists: Option<i64> =
+        sqlx::query_scalar("SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = ?1")
+            .bind(bookkeeping)
+            .fetch_optional(pool)
+            .await?;
+    if exists.is_none() {
+        return Ok(None);
+    }
+    sqlx::query_scalar(sqlx::AssertSqlSafe(render(
+        "SELECT max(version) FROM {{name:_migrations}}",
+        table,
+    )))
+    .fetch_one(pool)
+    .await
+}

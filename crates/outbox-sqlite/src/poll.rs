@@ -1,0 +1,317 @@
+//! The polling source: reads ready events in commit order while holding the relay lease, and
+//! records every outcome of a batch in one write transaction.
+//!
+//! # One relay per file
+//!
+//! SQLite has no row locks to share a table between relay replicas, so this source enforces
+//! a single active relay with a lease (see `lease.rs` and the `<table>_relay_lease` table):
+//!
+//! - the first source to fetch takes the lease and renews it while it runs; only the holder
+//!   reads events;
+//! - a second relay on the same file (another process, or a second source in this one) is a
+//!   **standby**: its `fetch` returns no events until the holder releases the lease (on
+//!   shutdown: [`SqlitePollSource::release_lease`], or best-effort when the source is
+//!   dropped) or stops renewing it for `lease_ttl` (it crashed or hung); then it takes over;
+//! - so two sources on one file never both return events within one lease period, and a
+//!   relay restarted after `kill -9` resumes within `lease_ttl`.
+//!
+//! Run one source per file: with `relay.workers > 1` the extra sources only stand by.
+//!
+//! # Why no claim transaction
+//!
+//! The PostgreSQL source keeps its claim transaction open while the batch is published; the
+//! row locks are the claim. Here the lease is the claim, so `fetch` is a single read
+//! statement and `settle` a short `BEGIN IMMEDIATE` transaction; no transaction stays open
+//! during a publish, which keeps SQLite's one write lock free for producers and lets WAL
+//! checkpoints complete. The write transactions run on a connection of the source's own,
+//! outside the pool, which polls for the write lock every millisecond so that busy producers
+//! cannot starve it (see `writer.rs`).
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use outbox_core::source::{Fetched, Outcome, Settlement};
+use outbox_core::{DeadLetterPolicy, Event, Ordering, Position, Source, SourceError};
+use sqlx::sqlite::{SqliteConnection, SqliteRow};
+use sqlx::{Row, SqlitePool};
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+use crate::config::{OnDelivered, SqliteConfig};
+use crate::error::source_error;
+use crate::lease::{Lease, LeaseState};
+use crate::sql::{Queries, stmt};
+use crate::timestamp::{from_micros, to_micros};
+use crate::writer::WriteConnection;
+
+/// Reads the outbox by polling, while holding the relay lease (see the module docs).
+pub struct SqlitePollSource {
+    pool: SqlitePool,
+    queries: Arc<Queries>,
+    table: String,
+    ordering: Ordering,
+    hold_dead: bool,
+    on_delivered: OnDelivered,
+    lease: Lease,
+    writer: WriteConnection,
+}
+
+impl std::fmt::Debug for SqlitePollSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqlitePollSource")
+            .field("table", &self.table)
+            .field("ordering", &self.ordering)
+            .field("holder", &self.lease.holder())
+            .field("holds_lease", &self.lease.is_held())
+            .finish_non_exhaustive()
+    }
+}
+
+impl SqlitePollSource {
+    /// A source over `config`'s table using `pool` (see [`crate::connect`]). It takes the
+    /// relay lease at its first fetch, under a new random holder id.
+    pub fn new(
+        pool: SqlitePool,
+        config: &SqliteConfig,
+        ordering: Ordering,
+        dead_letter: DeadLetterPolicy,
+    ) -> Self {
+        let holder = format!("{} pid {}", Uuid::now_v7(), std::process::id());
+        Self {
+            queries: Arc::new(Queries::new(&config.table)),
+            table: config.table.to_string(),
+            ordering,
+            hold_dead: dead_letter == DeadLetterPolicy::HoldAggregate,
+            on_delivered: config.on_delivered,
+            lease: Lease::new(holder, config.lease_ttl),
+            writer: WriteConnection::new(&pool, config.busy_timeout),
+            pool,
+        }
+    }
+
+    /// This source's lease holder id (as stored in `<table>_relay_lease.holder`).
+    pub fn holder(&self) -> &str {
+        self.lease.holder()
+    }
+
+    /// Whether this source held the lease at its last fetch or settle.
+    pub fn holds_lease(&self) -> bool {
+        self.lease.is_held()
+    }
+
+    /// Gives the relay lease up, so that a standby relay takes over at its next poll instead
+    /// of waiting for the lease to expire. Call it after the relay stopped; a later fetch
+    /// takes the lease again if it is free.
+    pub async fn release_lease(&mut self) -> Result<(), SourceError> {
+        self.lease
+            .release(&self.pool, &self.queries)
+            .await
+            .map_err(|e| source_error("releasing the relay lease", &self.table, e))
+    }
+
+    fn err(&self, context: &str, e: sqlx::Error) -> SourceError {
+        source_error(context, &self.table, e)
+    }
+
+    async fn read_batch(&mut self, limit: usize, now: i64) -> Result<Fetched, SourceError> {
+        let limit_i64 = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = match self.ordering {
+            Ordering::None => {
+                sqlx::query(stmt(&self.queries.claim_batch_unordered))
+                    .bind(now)
+                    .bind(limit_i64)
+                    .fetch_all(&self.pool)
+                    .await
+            }
+            // Total order needs nothing more here: seq order is commit order (see the
+            // migration) and one relay reads it.
+            Ordering::PerAggregate | Ordering::Total => {
+                sqlx::query(stmt(&self.queries.claim_batch))
+                    .bind(now)
+                    .bind(limit_i64)
+                    .bind(self.hold_dead)
+                    .fetch_all(&self.pool)
+                    .await
+            }
+        }
+        .map_err(|e| self.err("reading a batch", e))?;
+        let events = rows
+            .iter()
+            .map(decode)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| self.err("reading a claimed event", e))?;
+        Ok(Fetched {
+            more: events.len() >= limit,
+            events,
+        })
+    }
+
+    async fn record(&mut self, settlements: &[Settlement], now: i64) -> Result<(), sqlx::Error> {
+        let mut delivered = Vec::new();
+        let mut retries = Vec::new();
+        let mut dead = Vec::new();
+        for s in settlements {
+            match &s.outcome {
+                Outcome::Delivered => delivered.push(s.position.0),
+                Outcome::Retry { not_before, error } => retries.push(serde_json::json!([
+                    s.position.0,
+                    to_micros(*not_before),
+                    error
+                ])),
+                Outcome::DeadLetter { reason } => {
+                    dead.push(serde_json::json!([s.position.0, reason]));
+                }
+                Outcome::Released => {}
+            }
+        }
+        let conn = self.writer.begin().await?;
+        let written = write_outcomes(
+            conn,
+            &self.queries,
+            &self.lease,
+            self.on_delivered,
+            now,
+            Outcomes {
+                delivered,
+                retries,
+                dead,
+            },
+        )
+        .await;
+        match written {
+            Ok(still_held) => {
+                self.writer.commit().await?;
+                self.lease.renewed(still_held, now);
+                Ok(())
+            }
+            Err(e) => {
+                self.writer.rollback().await;
+                Err(e)
+            }
+        }
+    }
+}
+
+/// A batch's outcomes, one list per statement.
+struct Outcomes {
+    delivered: Vec<i64>,
+    retries: Vec<serde_json::Value>,
+    dead: Vec<serde_json::Value>,
+}
+
+/// Runs the settle statements in the open write transaction: renew the lease, then one
+/// statement per outcome kind. Returns whether the lease is still ours.
+async fn write_outcomes(
+    conn: &mut SqliteConnection,
+    queries: &Queries,
+    lease: &Lease,
+    on_delivered: OnDelivered,
+    now: i64,
+    outcomes: Outcomes,
+) -> Result<bool, sqlx::Error> {
+    let still_held = lease.renew_in(&mut *conn, queries, now).await?;
+    if !outcomes.delivered.is_empty() {
+        let seqs = serde_json::Value::from(outcomes.delivered).to_string();
+        let q = match on_delivered {
+            OnDelivered::Mark => sqlx::query(stmt(&queries.mark_delivered))
+                .bind(seqs)
+                .bind(now),
+            OnDelivered::Delete => sqlx::query(stmt(&queries.delete_delivered)).bind(seqs),
+        };
+        q.execute(&mut *conn).await?;
+    }
+    // Failures are decisions of the lease holder; a relay that lost the lease leaves them to
+    // the new holder, which attempts these events itself.
+    if still_held && !outcomes.retries.is_empty() {
+        sqlx::query(stmt(&queries.schedule_retry))
+            .bind(serde_json::Value::from(outcomes.retries).to_string())
+            .execute(&mut *conn)
+            .await?;
+    }
+    if still_held && !outcomes.dead.is_empty() {
+        sqlx::query(stmt(&queries.dead_letter))
+            .bind(serde_json::Value::from(outcomes.dead).to_string())
+            .bind(now)
+            .execute(&mut *conn)
+            .await?;
+    }
+    Ok(still_held)
+}
+
+fn decode(row: &SqliteRow) -> Result<Event, sqlx::Error> {
+    let decode_err = |what: &str, e: &dyn std::fmt::Display| {
+        sqlx::Error::Decode(format!("outbox row: invalid {what}: {e}").into())
+    };
+    let id: String = row.try_get(1)?;
+    let headers: String = row.try_get(6)?;
+    let headers: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(&headers).map_err(|e| decode_err("headers", &e))?;
+    let payload: Vec<u8> = row.try_get(5)?;
+    let attempts: i64 = row.try_get(8)?;
+    Ok(Event {
+        position: Position(row.try_get(0)?),
+        id: Uuid::parse_str(&id).map_err(|e| decode_err("id", &e))?,
+        aggregate_type: row.try_get(2)?,
+        aggregate_id: row.try_get(3)?,
+        event_type: row.try_get(4)?,
+        payload: Bytes::from(payload),
+        headers: headers
+            .into_iter()
+            .map(|(k, v)| match v {
+                serde_json::Value::String(s) => (k, s),
+                other => (k, other.to_string()),
+            })
+            .collect(),
+        created_at: from_micros(row.try_get(7)?),
+        attempts: u32::try_from(attempts).unwrap_or(0),
+    })
+}
+
+impl Source for SqlitePollSource {
+    async fn fetch(&mut self, limit: usize, now: OffsetDateTime) -> Result<Fetched, SourceError> {
+        let now = to_micros(now);
+        let state = self
+            .lease
+            .ensure(&self.pool, &mut self.writer, &self.queries, now)
+            .await
+            .map_err(|e| self.err("taking the relay lease", e))?;
+        match state {
+            LeaseState::Held => self.read_batch(limit, now).await,
+            LeaseState::Standby { .. } => Ok(Fetched::default()),
+        }
+    }
+
+    async fn settle(
+        &mut self,
+        settlements: &[Settlement],
+        now: OffsetDateTime,
+    ) -> Result<(), SourceError> {
+        if settlements.is_empty() {
+            return Ok(());
+        }
+        self.record(settlements, to_micros(now))
+            .await
+            .map_err(|e| self.err("recording batch outcomes", e))
+    }
+}
+
+impl Drop for SqlitePollSource {
+    /// Releases the lease best-effort (a standby then takes over at once rather than after
+    /// `lease_ttl`): spawns the release on the current Tokio runtime, if there is one.
+    fn drop(&mut self) {
+        if !self.lease.is_held() {
+            return;
+        }
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let pool = self.pool.clone();
+        let queries = Arc::clone(&self.queries);
+        let mut lease = Lease::new(self.lease.holder().to_owned(), std::time::Duration::ZERO);
+        handle.spawn(async move {
+            if let Err(e) = lease.release(&pool, &queries).await {
+                tracing::debug!(error = %e, "could not release the relay lease; it will expire");
+            }
+        });
+    }
+}

@@ -1,0 +1,138 @@
+//! The one place where a configured table name enters SQL.
+//!
+//! Queries and migrations live in `.sql` files with placeholders (`{{table}}`,
+//! `{{name:_suffix}}`). [`render`] fills them from an [`Identifier`], which is validated and
+//! always double-quoted. Suffixes come from the `.sql` files shipped with this crate, never
+//! from input. SQLite has no schemas, so unlike PostgreSQL there is no schema part.
+
+use std::sync::Arc;
+
+use outbox_core::Identifier;
+
+/// Fills the placeholders of `template` for `table`.
+///
+/// # Panics
+/// On an unknown placeholder or a malformed suffix: both are bugs in this crate's `.sql`
+/// files (covered by tests), never caused by input.
+pub(crate) fn render(template: &str, table: &Identifier) -> String {
+    let mut out = String::with_capacity(template.len() + 64);
+    let mut rest = template;
+    while let Some(start) = rest.find("{{") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 2..];
+        let end = after
+            .find("}}")
+            .expect("unterminated placeholder in bundled SQL");
+        let placeholder = &after[..end];
+        match placeholder.split_once(':') {
+            None if placeholder == "table" => out.push_str(&table.quoted()),
+            None => panic!("unknown placeholder `{placeholder}` in bundled SQL"),
+            Some(("name", suffix)) => {
+                assert!(
+                    !suffix.is_empty()
+                        && suffix.chars().all(|c| c.is_ascii_lowercase() || c == '_'),
+                    "bad suffix `{suffix}` in bundled SQL"
+                );
+                out.push_str(&format!("\"{}{suffix}\"", table.as_str()));
+            }
+            Some((other, _)) => panic!("unknown placeholder kind `{other}` in bundled SQL"),
+        }
+        rest = &after[end + 2..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Every query of this crate, rendered once for one outbox table.
+#[derive(Debug, Clone)]
+pub(crate) struct Queries {
+    pub(crate) claim_batch: Arc<str>,
+    pub(crate) claim_batch_unordered: Arc<str>,
+    pub(crate) mark_delivered: Arc<str>,
+    pub(crate) delete_delivered: Arc<str>,
+    pub(crate) schedule_retry: Arc<str>,
+    pub(crate) dead_letter: Arc<str>,
+    pub(crate) insert: Arc<str>,
+    pub(crate) backlog: Arc<str>,
+    pub(crate) lease_read: Arc<str>,
+    pub(crate) lease_acquire: Arc<str>,
+    pub(crate) lease_renew: Arc<str>,
+    pub(crate) lease_release: Arc<str>,
+}
+
+macro_rules! query_file {
+    ($name:literal) => {
+        include_str!(concat!("../queries/", $name, ".sql"))
+    };
+}
+
+impl Queries {
+    pub(crate) fn new(table: &Identifier) -> Self {
+        let r = |t: &str| -> Arc<str> { render(t, table).into() };
+        Self {
+            claim_batch: r(query_file!("outbox_claim_batch")),
+            claim_batch_unordered: r(query_file!("outbox_claim_batch_unordered")),
+            mark_delivered: r(query_file!("outbox_mark_delivered")),
+            delete_delivered: r(query_file!("outbox_delete_delivered")),
+            schedule_retry: r(query_file!("outbox_schedule_retry")),
+            dead_letter: r(query_file!("outbox_dead_letter")),
+            insert: r(query_file!("outbox_insert")),
+            backlog: r(query_file!("outbox_backlog")),
+            lease_read: r(query_file!("outbox_lease_read")),
+            lease_acquire: r(query_file!("outbox_lease_acquire")),
+            lease_renew: r(query_file!("outbox_lease_renew")),
+            lease_release: r(query_file!("outbox_lease_release")),
+        }
+    }
+}
+
+/// A rendered statement, marked as audited for sqlx: its only dynamic parts are validated,
+/// quoted identifiers inserted by [`render`].
+pub(crate) fn stmt(sql: &Arc<str>) -> sqlx::AssertSqlSafe<Arc<str>> {
+    sqlx::AssertSqlSafe(Arc::clone(sql))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table() -> Identifier {
+        Identifier::new("events").expect("valid")
+    }
+
+    #[test]
+    fn placeholders_render_to_quoted_identifiers() {
+        let sql = render("{{table}} {{name:_pending_seq_idx}}", &table());
+        assert_eq!(sql, "\"events\" \"events_pending_seq_idx\"");
+    }
+
+    #[test]
+    #[should_panic(expected = "unknown placeholder")]
+    fn an_unknown_placeholder_is_a_bug_caught_by_tests() {
+        render("{{schema}}", &table());
+    }
+
+    #[test]
+    fn every_bundled_query_and_migration_renders_without_leftover_placeholders() {
+        let q = Queries::new(&table());
+        for sql in [
+            &q.claim_batch,
+            &q.claim_batch_unordered,
+            &q.mark_delivered,
+            &q.delete_delivered,
+            &q.schedule_retry,
+            &q.dead_letter,
+            &q.insert,
+            &q.backlog,
+            &q.lease_read,
+            &q.lease_acquire,
+            &q.lease_renew,
+            &q.lease_release,
+        ] {
+            assert!(!sql.contains("{{"), "{sql}");
+        }
+        for m in crate::migrate::MIGRATIONS {
+            assert!(!render(m.sql, &table()).contains("{{"), "{}", m.name);
+        }
+    }
+}
