@@ -50,7 +50,7 @@ stream = "{tag}"
 
     let pool = sqlx::PgPool::connect(&url).await?;
     let outbox = PgOutbox::default();
-    let mut relays = vec![
+    let mut relays = [
         work.spawn_relay(&config, "relay-0.log")?,
         work.spawn_relay(&config, "relay-1.log")?,
     ];
