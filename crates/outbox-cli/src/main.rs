@@ -5,6 +5,7 @@
 
 mod admin;
 mod config;
+mod dead;
 mod observe;
 mod relay;
 
@@ -57,6 +58,9 @@ enum Command {
     },
     /// Check the configuration and print it resolved (secrets redacted).
     CheckConfig,
+    /// Dead letters: list, show, retry, purge.
+    #[command(subcommand)]
+    Dead(dead::DeadCommand),
 }
 
 fn main() -> ExitCode {
@@ -90,6 +94,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             relay::run(config, origin).await
         }
         Command::Status { json } => admin::status(&load()?.0, json).await,
+        Command::Dead(command) => dead::run(&load()?.0, command).await,
         Command::CheckConfig => {
             let (config, origin) = load()?;
             println!("configuration from {origin} is valid:\n{config:#?}");

@@ -6,6 +6,7 @@
 //! validated identifiers (see `sql.rs`).
 
 mod config;
+mod dead;
 mod error;
 mod inspect;
 mod migrate;
@@ -16,6 +17,7 @@ mod sql;
 use std::time::Duration;
 
 pub use config::{DatabaseUrl, Mode, OnDelivered, PostgresConfig, redact};
+pub use dead::{DeadLetter, PgDeadLetters, RetrySelection, StoredEventDetail};
 pub use error::EnqueueError;
 pub use inspect::{HeldAggregate, LockWait, PgInspector};
 pub use migrate::{MigrateError, MigrationReport, SCHEMA_VERSION, migrate, schema_version};

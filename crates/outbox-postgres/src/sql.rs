@@ -70,6 +70,10 @@ pub(crate) struct Queries {
     pub(crate) backlog: Arc<str>,
     pub(crate) held_aggregates: Arc<str>,
     pub(crate) lock_waits: Arc<str>,
+    pub(crate) dead_list: Arc<str>,
+    pub(crate) dead_show: Arc<str>,
+    pub(crate) dead_retry: Arc<str>,
+    pub(crate) dead_purge: Arc<str>,
 }
 
 macro_rules! query_file {
@@ -93,6 +97,10 @@ impl Queries {
             backlog: r(query_file!("outbox_backlog")),
             held_aggregates: r(query_file!("outbox_held_aggregates")),
             lock_waits: r(query_file!("outbox_lock_waits")),
+            dead_list: r(query_file!("outbox_dead_list")),
+            dead_show: r(query_file!("outbox_dead_show")),
+            dead_retry: r(query_file!("outbox_dead_retry")),
+            dead_purge: r(query_file!("outbox_dead_purge")),
         }
     }
 }
@@ -142,6 +150,10 @@ mod tests {
             &q.backlog,
             &q.held_aggregates,
             &q.lock_waits,
+            &q.dead_list,
+            &q.dead_show,
+            &q.dead_retry,
+            &q.dead_purge,
         ] {
             assert!(!sql.contains("{{"), "{sql}");
         }

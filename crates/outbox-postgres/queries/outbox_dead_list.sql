@@ -1,0 +1,10 @@
+-- Dead letters, oldest first, optionally filtered. $1 = event_type or NULL,
+-- $2 = aggregate_id or NULL, $3 = max rows. Dead rows are found through *_held_idx.
+SELECT id, aggregate_type, aggregate_id, event_type, attempts, last_error, created_at,
+       dead_lettered_at
+FROM {{table}}
+WHERE state = 'dead'
+  AND ($1::text IS NULL OR event_type = $1)
+  AND ($2::text IS NULL OR aggregate_id = $2)
+ORDER BY seq
+LIMIT $3

@@ -1,0 +1,184 @@
+//! Dead letters: list, show, retry, purge (`outbox dead ...`).
+
+use std::sync::Arc;
+
+use outbox_core::SourceError;
+use sqlx::types::Json;
+use sqlx::{PgPool, Row};
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+use crate::config::PostgresConfig;
+use crate::error::source_error;
+use crate::sql::{Queries, stmt};
+
+/// A dead letter as `outbox dead list` shows it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct DeadLetter {
+    /// Event id.
+    pub id: Uuid,
+    /// Aggregate type.
+    pub aggregate_type: String,
+    /// Aggregate id.
+    pub aggregate_id: String,
+    /// Event type.
+    pub event_type: String,
+    /// Failed attempts.
+    pub attempts: i32,
+    /// Why it was dead-lettered.
+    pub reason: Option<String>,
+    /// When the producer wrote it.
+    #[serde(with = "time::serde::rfc3339")]
+    pub created_at: OffsetDateTime,
+    /// When it was dead-lettered.
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub dead_lettered_at: Option<OffsetDateTime>,
+}
+
+/// Everything the table holds about one event (`outbox dead show`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct StoredEventDetail {
+    /// The list fields.
+    #[serde(flatten)]
+    pub summary: DeadLetter,
+    /// `pending`, `delivered` or `dead`.
+    pub state: String,
+    /// Payload bytes.
+    #[serde(skip)]
+    pub payload: Vec<u8>,
+    /// The row's headers.
+    pub headers: serde_json::Value,
+    /// When it was delivered, if it was.
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub delivered_at: Option<OffsetDateTime>,
+    /// Commit-order position.
+    pub seq: i64,
+}
+
+/// Which dead letters to retry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RetrySelection {
+    /// These ids.
+    Ids(Vec<Uuid>),
+    /// Every dead letter of this event type.
+    EventType(String),
+    /// Every dead letter.
+    All,
+}
+
+/// Dead-letter operations on one outbox table.
+#[derive(Debug, Clone)]
+pub struct PgDeadLetters {
+    pool: PgPool,
+    queries: Arc<Queries>,
+    table: String,
+}
+
+impl PgDeadLetters {
+    /// Operations on `config`'s table.
+    pub fn new(pool: PgPool, config: &PostgresConfig) -> Self {
+        let table = config.qualified_table();
+        Self {
+            pool,
+            queries: Arc::new(Queries::new(&table)),
+            table: table.to_string(),
+        }
+    }
+
+    fn err(&self, context: &str, e: sqlx::Error) -> SourceError {
+        source_error(context, &self.table, e)
+    }
+
+    /// Dead letters in commit order, optionally filtered by event type and aggregate id.
+    pub async fn list(
+        &self,
+        event_type: Option<&str>,
+        aggregate_id: Option<&str>,
+        limit: i64,
+    ) -> Result<Vec<DeadLetter>, SourceError> {
+        let rows = sqlx::query(stmt(&self.queries.dead_list))
+            .bind(event_type)
+            .bind(aggregate_id)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| self.err("listing dead letters", e))?;
+        rows.iter()
+            .map(|r| {
+                Ok(DeadLetter {
+                    id: r.try_get(0)?,
+                    aggregate_type: r.try_get(1)?,
+                    aggregate_id: r.try_get(2)?,
+                    event_type: r.try_get(3)?,
+                    attempts: r.try_get(4)?,
+                    reason: r.try_get(5)?,
+                    created_at: r.try_get(6)?,
+                    dead_lettered_at: r.try_get(7)?,
+                })
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(|e| self.err("listing dead letters", e))
+    }
+
+    /// One event in full, or `None` when no row has this id.
+    pub async fn show(&self, id: Uuid) -> Result<Option<StoredEventDetail>, SourceError> {
+        let row = sqlx::query(stmt(&self.queries.dead_show))
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| self.err("reading an event", e))?;
+        let Some(r) = row else { return Ok(None) };
+        let detail = (|| -> Result<StoredEventDetail, sqlx::Error> {
+            let headers: Json<serde_json::Value> = r.try_get(5)?;
+            Ok(StoredEventDetail {
+                summary: DeadLetter {
+                    id: r.try_get(0)?,
+                    aggregate_type: r.try_get(1)?,
+                    aggregate_id: r.try_get(2)?,
+                    event_type: r.try_get(3)?,
+                    attempts: r.try_get(8)?,
+                    reason: r.try_get(9)?,
+                    created_at: r.try_get(6)?,
+                    dead_lettered_at: r.try_get(11)?,
+                },
+                payload: r.try_get(4)?,
+                headers: headers.0,
+                state: r.try_get(7)?,
+                delivered_at: r.try_get(10)?,
+                seq: r.try_get(12)?,
+            })
+        })()
+        .map_err(|e| self.err("reading an event", e))?;
+        Ok(Some(detail))
+    }
+
+    /// Puts the selected dead letters back in line; returns the ids that were dead.
+    pub async fn retry(&self, selection: &RetrySelection) -> Result<Vec<Uuid>, SourceError> {
+        let (ids, event_type, all) = match selection {
+            RetrySelection::Ids(ids) => (Some(ids.clone()), None, false),
+            RetrySelection::EventType(t) => (None, Some(t.clone()), false),
+            RetrySelection::All => (None, None, true),
+        };
+        sqlx::query_scalar(stmt(&self.queries.dead_retry))
+            .bind(ids)
+            .bind(event_type)
+            .bind(all)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| self.err("retrying dead letters", e))
+    }
+
+    /// Deletes dead letters dead-lettered before `before`; returns their ids.
+    pub async fn purge(
+        &self,
+        before: OffsetDateTime,
+        event_type: Option<&str>,
+    ) -> Result<Vec<Uuid>, SourceError> {
+        sqlx::query_scalar(stmt(&self.queries.dead_purge))
+            .bind(before)
+            .bind(event_type)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| self.err("purging dead letters", e))
+    }
+}
