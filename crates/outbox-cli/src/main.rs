@@ -6,6 +6,7 @@
 mod admin;
 mod config;
 mod dead;
+mod demo;
 mod observe;
 mod relay;
 
@@ -46,6 +47,8 @@ enum LogFormat {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// See the whole pattern work in seconds: SQLite + JSON lines, no services needed.
+    Demo(demo::DemoArgs),
     /// Create or upgrade the outbox schema (idempotent, safe to run concurrently).
     Migrate,
     /// Run the relay until SIGTERM/SIGINT, then finish the batch in flight and exit 0.
@@ -65,7 +68,13 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing(cli.log_format);
+    // The demo prints its own story; library chatter would drown it.
+    let default_level = if matches!(cli.command, Command::Demo(_)) {
+        "warn"
+    } else {
+        "info"
+    };
+    init_tracing(cli.log_format, default_level);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -88,6 +97,7 @@ fn main() -> ExitCode {
 async fn run(cli: Cli) -> anyhow::Result<()> {
     let load = || config::load(cli.config.as_deref(), cli.database_url.as_deref());
     match cli.command {
+        Command::Demo(args) => demo::run(args).await.map(|_| ()),
         Command::Migrate => admin::migrate(&load()?.0).await,
         Command::Relay => {
             let (config, origin) = load()?;
@@ -103,11 +113,18 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
-fn init_tracing(format: LogFormat) {
+fn init_tracing(format: LogFormat, default_level: &str) {
     use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_env("OUTBOX_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter =
+        EnvFilter::try_from_env("OUTBOX_LOG").unwrap_or_else(|_| EnvFilter::new(default_level));
+    // Colours only on a terminal: log files and journald get plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
+        // A closed stderr must not turn a log line into a panic (tracing-subscriber reports
+        // write errors with eprintln!, which panics on a broken pipe).
+        .log_internal_errors(false)
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),

@@ -24,6 +24,8 @@ pub(crate) async fn build_sink(
             SinkConfig::Http(c) => c.build().await.map(|s| Box::new(s) as Box<dyn DynSink>),
             SinkConfig::Stdout(c) => c.build().await.map(|s| Box::new(s) as Box<dyn DynSink>),
             SinkConfig::File(c) => c.build().await.map(|s| Box::new(s) as Box<dyn DynSink>),
+            #[cfg(feature = "kafka")]
+            SinkConfig::Kafka(c) => c.build().await.map(|s| Box::new(s) as Box<dyn DynSink>),
         };
         match attempt {
             Ok(sink) => return Ok(Some(sink)),
@@ -58,10 +60,11 @@ pub(crate) fn cancel_on_signal(token: CancellationToken) {
                 _ = tokio::signal::ctrl_c() => {}
             }
             if first {
+                // Cancel before logging: nothing may stand between a signal and the drain.
+                token.cancel();
                 tracing::info!(
                     "shutdown requested: finishing the batch in flight (signal again to exit at once)"
                 );
-                token.cancel();
                 first = false;
             } else {
                 tracing::warn!(

@@ -91,7 +91,7 @@ CREATE INDEX {{name:_delivered_at_idx}} ON {{table}} (delivered_at) WHERE state 
 -- lease expires (its holder died or hung) or is released (its holder stopped). One row.
 CREATE TABLE {{name:_relay_lease}} (
     id          INTEGER PRIMARY KEY CHECK (id = 1),
-    -- Random id of the holding relay source (UUID text), plus its pid and host for humans.
+    -- Id of the holding relay source: a random UUID and the process id (for humans).
     holder      TEXT    NOT NULL,
     acquired_at INTEGER NOT NULL,
     -- Unix microseconds; after this any relay may take the lease over.

@@ -50,7 +50,8 @@ pub struct SqliteConfig {
     #[serde(default)]
     pub on_delivered: OnDelivered,
     /// How long a statement waits for another connection's write lock before failing with
-    /// "database is locked" (`PRAGMA busy_timeout`). SQLite runs one writer at a time.
+    /// "database is locked" (`PRAGMA busy_timeout`). SQLite runs one writer at a time. The
+    /// relay source waits as long for its settle transactions, trying every millisecond.
     #[serde(default = "default_busy_timeout", with = "humantime_serde")]
     pub busy_timeout: Duration,
     /// Durability of commits: `normal` (default) or `full`; see [`Synchronous`].

@@ -48,8 +48,10 @@ pub use producer::{SqliteOutbox, enqueue, enqueue_batch};
 use sqlx::SqlitePool;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
-/// Connections in the pool made by [`connect`]: the relay's source, the inspector and a
-/// producer or two. SQLite runs one writer at a time, so more would only queue.
+/// Connections in the pool made by [`connect`]: the relay source's reads, the inspector and a
+/// producer or two. SQLite runs one writer at a time, so more would only queue. (Each
+/// [`SqlitePollSource`] also opens one connection of its own, outside the pool, for its
+/// write transactions.)
 pub const POOL_SIZE: u32 = 4;
 
 /// Opens (and creates if missing) the database file of `config`, with the settings the

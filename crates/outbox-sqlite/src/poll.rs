@@ -1,31 +1,7 @@
 //! The polling source: reads ready events in commit order while holding the relay lease, and
 //! records every outcome of a batch in one write transaction.
 //!
-//! # One relay per file
-//!
-//! SQLite has no row locks to share a table between relay replicas, so this source enforces
-//! a single active relay with a lease (see `lease.rs` and the `<table>_relay_lease` table):
-//!
-//! - the first source to fetch takes the lease and renews it while it runs; only the holder
-//!   reads events;
-//! - a second relay on the same file (another process, or a second source in this one) is a
-//!   **standby**: its `fetch` returns no events until the holder releases the lease (on
-//!   shutdown: [`SqlitePollSource::release_lease`], or best-effort when the source is
-//!   dropped) or stops renewing it for `lease_ttl` (it crashed or hung); then it takes over;
-//! - so two sources on one file never both return events within one lease period, and a
-//!   relay restarted after `kill -9` resumes within `lease_ttl`.
-//!
-//! Run one source per file: with `relay.workers > 1` the extra sources only stand by.
-//!
-//! # Why no claim transaction
-//!
-//! The PostgreSQL source keeps its claim transaction open while the batch is published; the
-//! row locks are the claim. Here the lease is the claim, so `fetch` is a single read
-//! statement and `settle` a short `BEGIN IMMEDIATE` transaction; no transaction stays open
-//! during a publish, which keeps SQLite's one write lock free for producers and lets WAL
-//! checkpoints complete. The write transactions run on a connection of the source's own,
-//! outside the pool, which polls for the write lock every millisecond so that busy producers
-//! cannot starve it (see `writer.rs`).
+//! See [`SqlitePollSource`] for how one relay per file is enforced.
 
 use std::sync::Arc;
 
@@ -33,7 +9,7 @@ use bytes::Bytes;
 use outbox_core::source::{Fetched, Outcome, Settlement};
 use outbox_core::{DeadLetterPolicy, Event, Ordering, Position, Source, SourceError};
 use sqlx::sqlite::{SqliteConnection, SqliteRow};
-use sqlx::{Row, SqlitePool};
+use sqlx::{ConnectOptions as _, Connection as _, Row, SqlitePool};
 use time::OffsetDateTime;
 use uuid::Uuid;
 
@@ -44,7 +20,36 @@ use crate::sql::{Queries, stmt};
 use crate::timestamp::{from_micros, to_micros};
 use crate::writer::WriteConnection;
 
-/// Reads the outbox by polling, while holding the relay lease (see the module docs).
+/// Reads the outbox by polling, while holding the relay lease.
+///
+/// # One relay per file
+///
+/// SQLite has no row locks to share a table between relay replicas, so this source enforces
+/// a single active relay with a lease: one row in `<table>_relay_lease` naming the holder
+/// and an expiry, compared with the `now` the relay passes in.
+///
+/// - the first source to fetch takes the lease and renews it while it runs (on its fetches,
+///   at most one write a second, and in every settle transaction); only the holder reads
+///   events;
+/// - a second relay on the same file (another process, or a second source in this one) is a
+///   **standby**: its `fetch` returns no events until the holder releases the lease (on
+///   shutdown: [`SqlitePollSource::release_lease`], or when the source is dropped) or stops renewing it for `lease_ttl` (it crashed or hung); then it takes over;
+/// - so two sources on one file never both return events within one lease period, and a
+///   relay restarted after `kill -9` resumes within `lease_ttl` (at once if it comes back
+///   under the same holder id: [`SqlitePollSource::with_holder`]).
+///
+/// Run one source per file: with `relay.workers > 1` the extra sources only stand by.
+///
+/// # Why no claim transaction
+///
+/// The PostgreSQL source keeps its claim transaction open while the batch is published; the
+/// row locks are the claim. Here the lease is the claim, so `fetch` is a single read
+/// statement and `settle` a short `BEGIN IMMEDIATE` transaction; no transaction stays open
+/// during a publish, which keeps SQLite's one write lock free for producers and lets WAL
+/// checkpoints complete. The write transactions run on a connection of the source's own,
+/// outside the pool, which polls for the write lock every millisecond (up to
+/// `busy_timeout`) instead of using SQLite's busy handler, whose growing sleeps let a busy
+/// producer starve the relay.
 pub struct SqlitePollSource {
     pool: SqlitePool,
     queries: Arc<Queries>,
@@ -53,6 +58,7 @@ pub struct SqlitePollSource {
     hold_dead: bool,
     on_delivered: OnDelivered,
     lease: Lease,
+    lease_ttl: std::time::Duration,
     writer: WriteConnection,
 }
 
@@ -84,9 +90,19 @@ impl SqlitePollSource {
             hold_dead: dead_letter == DeadLetterPolicy::HoldAggregate,
             on_delivered: config.on_delivered,
             lease: Lease::new(holder, config.lease_ttl),
+            lease_ttl: config.lease_ttl,
             writer: WriteConnection::new(&pool, config.busy_timeout),
             pool,
         }
+    }
+
+    /// Uses `holder` as the lease holder id instead of a random one, so that a relay restarted
+    /// under the same identity (or a test simulating a crash and a restart) takes its own
+    /// lease back at once instead of waiting for it to expire. The id must be unique among
+    /// relays that may run at the same time: two live sources with one id both claim.
+    pub fn with_holder(mut self, holder: impl Into<String>) -> Self {
+        self.lease = Lease::new(holder.into(), self.lease_ttl);
+        self
     }
 
     /// This source's lease holder id (as stored in `<table>_relay_lease.holder`).
@@ -295,23 +311,52 @@ impl Source for SqlitePollSource {
     }
 }
 
+/// Longest wait for the write lock when releasing the lease on drop.
+const RELEASE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
 impl Drop for SqlitePollSource {
-    /// Releases the lease best-effort (a standby then takes over at once rather than after
-    /// `lease_ttl`): spawns the release on the current Tokio runtime, if there is one.
+    /// Releases the lease, so that a standby, or this relay started again, takes over at once
+    /// rather than after `lease_ttl`. Runs on a short-lived thread of its own with its own
+    /// connection, so that it works wherever the source is dropped: in a task, at the end of
+    /// `main`, or while the Tokio runtime shuts down. Waits for it at most about a second;
+    /// if it fails, the lease simply expires.
     fn drop(&mut self) {
         if !self.lease.is_held() {
             return;
         }
-        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+        let options = self.writer.options().clone().busy_timeout(RELEASE_WAIT);
+        let release = Arc::clone(&self.queries.lease_release);
+        let holder = self.lease.holder().to_owned();
+        let (done, finished) = std::sync::mpsc::channel();
+        let spawned = std::thread::Builder::new()
+            .name("outbox-lease-release".into())
+            .spawn(move || {
+                let result = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|e| e.to_string())
+                    .and_then(|rt| {
+                        rt.block_on(async {
+                            let mut conn = options.connect().await?;
+                            sqlx::query(stmt(&release))
+                                .bind(holder)
+                                .execute(&mut conn)
+                                .await?;
+                            conn.close().await
+                        })
+                        .map_err(|e| e.to_string())
+                    });
+                let _ = done.send(result);
+            });
+        if spawned.is_err() {
             return;
-        };
-        let pool = self.pool.clone();
-        let queries = Arc::clone(&self.queries);
-        let mut lease = Lease::new(self.lease.holder().to_owned(), std::time::Duration::ZERO);
-        handle.spawn(async move {
-            if let Err(e) = lease.release(&pool, &queries).await {
-                tracing::debug!(error = %e, "could not release the relay lease; it will expire");
+        }
+        match finished.recv_timeout(RELEASE_WAIT * 2) {
+            Ok(Ok(())) => tracing::debug!("released the relay lease"),
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "could not release the relay lease; it will expire");
             }
-        });
+            Err(_) => tracing::warn!("releasing the relay lease timed out; it will expire"),
+        }
     }
 }

@@ -48,6 +48,11 @@ impl WriteConnection {
         }
     }
 
+    /// The settings this connection opens with (busy handler off).
+    pub(crate) fn options(&self) -> &SqliteConnectOptions {
+        &self.options
+    }
+
     /// Begins a `BEGIN IMMEDIATE` transaction (SQLite's write lock taken) and returns the
     /// connection to run it on; end it with [`Self::commit`] or [`Self::rollback`].
     pub(crate) async fn begin(&mut self) -> Result<&mut SqliteConnection, sqlx::Error> {

@@ -319,3 +319,104 @@ async fn a_released_or_dropped_lease_lets_a_standby_take_over_at_once() {
         "the standby never saw the dropped holder's lease released"
     );
 }
+
+#[tokio::test]
+async fn a_write_lock_held_past_busy_timeout_is_unavailable_and_records_nothing() {
+    let mut db = TestDb::new().await;
+    db.config.busy_timeout = Duration::from_millis(100);
+    db.commit_events(&[("o_1", 1)]).await;
+    let mut s = source(&db, DeadLetterPolicy::HoldAggregate);
+    let batch = s.fetch(10, t0()).await.expect("fetch").events;
+    let delivered = settle_all(&batch, |_| Outcome::Delivered);
+
+    let other = db.other_pool().await;
+    let blocker = other
+        .begin_with("BEGIN IMMEDIATE")
+        .await
+        .expect("take the write lock");
+    let err = s.settle(&delivered, t0()).await.expect_err("lock held");
+    assert_eq!(
+        err.kind(),
+        outbox_core::SourceErrorKind::Unavailable,
+        "{err}"
+    );
+    assert_eq!(db.count("pending").await, 1, "nothing recorded");
+    blocker.rollback().await.expect("release the lock");
+
+    s.settle(&delivered, t0())
+        .await
+        .expect("settle once the lock is free");
+    assert_eq!(db.count("delivered").await, 1);
+}
+
+#[tokio::test]
+async fn a_database_that_was_never_migrated_is_a_fatal_error_that_says_what_to_do() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = outbox_sqlite::SqliteConfig::new(dir.path().join("empty.db"));
+    let pool = outbox_sqlite::connect(&config).await.expect("open");
+    let mut s = SqlitePollSource::new(
+        pool,
+        &config,
+        Ordering::PerAggregate,
+        DeadLetterPolicy::Skip,
+    );
+    let err = s.fetch(10, t0()).await.expect_err("no outbox table");
+    assert_eq!(err.kind(), outbox_core::SourceErrorKind::Fatal, "{err}");
+    assert!(
+        err.to_string().contains("run `outbox migrate` first"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn a_source_restarted_under_the_same_holder_id_resumes_at_once() {
+    let db = TestDb::new().await;
+    db.commit_events(&[("o_1", 1)]).await;
+    let mut a = source(&db, DeadLetterPolicy::HoldAggregate).with_holder("relay-a");
+    let batch = a.fetch(10, t0()).await.expect("fetch").events;
+    assert_eq!(batch.len(), 1);
+    // Crash mid-batch: no settle, no release.
+    std::mem::forget(a);
+
+    let mut stranger = source(&db, DeadLetterPolicy::HoldAggregate);
+    assert!(
+        stranger
+            .fetch(10, t0())
+            .await
+            .expect("fetch")
+            .events
+            .is_empty()
+    );
+    let mut restarted = source(&db, DeadLetterPolicy::HoldAggregate).with_holder("relay-a");
+    let again = restarted.fetch(10, t0()).await.expect("fetch").events;
+    assert_eq!(again, batch, "the unsettled batch is delivered again");
+}
+
+/// `outbox relay` drops its source as `main` returns, when nothing would run a spawned task.
+#[test]
+fn a_source_dropped_outside_any_runtime_still_releases_its_lease() {
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let (db, holder) = runtime.block_on(async {
+        let db = TestDb::new().await;
+        db.commit_events(&[("o_1", 1)]).await;
+        let mut s = source(&db, DeadLetterPolicy::HoldAggregate);
+        assert_eq!(s.fetch(10, t0()).await.expect("fetch").events.len(), 1);
+        let holder = s.holder().to_owned();
+        // Leave the runtime with the source still alive...
+        (db, (holder, s))
+    });
+    let (holder, s) = holder;
+    drop(runtime);
+    // ...and drop it with no runtime at all.
+    drop(s);
+
+    let runtime = tokio::runtime::Runtime::new().expect("second runtime");
+    runtime.block_on(async {
+        let pool = outbox_sqlite::connect(&db.config).await.expect("reopen");
+        let lease = SqliteInspector::new(pool, &db.config)
+            .relay_lease()
+            .await
+            .expect("read lease");
+        assert_eq!(lease, None, "lease of {holder} still held");
+    });
+}
