@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The servers the test suite talks to, on free ports of 127.0.0.1: PostgreSQL (logical WAL, for
-# the CDC tests) and nats-server with JetStream. No Docker, no systemd: installed binaries, data
-# and logs in one directory.
+# the CDC tests), nats-server with JetStream, and tansu (a Kafka-protocol broker, memory
+# storage), redis-server and RabbitMQ. No Docker, no systemd: installed binaries, data and logs
+# in one directory.
 #
 # scripts/test.sh sources this file and uses the functions below. It also runs on its own, to
 # point `cargo test` / `cargo nextest run` at long-lived servers while developing:
@@ -12,11 +13,15 @@
 #
 # Without these variables the tests start private servers themselves (see outbox-testkit).
 
-# Installs PostgreSQL and nats-server from Debian packages when their binaries are missing.
+# Installs PostgreSQL and nats-server from Debian packages when their binaries are missing
+# (and tansu with cargo, see services_install_tansu).
 services_install() {
+    services_tansu_bin >/dev/null 2>&1 || services_install_tansu || return 1
     local missing=()
     services_pg_bindir >/dev/null 2>&1 || missing+=(postgresql)
     services_nats_bin >/dev/null 2>&1 || missing+=(nats-server)
+    services_redis_bin >/dev/null 2>&1 || missing+=(redis-server)
+    services_rabbitmq_bin >/dev/null 2>&1 || missing+=(rabbitmq-server)
     [ ${#missing[@]} -eq 0 ] && return 0
     local sudo=()
     if [ "$(id -u)" != 0 ]; then
@@ -29,7 +34,8 @@ services_install() {
     echo "services: installing ${missing[*]}" >&2
     "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
     "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" </dev/null >&2
-    services_pg_bindir >/dev/null && services_nats_bin >/dev/null
+    services_pg_bindir >/dev/null && services_nats_bin >/dev/null && services_redis_bin >/dev/null &&
+        services_rabbitmq_bin >/dev/null
 }
 
 # The directory holding initdb, pg_ctl and postgres (Debian keeps them out of PATH).
@@ -52,6 +58,47 @@ services_pg_bindir() {
 services_nats_bin() {
     command -v nats-server 2>/dev/null && return 0
     [ -x /usr/sbin/nats-server ] && echo /usr/sbin/nats-server
+}
+
+# redis-server.
+services_redis_bin() {
+    command -v redis-server 2>/dev/null && return 0
+    [ -x /usr/bin/redis-server ] && echo /usr/bin/redis-server
+}
+
+# RabbitMQ's own start script (Debian's /usr/sbin wrapper would switch to the `rabbitmq` user
+# and its fixed directories; the tests want a private node).
+services_rabbitmq_bin() {
+    [ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] && [ -x /usr/lib/rabbitmq/bin/rabbitmqctl ] &&
+        echo /usr/lib/rabbitmq/bin/rabbitmq-server
+}
+
+# The directory holding this repository (tansu's prebuilt copy may sit beside it).
+_services_repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+# tansu, a Kafka-protocol broker (no Debian package): $TANSU_BIN, else `tansu` on PATH (or in
+# cargo's bin directory), else the prebuilt copy in ../shared/tools beside the repository.
+services_tansu_bin() {
+    if [ -n "${TANSU_BIN:-}" ]; then
+        [ -x "$TANSU_BIN" ] && echo "$TANSU_BIN"
+        return
+    fi
+    command -v tansu 2>/dev/null && return 0
+    local bin
+    for bin in "${CARGO_HOME:-$HOME/.cargo}/bin/tansu" "$_services_repo/../shared/tools/tansu"; do
+        if [ -x "$bin" ]; then
+            echo "$bin"
+            return 0
+        fi
+    done
+    return 1
+}
+
+# Builds tansu from crates.io (about 14 minutes on 2 cores, once) when no binary is found.
+services_install_tansu() {
+    echo "services: tansu not found; building it with cargo install (about 14 minutes, once)" >&2
+    cargo install tansu --version 0.6.0 --locked --no-default-features --features dynostore >&2 &&
+        services_tansu_bin >/dev/null
 }
 
 # A port nobody listens on, below the ephemeral range (where the tests' own servers bind).
@@ -152,6 +199,145 @@ services_start_nats() {
     return 1
 }
 
+# services_start_kafka DIR: tansu with memory storage in DIR/kafka; exports
+# OUTBOX_TEST_KAFKA_BROKERS. tansu creates no topic on produce: the tests create their own.
+services_start_kafka() {
+    local root=$1/kafka bin port _attempt pid _i
+    bin=$(services_tansu_bin) || {
+        echo "services: tansu not found (set TANSU_BIN or run services_install)" >&2
+        return 1
+    }
+    mkdir -p "$root"
+    for _attempt in 1 2 3; do
+        port=$(services_free_port)
+        : >"$root/tansu.log"
+        "$bin" broker --listener-url "tcp://127.0.0.1:$port" \
+            --advertised-listener-url "tcp://127.0.0.1:$port" --storage-engine memory://tansu/ \
+            </dev/null >>"$root/tansu.log" 2>&1 &
+        pid=$!
+        echo "$pid" >"$root/tansu.pid"
+        for _i in $(seq 1 300); do
+            if grep -q "ready in" "$root/tansu.log" && (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+                export OUTBOX_TEST_KAFKA_BROKERS="127.0.0.1:$port"
+                echo "services: tansu (Kafka protocol) ready at $OUTBOX_TEST_KAFKA_BROKERS" >&2
+                return 0
+            fi
+            kill -0 "$pid" 2>/dev/null || break
+            sleep 0.1
+        done
+        kill -KILL "$pid" 2>/dev/null || true
+        rm -f "$root/tansu.pid"
+        grep -qi "address already in use\|AddrInUse" "$root/tansu.log" || break
+    done
+    echo "services: tansu did not start" >&2
+    services_log_tail "$root/tansu.log"
+    return 1
+}
+
+# services_start_redis DIR: redis-server in DIR/redis; exports OUTBOX_TEST_REDIS_URL. Like the
+# testkit's own: append-only file (streams survive a restart), arguments up to 1 MiB.
+services_start_redis() {
+    local root=$1/redis bin port _attempt _i reply
+    bin=$(services_redis_bin) || {
+        echo "services: redis-server not found" >&2
+        return 1
+    }
+    mkdir -p "$root"
+    for _attempt in 1 2 3; do
+        port=$(services_free_port)
+        : >"$root/redis-server.log"
+        "$bin" --bind 127.0.0.1 --port "$port" --save "" --appendonly yes --appendfsync no \
+            --dir "$root" --proto-max-bulk-len 1mb --daemonize yes \
+            --pidfile "$root/redis-server.pid" --logfile "$root/redis-server.log" \
+            </dev/null >>"$root/redis-server.out" 2>&1 || true
+        for _i in $(seq 1 100); do
+            reply=$( (exec 3<>"/dev/tcp/127.0.0.1/$port" && printf 'PING\r\n' >&3 &&
+                read -r -t 1 line <&3 && echo "$line") 2>/dev/null || true)
+            if [ "${reply%$'\r'}" = "+PONG" ]; then
+                export OUTBOX_TEST_REDIS_URL="redis://127.0.0.1:$port"
+                echo "services: Redis ready at $OUTBOX_TEST_REDIS_URL" >&2
+                return 0
+            fi
+            sleep 0.05
+        done
+        grep -qi "address already in use" "$root/redis-server.log" || break
+    done
+    echo "services: redis-server did not start" >&2
+    services_log_tail "$root/redis-server.out" 10
+    services_log_tail "$root/redis-server.log"
+    return 1
+}
+
+# services_start_rabbitmq DIR: a private RabbitMQ node in DIR/rabbitmq (its own node name,
+# ports, epmd, Mnesia, logs, HOME and cookie; messages up to 1 MiB, like the testkit's own);
+# exports OUTBOX_TEST_AMQP_URL. Boots in 3-8 s; readiness is `rabbitmqctl wait PIDFILE`.
+services_start_rabbitmq() {
+    local root=$1/rabbitmq bin ctl port dist epmd _attempt
+    bin=$(services_rabbitmq_bin) || {
+        echo "services: /usr/lib/rabbitmq/bin/rabbitmq-server not found" >&2
+        return 1
+    }
+    ctl=$(dirname "$bin")/rabbitmqctl
+    mkdir -p "$root/home"
+    echo "[]." >"$root/enabled_plugins"
+    printf 'max_message_size = 1048576\ndisk_free_limit.absolute = 1MB\n' >"$root/rabbitmq.conf"
+    for _attempt in 1 2 3; do
+        port=$(services_free_port)
+        dist=$(services_free_port)
+        epmd=$(services_free_port)
+        if [ "$port" = "$dist" ] || [ "$port" = "$epmd" ] || [ "$dist" = "$epmd" ]; then
+            continue
+        fi
+        cat >"$root/env" <<ENV
+export RABBITMQ_NODENAME='outbox-$port@localhost' RABBITMQ_NODE_IP_ADDRESS=127.0.0.1
+export RABBITMQ_NODE_PORT=$port RABBITMQ_DIST_PORT=$dist ERL_EPMD_PORT=$epmd
+export RABBITMQ_MNESIA_BASE='$root/mnesia' RABBITMQ_LOG_BASE='$root/log'
+export RABBITMQ_PID_FILE='$root/rabbitmq.pid' RABBITMQ_ENABLED_PLUGINS_FILE='$root/enabled_plugins'
+export RABBITMQ_CONFIG_FILE='$root/rabbitmq' RABBITMQ_ADVANCED_CONFIG_FILE='$root/advanced.config'
+export RABBITMQ_CONF_ENV_FILE='$root/rabbitmq-env.conf' HOME='$root/home'
+ENV
+        rm -f "$root/rabbitmq.pid"
+        (
+            # shellcheck source=/dev/null
+            . "$root/env"
+            exec "$bin"
+        ) </dev/null >>"$root/rabbitmq-server.log" 2>&1 &
+        if (
+            # shellcheck source=/dev/null
+            . "$root/env"
+            "$ctl" -n "$RABBITMQ_NODENAME" wait "$RABBITMQ_PID_FILE" --timeout 60
+        ) </dev/null >>"$root/rabbitmqctl.log" 2>&1; then
+            export OUTBOX_TEST_AMQP_URL="amqp://guest:guest@127.0.0.1:$port/%2f"
+            echo "services: RabbitMQ ready at $OUTBOX_TEST_AMQP_URL" >&2
+            return 0
+        fi
+        _services_stop_rabbitmq "$1"
+        grep -qi "eaddrinuse\|address already in use" "$root/rabbitmq-server.log" || break
+    done
+    echo "services: rabbitmq-server did not start" >&2
+    services_log_tail "$root/rabbitmqctl.log" 10
+    services_log_tail "$root/rabbitmq-server.log"
+    return 1
+}
+
+# Stops the RabbitMQ node of DIR: `rabbitmqctl stop PIDFILE` (waits until the process is
+# gone), then its epmd, which would outlive it.
+_services_stop_rabbitmq() {
+    local root=$1/rabbitmq ctl
+    [ -f "$root/env" ] || return 0
+    ctl=/usr/lib/rabbitmq/bin/rabbitmqctl
+    (
+        # shellcheck source=/dev/null
+        . "$root/env"
+        if [ -f "$RABBITMQ_PID_FILE" ]; then
+            timeout 60 "$ctl" -n "$RABBITMQ_NODENAME" stop "$RABBITMQ_PID_FILE" >/dev/null 2>&1 ||
+                kill -KILL "$(cat "$RABBITMQ_PID_FILE")" 2>/dev/null || true
+        fi
+        epmd -port "$ERL_EPMD_PORT" -kill >/dev/null 2>&1 || true
+    )
+    rm -f "$root/env" "$root/rabbitmq.pid"
+}
+
 # services_stop DIR: stops whatever services_start_* started in DIR (safe to call twice).
 services_stop() {
     local dir=$1 pid _i
@@ -170,11 +356,38 @@ services_stop() {
         fi
         rm -f "$dir/nats/nats-server.pid"
     fi
+    # tansu: its SIGTERM shutdown waits for connected clients to leave, so give it two
+    # seconds, then kill it (memory storage: nothing to save).
+    if [ -f "$dir/kafka/tansu.pid" ]; then
+        pid=$(cat "$dir/kafka/tansu.pid")
+        if kill -TERM "$pid" 2>/dev/null; then
+            for _i in $(seq 1 20); do
+                kill -0 "$pid" 2>/dev/null || break
+                sleep 0.1
+            done
+            kill -KILL "$pid" 2>/dev/null || true
+        fi
+        rm -f "$dir/kafka/tansu.pid"
+    fi
+    if [ -f "$dir/redis/redis-server.pid" ]; then
+        pid=$(cat "$dir/redis/redis-server.pid")
+        if kill -TERM "$pid" 2>/dev/null; then
+            for _i in $(seq 1 100); do
+                kill -0 "$pid" 2>/dev/null || break
+                sleep 0.1
+            done
+            kill -KILL "$pid" 2>/dev/null || true
+        fi
+        rm -f "$dir/redis/redis-server.pid"
+    fi
+    _services_stop_rabbitmq "$dir"
 }
 
 # services_start_all DIR: both servers; on failure stops whatever did start.
 services_start_all() {
-    if ! services_start_postgres "$1" || ! services_start_nats "$1"; then
+    if ! services_start_postgres "$1" || ! services_start_nats "$1" ||
+        ! services_start_kafka "$1" || ! services_start_redis "$1" ||
+        ! services_start_rabbitmq "$1"; then
         services_stop "$1"
         return 1
     fi
@@ -193,6 +406,9 @@ if [ "${BASH_SOURCE[0]}" = "$0" ]; then
         services_start_all "$dir"
         echo "export OUTBOX_TEST_DATABASE_URL='$OUTBOX_TEST_DATABASE_URL'"
         echo "export OUTBOX_TEST_NATS_URL='$OUTBOX_TEST_NATS_URL'"
+        echo "export OUTBOX_TEST_KAFKA_BROKERS='$OUTBOX_TEST_KAFKA_BROKERS'"
+        echo "export OUTBOX_TEST_REDIS_URL='$OUTBOX_TEST_REDIS_URL'"
+        echo "export OUTBOX_TEST_AMQP_URL='$OUTBOX_TEST_AMQP_URL'"
         ;;
     stop)
         services_stop "$dir"

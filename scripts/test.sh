@@ -3,11 +3,15 @@
 #
 #   scripts/test.sh [extra cargo-nextest arguments, e.g. -p outbox-postgres or a test filter]
 #
-# 1. installs PostgreSQL and nats-server from Debian packages when they are missing;
+# 1. installs PostgreSQL, nats-server, redis-server and rabbitmq-server from Debian packages
+#    when they are missing (and tansu, a Kafka-protocol broker, with `cargo install` when no
+#    binary is found: see services.sh);
 # 2. checks formatting and runs clippy with warnings as errors;
-# 3. starts ONE PostgreSQL and ONE nats-server for the run on free ports of 127.0.0.1 (data and
-#    logs in a temporary directory, stopped and removed on exit) and passes them to the tests as
-#    OUTBOX_TEST_DATABASE_URL and OUTBOX_TEST_NATS_URL;
+# 3. starts ONE PostgreSQL, ONE nats-server and ONE tansu for the run on free ports of 127.0.0.1
+#    (data and logs in a temporary directory, stopped and removed on exit) and passes them to the
+#    tests as OUTBOX_TEST_DATABASE_URL, OUTBOX_TEST_NATS_URL and OUTBOX_TEST_KAFKA_BROKERS;
+#    likewise ONE redis-server and ONE RabbitMQ node (OUTBOX_TEST_REDIS_URL, OUTBOX_TEST_AMQP_URL;
+#    RabbitMQ boots in 3-8 s, so it is shared by the whole run);
 # 4. runs the whole test suite with cargo-nextest (falls back to `cargo test` without it), then
 #    the doc tests.
 #
@@ -55,11 +59,16 @@ trap 'exit 143' TERM
 step "services"
 services_start_all "$work"
 export OUTBOX_TEST_DATABASE_URL OUTBOX_TEST_NATS_URL
+export OUTBOX_TEST_KAFKA_BROKERS
+export OUTBOX_TEST_REDIS_URL OUTBOX_TEST_AMQP_URL
 
 # On failure, show what the servers said: a crash there explains many test failures at once.
 show_service_logs() {
     services_log_tail "$work/postgres/postgres.log" 30
     services_log_tail "$work/nats/nats-server.log" 30
+    services_log_tail "$work/kafka/tansu.log" 30
+    services_log_tail "$work/redis/redis-server.log" 30
+    services_log_tail "$work/rabbitmq/rabbitmq-server.log" 30
 }
 
 # `-p NAME` arguments narrow the run (nextest and doc tests) instead of --workspace.

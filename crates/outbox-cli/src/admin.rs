@@ -36,6 +36,31 @@ pub(crate) async fn migrate(config: &Config) -> anyhow::Result<()> {
                     "not installed"
                 }
             );
+            if pg.mode == outbox_postgres::Mode::Cdc {
+                let cdc = outbox_postgres::setup_cdc(&pool, pg)
+                    .await
+                    .map_err(|e| anyhow::anyhow!(crate::chain(&e)))?;
+                println!(
+                    "CDC publication `{}`: {} (inserts of {})",
+                    pg.publication,
+                    match (cdc.publication_created, cdc.publication_table_added) {
+                        (true, _) => "created",
+                        (_, true) => "table added",
+                        _ => "exists",
+                    },
+                    pg.qualified_table()
+                );
+                println!(
+                    "CDC replication slot `{}` (pgoutput): {}, streams from {}",
+                    pg.slot,
+                    if cdc.slot_created {
+                        "created"
+                    } else {
+                        "exists"
+                    },
+                    cdc.slot_lsn.as_deref().unwrap_or("?")
+                );
+            }
         }
         SourceConfig::Sqlite(sq) => {
             let pool = outbox_sqlite::connect(sq)
@@ -62,12 +87,18 @@ struct Status {
     backlog: outbox_core::source::Backlog,
     held_aggregates: Vec<outbox_postgres::HeldAggregate>,
     producer_lock_waits: Vec<outbox_postgres::LockWait>,
+    /// CDC mode: the replication slot (pending events are WAL, not row state).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    replication_slot: Option<outbox_postgres::SlotStatus>,
 }
 
 /// Prints the backlog and what holds delivery back.
 pub(crate) async fn status(config: &Config, json: bool) -> anyhow::Result<()> {
     let now = OffsetDateTime::now_utc();
     let status = match &config.source {
+        SourceConfig::Postgres(pg) if pg.mode == outbox_postgres::Mode::Cdc => {
+            cdc_status(pg, now, json).await?
+        }
         SourceConfig::Postgres(pg) => {
             let pool = outbox_postgres::connect(pg, 1)
                 .await
@@ -92,6 +123,7 @@ pub(crate) async fn status(config: &Config, json: bool) -> anyhow::Result<()> {
                     .await
                     .map_err(|e| anyhow::anyhow!(crate::chain(&e)))
                     .with_context(ctx)?,
+                replication_slot: None,
             }
         }
         SourceConfig::Sqlite(sq) => {
@@ -108,6 +140,7 @@ pub(crate) async fn status(config: &Config, json: bool) -> anyhow::Result<()> {
                     .map_err(|e| anyhow::anyhow!(crate::chain(&e)))?,
                 held_aggregates: Vec::new(),
                 producer_lock_waits: Vec::new(),
+                replication_slot: None,
             }
         }
     };
@@ -117,6 +150,9 @@ pub(crate) async fn status(config: &Config, json: bool) -> anyhow::Result<()> {
     }
     let b = &status.backlog;
     println!("outbox {} in {}", status.table, status.database);
+    if let Some(slot) = &status.replication_slot {
+        print_slot(slot);
+    }
     println!("  pending            {}", b.pending);
     println!("  retrying           {}", b.retrying);
     println!("  dead-lettered      {}", b.dead);
@@ -160,4 +196,89 @@ pub(crate) async fn status(config: &Config, json: bool) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// The CDC status: the slot, dead letters, and a note on what `pending` means there.
+async fn cdc_status(
+    pg: &outbox_postgres::PostgresConfig,
+    now: OffsetDateTime,
+    json: bool,
+) -> anyhow::Result<Status> {
+    let pool = outbox_postgres::connect(pg, 1)
+        .await
+        .with_context(|| format!("cannot connect to {}", pg.url))?;
+    let ctx = || format!("reading outbox table {}", pg.qualified_table());
+    let cdc = outbox_postgres::PgCdcInspector::new(pool, pg);
+    let slot = cdc
+        .slot()
+        .await
+        .map_err(|e| anyhow::anyhow!(crate::chain(&e)))
+        .with_context(ctx)?;
+    cdc_status_note(pg, slot.as_ref(), json);
+    Ok(Status {
+        database: pg.url.redacted(),
+        table: pg.qualified_table().to_string(),
+        backlog: cdc
+            .backlog_at(now)
+            .await
+            .map_err(|e| anyhow::anyhow!(crate::chain(&e)))
+            .with_context(ctx)?,
+        held_aggregates: Vec::new(),
+        producer_lock_waits: Vec::new(),
+        replication_slot: slot,
+    })
+}
+
+/// CDC `status` lines about the slot that the backlog counters cannot show.
+fn cdc_status_note(
+    pg: &outbox_postgres::PostgresConfig,
+    slot: Option<&outbox_postgres::SlotStatus>,
+    json: bool,
+) {
+    if json {
+        return;
+    }
+    if slot.is_none() {
+        println!(
+            "  replication slot   `{}` does not exist: run `outbox migrate` (docs/cdc.md)",
+            pg.slot
+        );
+    }
+    println!(
+        "  (CDC: undelivered events are WAL held by the slot, not row state; `pending` counts only a running relay's memory)"
+    );
+}
+
+fn print_slot(slot: &outbox_postgres::SlotStatus) {
+    let mib = |b: Option<i64>| {
+        b.map_or("?".to_owned(), |b| {
+            format!("{:.1} MiB", b as f64 / 1048576.0)
+        })
+    };
+    println!(
+        "  replication slot   `{}`: {} (wal_status {}), confirmed up to {}",
+        slot.slot,
+        match slot.active_pid {
+            Some(pid) if slot.active => format!("streaming to pid {pid}"),
+            _ => "no relay streaming".to_owned(),
+        },
+        slot.wal_status.as_deref().unwrap_or("?"),
+        slot.confirmed_flush_lsn.as_deref().unwrap_or("?")
+    );
+    println!(
+        "  slot lag           {} not yet confirmed; {} kept on disk{}",
+        mib(slot.retained_wal_bytes),
+        mib(slot.restart_lag_bytes),
+        slot.safe_wal_size
+            .map(|b| format!(
+                "; {} until max_slot_wal_keep_size invalidates it",
+                mib(Some(b))
+            ))
+            .unwrap_or_default()
+    );
+    if slot.is_lost() {
+        println!(
+            "  SLOT LOST          the server invalidated it: see docs/cdc.md#recovering-a-lost-slot"
+        );
+    }
 }

@@ -13,6 +13,12 @@ use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
 use outbox_core::RelayConfig;
 use outbox_postgres::PostgresConfig;
+#[cfg(feature = "kafka")]
+use outbox_sinks::KafkaConfig;
+#[cfg(feature = "rabbitmq")]
+use outbox_sinks::RabbitMqConfig;
+#[cfg(feature = "redis")]
+use outbox_sinks::RedisConfig;
 use outbox_sinks::{ConfigError, FileConfig, HttpConfig, NatsConfig, StdoutConfig};
 use outbox_sqlite::SqliteConfig;
 use serde::Deserialize;
@@ -63,6 +69,15 @@ pub(crate) enum SinkConfig {
     Stdout(StdoutConfig),
     /// JSON lines appended to a file.
     File(FileConfig),
+    /// Kafka (idempotent producer).
+    #[cfg(feature = "kafka")]
+    Kafka(KafkaConfig),
+    /// Redis Streams (`XADD`).
+    #[cfg(feature = "redis")]
+    Redis(RedisConfig),
+    /// RabbitMQ (publisher confirms, mandatory routing).
+    #[cfg(feature = "rabbitmq")]
+    Rabbitmq(RabbitMqConfig),
 }
 
 impl Default for SinkConfig {
@@ -78,6 +93,12 @@ impl SinkConfig {
             Self::Http(_) => "http",
             Self::Stdout(_) => "stdout",
             Self::File(_) => "file",
+            #[cfg(feature = "kafka")]
+            Self::Kafka(_) => "kafka",
+            #[cfg(feature = "redis")]
+            Self::Redis(_) => "redis",
+            #[cfg(feature = "rabbitmq")]
+            Self::Rabbitmq(_) => "rabbitmq",
         }
     }
 
@@ -87,6 +108,12 @@ impl SinkConfig {
             Self::Http(c) => c.validate(),
             Self::Stdout(c) => c.validate(),
             Self::File(c) => c.validate(),
+            #[cfg(feature = "kafka")]
+            Self::Kafka(c) => c.validate(),
+            #[cfg(feature = "redis")]
+            Self::Redis(c) => c.validate(),
+            #[cfg(feature = "rabbitmq")]
+            Self::Rabbitmq(c) => c.validate(),
         }
     }
 }
@@ -191,7 +218,9 @@ impl Config {
         match &self.source {
             SourceConfig::Postgres(pg) => {
                 pg.validate().map_err(anyhow::Error::msg)?;
-                if self.relay.ordering == outbox_core::Ordering::Total {
+                if self.relay.ordering == outbox_core::Ordering::Total
+                    && pg.mode != outbox_postgres::Mode::Cdc
+                {
                     bail!(
                         "relay.ordering: `total` needs the CDC source (source.mode = \"cdc\"); the polling source offers `none` or `per-aggregate`"
                     );

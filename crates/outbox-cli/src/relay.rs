@@ -26,6 +26,10 @@ pub(crate) async fn build_sink(
             SinkConfig::File(c) => c.build().await.map(|s| Box::new(s) as Box<dyn DynSink>),
             #[cfg(feature = "kafka")]
             SinkConfig::Kafka(c) => c.build().await.map(|s| Box::new(s) as Box<dyn DynSink>),
+            #[cfg(feature = "redis")]
+            SinkConfig::Redis(c) => c.build().await.map(|s| Box::new(s) as Box<dyn DynSink>),
+            #[cfg(feature = "rabbitmq")]
+            SinkConfig::Rabbitmq(c) => c.build().await.map(|s| Box::new(s) as Box<dyn DynSink>),
         };
         match attempt {
             Ok(sink) => return Ok(Some(sink)),
@@ -92,6 +96,22 @@ pub(crate) async fn run(config: Config, origin: Origin) -> anyhow::Result<()> {
                 .await
                 .with_context(|| format!("cannot connect to {}", pg.url))?;
             check_pg_schema(&pool, pg).await?;
+            if pg.mode == outbox_postgres::Mode::Cdc {
+                // One slot, one stream: a single pipeline (docs/cdc.md).
+                let source = outbox_postgres::PgCdcSource::new(
+                    pool.clone(),
+                    pg,
+                    config.relay.ordering,
+                    config.relay.dead_letter,
+                )
+                .map_err(|e| anyhow::anyhow!(crate::chain(&e)))?;
+                let inspector = source.inspector();
+                let closed = source.closed();
+                let result = drive(config, vec![source], inspector, readiness, shutdown).await;
+                // The final standby status update, so the slot does not replay the last batch.
+                let _ = tokio::time::timeout(Duration::from_secs(5), closed.wait()).await;
+                return result;
+            }
             let sources = (0..workers)
                 .map(|_| {
                     outbox_postgres::PgPollSource::new(

@@ -26,6 +26,9 @@ pub const DEAD: &str = "outbox_dead_events";
 pub const OLDEST_PENDING_AGE_SECONDS: &str = "outbox_oldest_pending_age_seconds";
 /// Gauge: 1 while the sink is considered unavailable, else 0.
 pub const SINK_UP: &str = "outbox_sink_up";
+/// Gauge (bytes): WAL the CDC replication slot keeps for the relay
+/// (`pg_current_wal_lsn() - confirmed_flush_lsn`).
+pub const REPLICATION_SLOT_RETAINED_WAL_BYTES: &str = "outbox_replication_slot_retained_wal_bytes";
 
 /// Registers descriptions with the installed recorder (call once after installing it).
 pub fn describe() {
@@ -61,5 +64,10 @@ pub fn describe() {
     describe_gauge!(
         SINK_UP,
         "1 while the sink accepts publishes, 0 while it is unavailable"
+    );
+    describe_gauge!(
+        REPLICATION_SLOT_RETAINED_WAL_BYTES,
+        Unit::Bytes,
+        "WAL the CDC replication slot retains: current WAL position minus confirmed flush"
     );
 }

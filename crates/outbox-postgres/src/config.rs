@@ -13,7 +13,8 @@ pub enum Mode {
     /// Claim batches with `FOR UPDATE SKIP LOCKED`, polling adaptively.
     #[default]
     Poll,
-    /// Stream inserts over logical replication (not in this release).
+    /// Stream inserts and `pg_logical_emit_message` events over logical replication
+    /// (`pgoutput`); see `docs/cdc.md`.
     Cdc,
 }
 
@@ -105,6 +106,25 @@ pub struct PostgresConfig {
     /// How long to wait for a connection (and for the database at start).
     #[serde(default = "default_connect_timeout", with = "humantime_serde")]
     pub connect_timeout: Duration,
+    /// CDC: the logical replication slot (`pgoutput`) the relay streams from; created by
+    /// `outbox migrate`. Lowercase letters, digits and `_` (a PostgreSQL slot name rule).
+    #[serde(default = "default_slot")]
+    pub slot: Identifier,
+    /// CDC: the publication of the outbox table's inserts; created by `outbox migrate`.
+    #[serde(default = "default_publication")]
+    pub publication: Identifier,
+    /// CDC: the prefix of `pg_logical_emit_message` events (table-less events) this relay
+    /// delivers; messages with other prefixes are ignored.
+    #[serde(default = "default_message_prefix")]
+    pub message_prefix: String,
+    /// CDC: warn when the slot holds more WAL than this (bytes not yet confirmed).
+    #[serde(default = "default_slot_lag_warn_bytes")]
+    pub slot_lag_warn_bytes: u64,
+    /// CDC: how often an idle stream reports its position to the server (and confirms the
+    /// server's latest position when nothing is outstanding, so a quiet outbox does not make
+    /// the slot retain WAL).
+    #[serde(default = "default_heartbeat_interval", with = "humantime_serde")]
+    pub heartbeat_interval: Duration,
 }
 
 fn default_schema() -> Identifier {
@@ -117,6 +137,21 @@ fn default_claim_timeout() -> Duration {
     Duration::from_secs(60)
 }
 fn default_connect_timeout() -> Duration {
+    Duration::from_secs(10)
+}
+fn default_slot() -> Identifier {
+    Identifier::new("outbox_slot").expect("valid")
+}
+fn default_publication() -> Identifier {
+    Identifier::new("outbox_pub").expect("valid")
+}
+fn default_message_prefix() -> String {
+    "outbox".to_owned()
+}
+fn default_slot_lag_warn_bytes() -> u64 {
+    1 << 30
+}
+fn default_heartbeat_interval() -> Duration {
     Duration::from_secs(10)
 }
 
@@ -133,6 +168,11 @@ impl PostgresConfig {
             max_connections: None,
             claim_timeout: default_claim_timeout(),
             connect_timeout: default_connect_timeout(),
+            slot: default_slot(),
+            publication: default_publication(),
+            message_prefix: default_message_prefix(),
+            slot_lag_warn_bytes: default_slot_lag_warn_bytes(),
+            heartbeat_interval: default_heartbeat_interval(),
         }
     }
 
@@ -152,10 +192,42 @@ impl PostgresConfig {
             ));
         }
         if self.mode == Mode::Cdc {
-            return Err("source.mode: `cdc` is not available in this release; use `poll`".into());
+            self.validate_cdc()?;
         }
         if self.claim_timeout < Duration::from_secs(1) {
             return Err("source.claim_timeout: must be at least 1s".into());
+        }
+        Ok(())
+    }
+
+    fn validate_cdc(&self) -> Result<(), String> {
+        let lowercase = |id: &Identifier| {
+            id.as_str()
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        };
+        if !lowercase(&self.slot) {
+            return Err(format!(
+                "source.slot: `{}` must use lowercase letters, digits and `_` only (PostgreSQL slot names)",
+                self.slot
+            ));
+        }
+        if !lowercase(&self.publication) {
+            return Err(format!(
+                "source.publication: `{}` must use lowercase letters, digits and `_` only",
+                self.publication
+            ));
+        }
+        if self.message_prefix.is_empty() || self.message_prefix.contains('\0') {
+            return Err("source.message_prefix: must be a non-empty string without NUL".into());
+        }
+        if self.heartbeat_interval < Duration::from_millis(100)
+            || self.heartbeat_interval > Duration::from_secs(3600)
+        {
+            return Err("source.heartbeat_interval: must be between 100ms and 1h".into());
+        }
+        if self.slot_lag_warn_bytes == 0 {
+            return Err("source.slot_lag_warn_bytes: must be greater than 0".into());
         }
         Ok(())
     }
@@ -182,5 +254,38 @@ mod tests {
             toml::from_str::<PostgresConfig>("url = \"postgres://x\"\ntable = \"o; drop table x\"")
                 .expect_err("bad identifier");
         assert!(err.to_string().contains("not a plain identifier"), "{err}");
+    }
+
+    #[test]
+    fn cdc_keys_have_defaults_and_are_validated() {
+        let c: PostgresConfig =
+            toml::from_str("url = \"postgres://x\"\nmode = \"cdc\"").expect("valid");
+        assert_eq!(c.slot.as_str(), "outbox_slot");
+        assert_eq!(c.publication.as_str(), "outbox_pub");
+        assert_eq!(c.message_prefix, "outbox");
+        assert_eq!(c.slot_lag_warn_bytes, 1 << 30);
+        assert_eq!(c.heartbeat_interval, Duration::from_secs(10));
+        assert_eq!(c.validate(), Ok(()));
+        let upper = PostgresConfig {
+            slot: Identifier::new("Outbox").expect("valid"),
+            ..c.clone()
+        };
+        assert!(upper.validate().unwrap_err().starts_with("source.slot"));
+        let empty = PostgresConfig {
+            message_prefix: String::new(),
+            ..c.clone()
+        };
+        assert!(
+            empty
+                .validate()
+                .unwrap_err()
+                .starts_with("source.message_prefix")
+        );
+        let c: PostgresConfig = toml::from_str(
+            "url = \"postgres://x\"\nmode = \"cdc\"\nslot = \"s1\"\nheartbeat_interval = \"2s\"\nslot_lag_warn_bytes = 1024",
+        )
+        .expect("valid");
+        assert_eq!(c.slot.as_str(), "s1");
+        assert_eq!(c.heartbeat_interval, Duration::from_secs(2));
     }
 }

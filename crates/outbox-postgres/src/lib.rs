@@ -1,10 +1,12 @@
 //! PostgreSQL support for `outbox`: the schema ([`migrate`]), the producer ([`PgOutbox`],
-//! [`enqueue`]) and the polling source ([`PgPollSource`]).
+//! [`enqueue`], [`emit_message`]), the polling source ([`PgPollSource`]) and the CDC source
+//! ([`PgCdcSource`], logical replication; set up by [`setup_cdc`]).
 //!
 //! SQL lives in `queries/*.sql` (one statement per file, named `<table>_<verb>`) and
 //! `migrations/*.sql`; a configured schema or table name reaches SQL only through
 //! validated identifiers (see `sql.rs`).
 
+mod cdc;
 mod config;
 mod dead;
 mod error;
@@ -16,6 +18,11 @@ mod sql;
 
 use std::time::Duration;
 
+pub use cdc::{
+    CdcClosed, CdcSetupError, CdcSetupReport, DEFAULT_MESSAGE_PREFIX, DecodedMessage,
+    MESSAGE_VERSION, MessageDecodeError, PgCdcInspector, PgCdcSource, STANDBY_RETRY, SlotStatus,
+    decode_message, emit_message, emit_message_with_prefix, encode_message, setup_cdc, slot_status,
+};
 pub use config::{DatabaseUrl, Mode, OnDelivered, PostgresConfig, redact};
 pub use dead::{DeadLetter, PgDeadLetters, RetrySelection, StoredEventDetail};
 pub use error::EnqueueError;

@@ -21,14 +21,23 @@
 //! | `nats` | [`nats`] | NATS JetStream, with `Nats-Msg-Id` deduplication |
 //! | `http` | [`http`] | HTTP webhooks, signed per Standard Webhooks |
 //! | `stdout` | [`stdout`] | JSON lines on standard output or appended to a file |
+//! | `redis` | [`redis`] | Redis Streams (`XADD`, pipelined per batch) |
+//! | `rabbitmq` | [`rabbitmq`] | RabbitMQ (AMQP 0-9-1) with publisher confirms and mandatory routing |
+//! | `kafka` | [`kafka`] | Kafka, idempotent producer with `acks=all` (librdkafka, bundled) |
 
 mod error;
 mod secret;
 
 #[cfg(feature = "http")]
 pub mod http;
+#[cfg(feature = "kafka")]
+pub mod kafka;
 #[cfg(feature = "nats")]
 pub mod nats;
+#[cfg(feature = "rabbitmq")]
+pub mod rabbitmq;
+#[cfg(feature = "redis")]
+pub mod redis;
 #[cfg(feature = "stdout")]
 pub mod stdout;
 
@@ -37,15 +46,27 @@ pub use secret::Secret;
 
 #[cfg(feature = "http")]
 pub use http::{HttpConfig, HttpSink};
+#[cfg(feature = "kafka")]
+pub use kafka::{KafkaConfig, KafkaSink};
 #[cfg(feature = "nats")]
 pub use nats::{NatsConfig, NatsSink};
+#[cfg(feature = "rabbitmq")]
+pub use rabbitmq::{RabbitMqConfig, RabbitMqSink};
+#[cfg(feature = "redis")]
+pub use redis::{RedisConfig, RedisSink};
 #[cfg(feature = "stdout")]
 pub use stdout::{FileConfig, FileSink, StdoutConfig, StdoutSink};
 
 /// Collapses per-event deliveries into one batch error when every event failed because the
 /// broker was unreachable: then nothing of the batch was published, which is exactly what the
 /// whole-batch `Err` of the [`outbox_core::Sink`] contract says.
-#[cfg(any(feature = "nats", feature = "http"))]
+#[cfg(any(
+    feature = "nats",
+    feature = "http",
+    feature = "redis",
+    feature = "rabbitmq",
+    feature = "kafka"
+))]
 fn collapse_unavailable(
     deliveries: Vec<outbox_core::sink::Delivery>,
 ) -> Result<Vec<outbox_core::sink::Delivery>, outbox_core::SinkError> {
@@ -62,7 +83,13 @@ fn collapse_unavailable(
 
 /// An event used by `validate()` to render a destination template without a database: it
 /// checks what the literal parts of the template make of an ordinary event.
-#[cfg(any(feature = "nats", feature = "http"))]
+#[cfg(any(
+    feature = "nats",
+    feature = "http",
+    feature = "redis",
+    feature = "rabbitmq",
+    feature = "kafka"
+))]
 fn sample_event(aggregate_type: &str, aggregate_id: &str, event_type: &str) -> outbox_core::Event {
     outbox_core::Event {
         id: uuid::Uuid::nil(),

@@ -38,6 +38,27 @@ impl From<&str> for Secret {
     }
 }
 
+/// `url` with the password of its user info replaced by `***`, for messages and `Debug`:
+/// `amqp://guest:guest@h:5672/%2f` shows as `amqp://guest:***@h:5672/%2f`.
+#[cfg(any(feature = "redis", feature = "rabbitmq"))]
+pub(crate) fn redact_url(url: &str) -> String {
+    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
+        return url.to_owned();
+    };
+    let rest = &url[scheme_end..];
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let authority = &rest[..authority_end];
+    let Some(at) = authority.rfind('@') else {
+        return url.to_owned();
+    };
+    let user_info = &authority[..at];
+    let shown = match user_info.find(':') {
+        Some(colon) => format!("{}:***", &user_info[..colon]),
+        None => user_info.to_owned(),
+    };
+    format!("{}{shown}{}", &url[..scheme_end], &rest[at..])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -48,5 +69,25 @@ mod tests {
         assert_eq!(format!("{s:?}"), "Secret(\"***\")");
         assert!(!format!("{:?}", Some(&s)).contains("hunter2"));
         assert_eq!(s.expose(), "whsec_hunter2");
+    }
+
+    #[cfg(any(feature = "redis", feature = "rabbitmq"))]
+    #[test]
+    fn passwords_in_urls_are_masked() {
+        assert_eq!(
+            redact_url("amqp://guest:s3cret@127.0.0.1:5672/%2f"),
+            "amqp://guest:***@127.0.0.1:5672/%2f"
+        );
+        assert_eq!(
+            redact_url("redis://:s3cret@h:6379/0"),
+            "redis://:***@h:6379/0"
+        );
+        assert_eq!(redact_url("redis://h:6379"), "redis://h:6379");
+        assert_eq!(redact_url("redis://user@h"), "redis://user@h");
+        assert_eq!(redact_url("not a url"), "not a url");
+        assert_eq!(
+            redact_url("amqp://u:p@ss@h/v?x=a@b"),
+            "amqp://u:***@h/v?x=a@b"
+        );
     }
 }

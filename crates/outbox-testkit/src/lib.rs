@@ -1,5 +1,6 @@
 //! Test support for `outbox`: real servers on 127.0.0.1 ([`services`]), a fault-injecting sink
-//! ([`faults`]), waiting helpers ([`wait`]) and test logging ([`init_tracing`]).
+//! ([`faults`]), the source and sink conformance suites ([`conformance`],
+//! [`sink_conformance`]), waiting helpers ([`wait`]) and test logging ([`init_tracing`]).
 //!
 //! Typical integration test:
 //!
@@ -15,13 +16,15 @@
 //! }
 //! ```
 //!
-//! `scripts/test.sh` starts one PostgreSQL and one NATS server for the whole run and passes
-//! them through `OUTBOX_TEST_DATABASE_URL` and `OUTBOX_TEST_NATS_URL`; without them, each test
+//! `scripts/test.sh` starts one server of each kind for the whole run and passes them through
+//! `OUTBOX_TEST_DATABASE_URL`, `OUTBOX_TEST_NATS_URL`, `OUTBOX_TEST_REDIS_URL`,
+//! `OUTBOX_TEST_AMQP_URL` (and the others named in [`services`]); without them, each test
 //! process starts its own on first use.
 
 pub mod conformance;
 pub mod faults;
 pub mod services;
+pub mod sink_conformance;
 pub mod wait;
 
 use std::sync::{Mutex, MutexGuard, Once, PoisonError};

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use async_nats::jetstream;
-use outbox_testkit::services::{HttpReceiver, Nats, Postgres};
+use outbox_testkit::services::{HttpReceiver, Nats, Postgres, RabbitMq, Redis};
 use sqlx::Connection;
 use sqlx::postgres::PgConnection;
 
@@ -221,5 +221,55 @@ async fn http_receiver_stop_drops_open_connections() -> anyhow::Result<()> {
         result.is_err(),
         "a request in flight gets no answer: {result:?}"
     );
+    Ok(())
+}
+
+/// Sends one command over a raw connection (inline RESP) and returns the raw reply.
+async fn redis_command(redis: &Redis, command: &str) -> anyhow::Result<String> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", redis.port())).await?;
+    stream
+        .write_all(format!("{command}\r\n").as_bytes())
+        .await?;
+    let mut reply = vec![0u8; 4096];
+    let n = tokio::time::timeout(WAIT, stream.read(&mut reply)).await??;
+    Ok(String::from_utf8_lossy(&reply[..n]).into_owned())
+}
+
+#[tokio::test]
+async fn private_redis_keeps_its_streams_across_stop_and_restart() -> anyhow::Result<()> {
+    let redis = Redis::start().await?;
+    let reply = redis_command(&redis, "XADD kept * f 1").await?;
+    assert!(reply.starts_with('$'), "XADD answered {reply:?}");
+    let reply = redis_command(&redis, "CONFIG GET proto-max-bulk-len").await?;
+    assert!(
+        reply.contains(&Redis::MAX_BULK_LEN.to_string()),
+        "CONFIG GET answered {reply:?}"
+    );
+
+    redis.stop().await?;
+    assert!(!redis.is_running());
+    assert!(
+        redis_command(&redis, "PING").await.is_err(),
+        "connections are refused while stopped"
+    );
+    redis.restart().await?;
+    assert_eq!(redis_command(&redis, "XLEN kept").await?, ":1\r\n");
+    assert!(Redis::shared().await?.url() != redis.url());
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_shared_redis_and_rabbitmq_cannot_be_stopped() -> anyhow::Result<()> {
+    let redis = Redis::shared().await?;
+    let err = redis.stop().await.expect_err("shared");
+    assert!(err.to_string().contains("Redis::start()"), "{err}");
+    assert!(redis_command(redis, "PING").await?.starts_with("+PONG"));
+
+    let rabbitmq = RabbitMq::shared().await?;
+    let err = rabbitmq.restart().await.expect_err("shared");
+    assert!(err.to_string().contains("RabbitMq::start()"), "{err}");
+    assert!(rabbitmq.url().starts_with("amqp://"), "{}", rabbitmq.url());
+    assert!(rabbitmq.is_running());
     Ok(())
 }

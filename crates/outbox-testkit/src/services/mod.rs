@@ -1,18 +1,28 @@
-//! Real servers for integration tests, on 127.0.0.1: [`Postgres`], [`Nats`] (JetStream) and
-//! [`HttpReceiver`] (a recording webhook endpoint).
+//! Real servers for integration tests, on 127.0.0.1: [`Postgres`], [`Nats`] (JetStream),
+//! [`Redis`], [`RabbitMq`], `Kafka` (tansu; feature `kafka`) and [`HttpReceiver`] (a recording
+//! webhook endpoint).
 //!
 //! Servers are started from the installed binaries (no Docker). Each has a *shared* instance
 //! per test process, which honours an environment variable naming an existing server
-//! ([`DATABASE_URL_ENV`], [`NATS_URL_ENV`]; `scripts/test.sh` starts one of each for the whole
-//! run), and *private* instances owned by one test, which may stop and restart them to
-//! simulate outages. Every server this process starts dies with it, even when the process is
-//! killed: a watchdog shell polls the test process and stops the server once it is gone.
+//! ([`DATABASE_URL_ENV`], [`NATS_URL_ENV`], [`REDIS_URL_ENV`], [`AMQP_URL_ENV`];
+//! `scripts/test.sh` starts one of each for the whole run), and *private* instances owned by
+//! one test, which may stop and restart them to simulate outages. Every server this process
+//! starts dies with it, even when the process is killed: a watchdog shell polls the test
+//! process and stops the server once it is gone.
 
 mod http;
+#[cfg(feature = "kafka")]
+mod kafka;
 mod nats;
 mod postgres;
 mod process;
+mod rabbitmq;
+mod redis;
 
 pub use http::{HttpReceiver, Request};
+#[cfg(feature = "kafka")]
+pub use kafka::{KAFKA_BROKERS_ENV, Kafka, TANSU_BIN_ENV, find_tansu};
 pub use nats::{NATS_URL_ENV, Nats};
 pub use postgres::{DATABASE_URL_ENV, Postgres};
+pub use rabbitmq::{AMQP_URL_ENV, RabbitMq};
+pub use redis::{REDIS_URL_ENV, Redis};

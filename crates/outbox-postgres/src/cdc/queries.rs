@@ -1,0 +1,84 @@
+//! The CDC queries, rendered once for one outbox table and publication.
+//!
+//! Table placeholders go through [`crate::sql::render`] like every other query. The one
+//! placeholder it does not know, `{{publication}}`, is filled first with the validated,
+//! double-quoted publication [`Identifier`]; nothing else is substituted.
+
+use std::sync::Arc;
+
+use outbox_core::{Identifier, QualifiedTable};
+
+use crate::sql::render;
+
+macro_rules! query_file {
+    ($name:literal) => {
+        include_str!(concat!("../../queries/", $name, ".sql"))
+    };
+}
+
+/// The slot as the server sees it; `$1` = slot name.
+pub(crate) const SLOT_STATUS: &str = query_file!("replication_slot_status");
+/// Creates the slot; `$1` = slot name.
+pub(crate) const SLOT_CREATE: &str = query_file!("replication_slot_create");
+/// The publication's state; `$1` publication, `$2` schema, `$3` table.
+pub(crate) const PUBLICATION_STATUS: &str = query_file!("publication_status");
+/// Whether the transactions `$1` (xids) are visible to a new snapshot.
+pub(crate) const TRANSACTION_VISIBLE: &str = query_file!("transaction_visible");
+
+/// Every table-bound CDC query, rendered.
+#[derive(Debug, Clone)]
+pub(crate) struct CdcQueries {
+    pub(crate) dead_letter: Arc<str>,
+    pub(crate) dead_insert: Arc<str>,
+    pub(crate) dead_aggregates: Arc<str>,
+    pub(crate) dead_of_aggregate: Arc<str>,
+    pub(crate) backlog: Arc<str>,
+    pub(crate) publication_create: Arc<str>,
+    pub(crate) publication_add_table: Arc<str>,
+}
+
+impl CdcQueries {
+    pub(crate) fn new(table: &QualifiedTable, publication: &Identifier) -> Self {
+        let r = |t: &str| -> Arc<str> {
+            render(&t.replace("{{publication}}", &publication.quoted()), table).into()
+        };
+        Self {
+            dead_letter: r(query_file!("outbox_cdc_dead_letter")),
+            dead_insert: r(query_file!("outbox_cdc_dead_insert")),
+            dead_aggregates: r(query_file!("outbox_cdc_dead_aggregates")),
+            dead_of_aggregate: r(query_file!("outbox_cdc_dead_of_aggregate")),
+            backlog: r(query_file!("outbox_cdc_backlog")),
+            publication_create: r(query_file!("outbox_publication_create")),
+            publication_add_table: r(query_file!("outbox_publication_add_table")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_cdc_query_renders_with_quoted_identifiers_only() {
+        let table = QualifiedTable::new(
+            Some(Identifier::new("app").expect("valid")),
+            Identifier::new("events").expect("valid"),
+        );
+        let q = CdcQueries::new(&table, &Identifier::new("pub1").expect("valid"));
+        for sql in [
+            &q.dead_letter,
+            &q.dead_insert,
+            &q.dead_aggregates,
+            &q.dead_of_aggregate,
+            &q.backlog,
+            &q.publication_create,
+            &q.publication_add_table,
+        ] {
+            assert!(!sql.contains("{{"), "{sql}");
+        }
+        assert!(
+            q.publication_create
+                .contains("CREATE PUBLICATION \"pub1\" FOR TABLE \"app\".\"events\"")
+        );
+    }
+}

@@ -1,0 +1,307 @@
+//! The publication and the replication slot: created by `outbox migrate` (see
+//! [`setup_cdc`]), checked before streaming, and inspected for `status` and the slot-lag
+//! metric.
+//!
+//! Why `migrate` and not the relay's first start: a slot sees only what commits after it
+//! exists. Events written between `migrate` and a relay's first start would never be streamed
+//! if the relay created the slot. So the slot exists from the moment the table can receive
+//! events, and a relay that finds it missing stops with an error instead of quietly creating
+//! a new one past a gap (docs/cdc.md#recovering-a-lost-slot).
+
+use outbox_core::{SourceError, SourceErrorKind};
+use sqlx::{PgPool, Row};
+
+use super::queries::{CdcQueries, PUBLICATION_STATUS, SLOT_CREATE, SLOT_STATUS};
+use crate::config::PostgresConfig;
+use crate::error::classify;
+
+/// What [`setup_cdc`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CdcSetupReport {
+    /// The publication was created by this call.
+    pub publication_created: bool,
+    /// The outbox table was added to an existing publication.
+    pub publication_table_added: bool,
+    /// The slot was created by this call.
+    pub slot_created: bool,
+    /// The slot's confirmed flush LSN (where streaming resumes).
+    pub slot_lsn: Option<String>,
+}
+
+/// Why setting up CDC failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CdcSetupError {
+    /// Creating or altering the publication failed (it needs ownership of the table).
+    #[error("setting up publication `{publication}` for {table} failed")]
+    Publication {
+        /// The publication.
+        publication: String,
+        /// The outbox table.
+        table: String,
+        /// The database error.
+        #[source]
+        source: sqlx::Error,
+    },
+    /// Creating or reading the slot failed (creating needs the REPLICATION attribute and
+    /// `wal_level = logical`).
+    #[error("setting up replication slot `{slot}` failed")]
+    Slot {
+        /// The slot.
+        slot: String,
+        /// The database error.
+        #[source]
+        source: sqlx::Error,
+    },
+    /// A slot of that name exists but cannot serve this outbox.
+    #[error("replication slot `{slot}` exists but {reason}; pick another source.slot or drop it")]
+    Mismatch {
+        /// The slot.
+        slot: String,
+        /// What does not fit.
+        reason: String,
+    },
+}
+
+impl CdcSetupError {
+    /// Whether retrying may help ([`SourceErrorKind::Unavailable`]) or not.
+    pub fn kind(&self) -> SourceErrorKind {
+        match self {
+            Self::Publication { source, .. } | Self::Slot { source, .. } => classify(source),
+            Self::Mismatch { .. } => SourceErrorKind::Fatal,
+        }
+    }
+}
+
+/// The slot as the server reports it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct SlotStatus {
+    /// Slot name.
+    pub slot: String,
+    /// A session streams from it (the active relay).
+    pub active: bool,
+    /// That session's backend pid.
+    pub active_pid: Option<i32>,
+    /// `reserved`, `extended`, `unreserved` or `lost` (invalidated: it can no longer stream).
+    pub wal_status: Option<String>,
+    /// Where streaming resumes.
+    pub confirmed_flush_lsn: Option<String>,
+    /// WAL after the confirmed position, bytes (the metric
+    /// `outbox_replication_slot_retained_wal_bytes`).
+    pub retained_wal_bytes: Option<i64>,
+    /// WAL the server keeps on disk for the slot (from its restart LSN), bytes.
+    pub restart_lag_bytes: Option<i64>,
+    /// Bytes that may still be written before the slot is invalidated
+    /// (`max_slot_wal_keep_size`); `None` when unlimited.
+    pub safe_wal_size: Option<i64>,
+}
+
+impl SlotStatus {
+    /// True when the server invalidated the slot.
+    pub fn is_lost(&self) -> bool {
+        self.wal_status.as_deref() == Some("lost")
+    }
+}
+
+struct SlotRow {
+    status: SlotStatus,
+    plugin: Option<String>,
+    slot_type: String,
+    database: Option<String>,
+}
+
+async fn read_slot(pool: &PgPool, slot: &str) -> Result<Option<SlotRow>, sqlx::Error> {
+    let Some(r) = sqlx::query(SLOT_STATUS)
+        .bind(slot)
+        .fetch_optional(pool)
+        .await?
+    else {
+        return Ok(None);
+    };
+    Ok(Some(SlotRow {
+        plugin: r.try_get("plugin")?,
+        slot_type: r.try_get("slot_type")?,
+        database: r.try_get("database")?,
+        status: SlotStatus {
+            slot: slot.to_owned(),
+            active: r.try_get("active")?,
+            active_pid: r.try_get("active_pid")?,
+            wal_status: r.try_get("wal_status")?,
+            confirmed_flush_lsn: r.try_get("confirmed_flush_lsn")?,
+            retained_wal_bytes: r.try_get("retained_wal_bytes")?,
+            restart_lag_bytes: r.try_get("restart_lag_bytes")?,
+            safe_wal_size: r.try_get("safe_wal_size")?,
+        },
+    }))
+}
+
+/// Reads the slot's status; `None` when it does not exist.
+pub async fn slot_status(pool: &PgPool, slot: &str) -> Result<Option<SlotStatus>, sqlx::Error> {
+    Ok(read_slot(pool, slot).await?.map(|r| r.status))
+}
+
+fn mismatch(row: &SlotRow, database: &str) -> Option<String> {
+    if row.slot_type != "logical" {
+        return Some(format!("is a {} slot, not a logical one", row.slot_type));
+    }
+    if row.plugin.as_deref() != Some("pgoutput") {
+        return Some(format!(
+            "uses the output plugin `{}`, not `pgoutput`",
+            row.plugin.as_deref().unwrap_or("?")
+        ));
+    }
+    if row.database.as_deref() != Some(database) {
+        return Some(format!(
+            "belongs to database `{}`, not `{database}`",
+            row.database.as_deref().unwrap_or("?")
+        ));
+    }
+    None
+}
+
+/// Creates the CDC publication (inserts of the outbox table) and the `pgoutput` slot when
+/// they do not exist; idempotent and safe to run concurrently. Run it after the table's own
+/// migration (`outbox migrate` does both when `source.mode = "cdc"`).
+pub async fn setup_cdc(
+    pool: &PgPool,
+    config: &PostgresConfig,
+) -> Result<CdcSetupReport, CdcSetupError> {
+    let table = config.qualified_table();
+    let queries = CdcQueries::new(&table, &config.publication);
+    let publication = config.publication.as_str();
+    let slot = config.slot.as_str();
+    let pub_err = |source| CdcSetupError::Publication {
+        publication: publication.to_owned(),
+        table: table.to_string(),
+        source,
+    };
+    let slot_err = |source| CdcSetupError::Slot {
+        slot: slot.to_owned(),
+        source,
+    };
+    let mut report = CdcSetupReport {
+        publication_created: false,
+        publication_table_added: false,
+        slot_created: false,
+        slot_lsn: None,
+    };
+    let existing = sqlx::query(PUBLICATION_STATUS)
+        .bind(publication)
+        .bind(config.schema.as_str())
+        .bind(config.table.as_str())
+        .fetch_optional(pool)
+        .await
+        .map_err(pub_err)?;
+    match existing {
+        None => match sqlx::query(crate::sql::stmt(&queries.publication_create))
+            .execute(pool)
+            .await
+        {
+            Ok(_) => report.publication_created = true,
+            // Created concurrently by another `migrate`: fine.
+            Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("42710") => {}
+            Err(e) => return Err(pub_err(e)),
+        },
+        Some(row) => {
+            let has_table: bool = row.try_get("has_table").map_err(pub_err)?;
+            if !has_table {
+                sqlx::query(crate::sql::stmt(&queries.publication_add_table))
+                    .execute(pool)
+                    .await
+                    .map_err(pub_err)?;
+                report.publication_table_added = true;
+            }
+        }
+    }
+    let database: String = sqlx::query_scalar("SELECT current_database()")
+        .fetch_one(pool)
+        .await
+        .map_err(slot_err)?;
+    if read_slot(pool, slot).await.map_err(slot_err)?.is_none() {
+        match sqlx::query(SLOT_CREATE).bind(slot).execute(pool).await {
+            Ok(_) => report.slot_created = true,
+            Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("42710") => {}
+            Err(e) => return Err(slot_err(e)),
+        }
+    }
+    let row = read_slot(pool, slot)
+        .await
+        .map_err(slot_err)?
+        .ok_or_else(|| CdcSetupError::Mismatch {
+            slot: slot.to_owned(),
+            reason: "vanished right after it was created".into(),
+        })?;
+    if let Some(reason) = mismatch(&row, &database) {
+        return Err(CdcSetupError::Mismatch {
+            slot: slot.to_owned(),
+            reason,
+        });
+    }
+    report.slot_lsn = row.status.confirmed_flush_lsn;
+    Ok(report)
+}
+
+/// What the relay found before streaming.
+#[derive(Debug)]
+pub(crate) struct Readiness {
+    /// Another session streams from the slot.
+    pub(crate) busy: bool,
+}
+
+/// Checks that the slot and the publication can serve this outbox; a missing or invalidated
+/// slot is a fatal error with the recovery in its message.
+pub(crate) async fn check(
+    pool: &PgPool,
+    config: &PostgresConfig,
+) -> Result<Readiness, SourceError> {
+    let slot = config.slot.as_str();
+    let db = |context: &str, e: sqlx::Error| {
+        SourceError::new(classify(&e), context.to_owned()).with_source(e)
+    };
+    let row = read_slot(pool, slot)
+        .await
+        .map_err(|e| db("reading the replication slot", e))?
+        .ok_or_else(|| {
+            SourceError::fatal(format!(
+                "replication slot `{slot}` does not exist; run `outbox migrate` with source.mode = \"cdc\" first (if it was dropped while events were written, see docs/cdc.md#recovering-a-lost-slot)"
+            ))
+        })?;
+    let database: String = sqlx::query_scalar("SELECT current_database()")
+        .fetch_one(pool)
+        .await
+        .map_err(|e| db("reading the database name", e))?;
+    if let Some(reason) = mismatch(&row, &database) {
+        return Err(SourceError::fatal(format!(
+            "replication slot `{slot}` {reason}; pick another source.slot"
+        )));
+    }
+    if row.status.is_lost() {
+        return Err(SourceError::fatal(format!(
+            "replication slot `{slot}` was invalidated by the server (wal_status = lost: it retained more WAL than max_slot_wal_keep_size); events committed since its confirmed position {} may not have been delivered; recover as in docs/cdc.md#recovering-a-lost-slot",
+            row.status.confirmed_flush_lsn.as_deref().unwrap_or("?")
+        )));
+    }
+    let publication = config.publication.as_str();
+    let p = sqlx::query(PUBLICATION_STATUS)
+        .bind(publication)
+        .bind(config.schema.as_str())
+        .bind(config.table.as_str())
+        .fetch_optional(pool)
+        .await
+        .map_err(|e| db("reading the publication", e))?;
+    let ok = match &p {
+        Some(r) => {
+            r.try_get::<bool, _>("pubinsert").unwrap_or(false)
+                && r.try_get::<bool, _>("has_table").unwrap_or(false)
+        }
+        None => false,
+    };
+    if !ok {
+        return Err(SourceError::fatal(format!(
+            "publication `{publication}` does not exist or does not publish inserts of {}; run `outbox migrate` with source.mode = \"cdc\"",
+            config.qualified_table()
+        )));
+    }
+    Ok(Readiness {
+        busy: row.status.active,
+    })
+}

@@ -1,0 +1,706 @@
+//! [`PgCdcSource`]: the outbox as a logical-replication stream.
+//!
+//! One source streams from the slot; the server refuses a second `START_REPLICATION` on an
+//! active slot, and that refusal is the standby mechanism: other relays' sources find the
+//! slot busy, return no events, and try again every [`STANDBY_RETRY`]. When the active relay
+//! dies its connection closes, the server releases the slot, and a standby starts streaming at
+//! its next try.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::Ordering as AtomicOrdering;
+use std::time::Duration;
+
+use futures::FutureExt;
+use outbox_core::source::{Fetched, Outcome, Settlement};
+use outbox_core::{DeadLetterPolicy, Ordering, Source, SourceError};
+use sqlx::types::Json;
+use sqlx::{PgPool, Row};
+use time::OffsetDateTime;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use uuid::Uuid;
+
+use super::decode::{Decoder, Step};
+use super::inspect::{CdcStats, PgCdcInspector};
+use super::ledger::{Entry, Ledger, Origin};
+use super::queries::{CdcQueries, TRANSACTION_VISIBLE};
+use super::slot;
+use super::stream::{Endpoint, OpenError, Stream, wire_error};
+use crate::config::PostgresConfig;
+use crate::error::source_error;
+use crate::sql::stmt;
+
+/// How often a standby tries to take the slot over.
+pub const STANDBY_RETRY: Duration = Duration::from_secs(1);
+
+/// Events kept in memory (received, not yet settled for good) before the source stops reading
+/// the stream; the server then waits (TCP backpressure). A single transaction is always read
+/// whole, since its events exist only at its commit.
+const MAX_BUFFERED: usize = 50_000;
+
+/// Longest wait for a streamed transaction to become visible to queries.
+const VISIBILITY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Reads the outbox over logical replication (`source.mode = "cdc"`).
+///
+/// Delivery contract (the [`Source`] contract, plus):
+/// - Events come in commit (WAL) order; `ordering = "total"` holds with one active relay.
+/// - An event's [`outbox_core::Position`] is a counter this source assigns; the source maps
+///   it to its transaction's commit LSN.
+/// - The slot's confirmed position advances only over the contiguous prefix of transactions
+///   whose every event was delivered or dead-lettered. After a crash (`kill -9`) the stream
+///   resumes there: nothing is lost, the unconfirmed tail is published again.
+/// - Retried and released events wait in memory and come back in order; retry counts live
+///   in memory too and restart from zero after a restart.
+/// - A clean shutdown (dropping the source) sends a final standby status update; wait for it
+///   with [`PgCdcSource::closed`].
+pub struct PgCdcSource {
+    pool: PgPool,
+    config: PostgresConfig,
+    endpoint: Endpoint,
+    queries: Arc<CdcQueries>,
+    table: String,
+    ordering: Ordering,
+    hold: bool,
+    stream: Option<Stream>,
+    decoder: Decoder,
+    ledger: Ledger,
+    /// Confirmed LSN last handed to the stream.
+    reported: u64,
+    /// Aggregates known to have dead letters (checked against the table before use).
+    dead: HashSet<(String, String)>,
+    next_attempt: Instant,
+    standing_by: bool,
+    /// A stream failure seen in `wait_for_events`, returned by the next `fetch`.
+    failure: Option<SourceError>,
+    /// After (re)starting: the server's flushed WAL position at the start. Until the stream
+    /// has passed it, `fetch` waits for it, so the first batch holds what was committed
+    /// before the start.
+    catch_up: Option<u64>,
+    stats: Arc<CdcStats>,
+    closed_tx: Option<watch::Sender<()>>,
+    closed_rx: watch::Receiver<()>,
+}
+
+impl std::fmt::Debug for PgCdcSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgCdcSource")
+            .field("table", &self.table)
+            .field("slot", &self.config.slot.as_str())
+            .field("streaming", &self.stream.is_some())
+            .field("confirmed", &self.ledger.confirmed())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Resolves when a dropped [`PgCdcSource`] has closed its replication session (after the
+/// final standby status update).
+#[derive(Debug, Clone)]
+pub struct CdcClosed(watch::Receiver<()>);
+
+impl CdcClosed {
+    /// Waits until the source is dropped and its session closed.
+    pub async fn wait(mut self) {
+        while self.0.changed().await.is_ok() {}
+    }
+}
+
+impl PgCdcSource {
+    /// A source over `config`'s table, slot and publication. `pool` serves dead-lettering
+    /// and slot checks; the replication session opens on the first `fetch`.
+    pub fn new(
+        pool: PgPool,
+        config: &PostgresConfig,
+        ordering: Ordering,
+        dead_letter: DeadLetterPolicy,
+    ) -> Result<Self, SourceError> {
+        let endpoint = Endpoint::new(config).map_err(SourceError::fatal)?;
+        let table = config.qualified_table();
+        let (closed_tx, closed_rx) = watch::channel(());
+        Ok(Self {
+            pool,
+            config: config.clone(),
+            endpoint,
+            queries: Arc::new(CdcQueries::new(&table, &config.publication)),
+            table: table.to_string(),
+            ordering,
+            hold: dead_letter == DeadLetterPolicy::HoldAggregate && ordering != Ordering::None,
+            stream: None,
+            decoder: Decoder::new(
+                config.schema.as_str(),
+                config.table.as_str(),
+                &config.message_prefix,
+            ),
+            ledger: Ledger::new(0),
+            reported: 0,
+            dead: HashSet::new(),
+            next_attempt: Instant::now(),
+            standing_by: false,
+            failure: None,
+            catch_up: None,
+            stats: Arc::new(CdcStats::default()),
+            closed_tx: Some(closed_tx),
+            closed_rx,
+        })
+    }
+
+    /// An inspector that reports this source's in-memory backlog along with the slot.
+    pub fn inspector(&self) -> PgCdcInspector {
+        PgCdcInspector::with_stats(self.pool.clone(), &self.config, self.stats.clone())
+    }
+
+    /// A handle that resolves once this source, after being dropped, closed its session.
+    pub fn closed(&self) -> CdcClosed {
+        CdcClosed(self.closed_rx.clone())
+    }
+
+    /// True while this source holds the slot and streams from it.
+    pub fn is_streaming(&self) -> bool {
+        self.stream.is_some()
+    }
+
+    /// Drops the source at once without the final standby status update and without ending
+    /// the session cleanly, as a crash would (for fault-injection tests).
+    pub fn abort(mut self) {
+        if let Some(stream) = self.stream.take() {
+            stream.abort();
+        }
+    }
+
+    fn db_err(&self, context: &str, e: sqlx::Error) -> SourceError {
+        source_error(context, &self.table, e)
+    }
+
+    /// Opens the session if this source does not hold the slot yet. `Ok(false)`: standing by.
+    async fn ensure_streaming(&mut self) -> Result<bool, SourceError> {
+        if self.stream.is_some() {
+            return Ok(true);
+        }
+        if Instant::now() < self.next_attempt {
+            return Ok(false);
+        }
+        self.next_attempt = Instant::now() + STANDBY_RETRY;
+        let readiness = slot::check(&self.pool, &self.config).await?;
+        if readiness.busy {
+            self.note_standby();
+            return Ok(false);
+        }
+        let stream = match Stream::open(&self.endpoint, self.config.connect_timeout).await {
+            Ok(s) => s,
+            Err(OpenError::Busy) => {
+                self.note_standby();
+                return Ok(false);
+            }
+            Err(OpenError::Failed(e)) => return Err(e),
+        };
+        // The slot is ours now: nobody else can move it. Read where the stream resumes, and
+        // how far the server's WAL reaches.
+        let confirmed = self.read_confirmed().await?;
+        let flushed: i64 =
+            sqlx::query_scalar("SELECT (pg_current_wal_flush_lsn() - '0/0'::pg_lsn)::bigint")
+                .fetch_one(&self.pool)
+                .await
+                .map_err(|e| self.db_err("reading the WAL position", e))?;
+        self.catch_up = Some(flushed.max(0) as u64);
+        self.ledger.reset(confirmed);
+        self.reported = confirmed;
+        self.decoder = Decoder::new(
+            self.config.schema.as_str(),
+            self.config.table.as_str(),
+            &self.config.message_prefix,
+        );
+        self.load_dead().await?;
+        tracing::info!(
+            slot = self.config.slot.as_str(),
+            publication = self.config.publication.as_str(),
+            resume_at = %pgwire_replication::Lsn::from_u64(confirmed),
+            took_over = self.standing_by,
+            "streaming the outbox from the replication slot"
+        );
+        self.standing_by = false;
+        self.stream = Some(stream);
+        self.stats.streaming.store(true, AtomicOrdering::Relaxed);
+        Ok(true)
+    }
+
+    fn note_standby(&mut self) {
+        if !self.standing_by {
+            tracing::info!(
+                slot = self.config.slot.as_str(),
+                retry_every = ?STANDBY_RETRY,
+                "another relay streams from the replication slot; standing by"
+            );
+            self.standing_by = true;
+        }
+    }
+
+    async fn read_confirmed(&self) -> Result<u64, SourceError> {
+        let status = slot::slot_status(&self.pool, self.config.slot.as_str())
+            .await
+            .map_err(|e| self.db_err("reading the replication slot", e))?
+            .ok_or_else(|| SourceError::fatal("the replication slot vanished"))?;
+        let lsn = status.confirmed_flush_lsn.unwrap_or_default();
+        pgwire_replication::Lsn::parse(&lsn)
+            .map(|l| l.as_u64())
+            .map_err(|e| SourceError::fatal(format!("unreadable confirmed_flush_lsn `{lsn}`: {e}")))
+    }
+
+    async fn load_dead(&mut self) -> Result<(), SourceError> {
+        let rows = sqlx::query(stmt(&self.queries.dead_aggregates))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| self.db_err("reading dead-lettered aggregates", e))?;
+        self.dead = rows
+            .iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(|e| self.db_err("reading dead-lettered aggregates", e))?;
+        Ok(())
+    }
+
+    /// Ends the session after a failure; the next `fetch` reconnects and the stream resends
+    /// everything unconfirmed.
+    fn lost(&mut self, error: SourceError) -> SourceError {
+        self.stream = None;
+        self.stats.streaming.store(false, AtomicOrdering::Relaxed);
+        self.ledger.reset(self.ledger.confirmed());
+        self.next_attempt = Instant::now();
+        tracing::warn!(error = %outbox_core::relay::ErrorChain(&error), "replication stream lost; unconfirmed events will be streamed again");
+        error
+    }
+
+    /// Interprets one replication event. Returns true when a transaction committed.
+    fn apply(&mut self, event: pgwire_replication::ReplicationEvent) -> Result<bool, SourceError> {
+        let step = self.decoder.apply(event).map_err(|e| {
+            SourceError::fatal(format!(
+                "decoding the replication stream of {} failed",
+                self.table
+            ))
+            .with_source(e)
+        })?;
+        let (committed, reached) = match step {
+            Step::Nothing => (false, None),
+            Step::Committed {
+                events,
+                end_lsn,
+                xid,
+            } => {
+                self.ledger.commit(events, end_lsn, xid);
+                (true, Some(end_lsn))
+            }
+            Step::KeepAlive { wal_end } => {
+                if !self.decoder.in_transaction() {
+                    self.ledger.idle_confirm(wal_end);
+                }
+                (false, Some(wal_end))
+            }
+        };
+        if let (Some(barrier), Some(reached)) = (self.catch_up, reached)
+            && reached >= barrier
+        {
+            self.catch_up = None;
+        }
+        self.report_confirmed();
+        Ok(committed)
+    }
+
+    fn report_confirmed(&mut self) {
+        let confirmed = self.ledger.confirmed();
+        if confirmed > self.reported
+            && let Some(stream) = &self.stream
+        {
+            stream.confirm(confirmed);
+            self.reported = confirmed;
+        }
+    }
+
+    /// Reads what the stream has ready without waiting.
+    fn pump(&mut self) -> Result<(), SourceError> {
+        loop {
+            if self.ledger.unsettled() >= MAX_BUFFERED && !self.decoder.in_transaction() {
+                return Ok(());
+            }
+            let Some(stream) = self.stream.as_mut() else {
+                return Ok(());
+            };
+            match stream.recv().now_or_never() {
+                None => return Ok(()),
+                Some(received) => {
+                    self.receive(received)?;
+                }
+            }
+        }
+    }
+
+    /// Settles queued events of aggregates that have dead letters: an event that is itself
+    /// already dead (re-streamed after a restart) is dropped; with `hold-aggregate`, the
+    /// others are parked as dead letters behind it. An aggregate whose dead letters were
+    /// retried or purged is released.
+    async fn resolve_dead(&mut self, now: OffsetDateTime) -> Result<(), SourceError> {
+        let suspects = self.ledger.suspects(&self.dead);
+        if suspects.is_empty() {
+            return Ok(());
+        }
+        let xids: Vec<i64> = suspects
+            .iter()
+            .filter_map(|p| self.ledger.queued_mut(*p).map(|e| i64::from(e.xid)))
+            .collect();
+        self.wait_visible(xids).await?;
+        let mut groups: Vec<((String, String), Vec<i64>)> = Vec::new();
+        for position in suspects {
+            let Some(entry) = self.ledger.queued_mut(position) else {
+                continue;
+            };
+            let key = entry.aggregate();
+            match groups.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, positions)) => positions.push(position),
+                None => groups.push((key, vec![position])),
+            }
+        }
+        for (key, positions) in groups {
+            let dead_ids: Vec<Uuid> = sqlx::query_scalar(stmt(&self.queries.dead_of_aggregate))
+                .bind(&key.0)
+                .bind(&key.1)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(|e| self.db_err("reading the dead letters of an aggregate", e))?;
+            if dead_ids.is_empty() {
+                self.dead.remove(&key);
+                for p in positions {
+                    if let Some(e) = self.ledger.queued_mut(p) {
+                        e.checked = true;
+                    }
+                }
+                continue;
+            }
+            let mut park = Vec::new();
+            for p in positions {
+                let Some(entry) = self.ledger.queued_mut(p) else {
+                    continue;
+                };
+                if dead_ids.contains(&entry.event.id) {
+                    if let Some(entry) = self.ledger.remove_queued(p) {
+                        tracing::debug!(event_id = %entry.event.id, "skipping an event that is already dead-lettered");
+                        self.ledger.finish(&entry);
+                    }
+                } else if self.hold {
+                    let attempts = entry.event.attempts as i32;
+                    let reason = format!(
+                        "held: event {} of aggregate {}/{} is dead-lettered (dead_letter = \"hold-aggregate\"); retry them together, in order",
+                        dead_ids[0], key.0, key.1
+                    );
+                    park.push((entry.clone(), attempts, reason));
+                } else {
+                    entry.checked = true;
+                }
+            }
+            if !park.is_empty() {
+                self.write_dead(&park, now).await?;
+                for (entry, _, _) in &park {
+                    if let Some(entry) = self.ledger.remove_queued(entry.event.position.0) {
+                        self.ledger.finish(&entry);
+                    }
+                }
+                tracing::warn!(
+                    aggregate_type = %key.0,
+                    held = park.len(),
+                    "events parked as dead letters behind a dead letter of their aggregate"
+                );
+            }
+        }
+        self.report_confirmed();
+        Ok(())
+    }
+
+    /// Waits until the transactions `xids` are visible to new snapshots. The stream can
+    /// deliver a commit a moment before the committing session has published it; deciding
+    /// about dead letters on a snapshot without it could misjudge (or miss) its rows. Nothing
+    /// announces that moment, so this polls; it almost never has to wait.
+    async fn wait_visible(&self, mut xids: Vec<i64>) -> Result<(), SourceError> {
+        xids.sort_unstable();
+        xids.dedup();
+        if xids.is_empty() {
+            return Ok(());
+        }
+        let deadline = Instant::now() + VISIBILITY_TIMEOUT;
+        loop {
+            let visible: bool = sqlx::query_scalar(TRANSACTION_VISIBLE)
+                .bind(&xids)
+                .fetch_one(&self.pool)
+                .await
+                .map_err(|e| self.db_err("checking transaction visibility", e))?;
+            if visible {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(SourceError::unavailable(format!(
+                    "streamed transactions {xids:?} are still not visible after {VISIBILITY_TIMEOUT:?}"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
+    /// Records dead letters in one transaction: rows are updated, table-less events inserted.
+    async fn write_dead(
+        &self,
+        items: &[(Entry, i32, String)],
+        now: OffsetDateTime,
+    ) -> Result<(), SourceError> {
+        let (rows, messages): (Vec<_>, Vec<_>) =
+            items.iter().partition(|(e, _, _)| e.origin == Origin::Row);
+        let mut tx = self
+            .pool
+            .begin()
+            .await
+            .map_err(|e| self.db_err("dead-lettering events", e))?;
+        if !rows.is_empty() {
+            let ids: Vec<Uuid> = rows.iter().map(|(e, _, _)| e.event.id).collect();
+            let attempts: Vec<i32> = rows.iter().map(|(_, a, _)| *a).collect();
+            let reasons: Vec<&str> = rows.iter().map(|(_, _, r)| r.as_str()).collect();
+            sqlx::query(stmt(&self.queries.dead_letter))
+                .bind(&ids)
+                .bind(&attempts)
+                .bind(&reasons)
+                .bind(now)
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| self.db_err("dead-lettering events", e))?;
+        }
+        if !messages.is_empty() {
+            let ev = |i: usize| &messages[i].0.event;
+            let n = messages.len();
+            let ids: Vec<Uuid> = (0..n).map(|i| ev(i).id).collect();
+            let types: Vec<&str> = (0..n).map(|i| ev(i).aggregate_type.as_str()).collect();
+            let agg_ids: Vec<&str> = (0..n).map(|i| ev(i).aggregate_id.as_str()).collect();
+            let event_types: Vec<&str> = (0..n).map(|i| ev(i).event_type.as_str()).collect();
+            let payloads: Vec<&[u8]> = (0..n).map(|i| &ev(i).payload[..]).collect();
+            let headers: Vec<Json<serde_json::Map<String, serde_json::Value>>> = (0..n)
+                .map(|i| {
+                    Json(
+                        ev(i)
+                            .headers
+                            .iter()
+                            .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+                            .collect(),
+                    )
+                })
+                .collect();
+            let created: Vec<OffsetDateTime> = (0..n).map(|i| ev(i).created_at).collect();
+            let attempts: Vec<i32> = messages.iter().map(|(_, a, _)| *a).collect();
+            let reasons: Vec<&str> = messages.iter().map(|(_, _, r)| r.as_str()).collect();
+            sqlx::query(stmt(&self.queries.dead_insert))
+                .bind(&ids)
+                .bind(&types)
+                .bind(&agg_ids)
+                .bind(&event_types)
+                .bind(&payloads)
+                .bind(&headers)
+                .bind(&created)
+                .bind(&attempts)
+                .bind(&reasons)
+                .bind(now)
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| self.db_err("dead-lettering table-less events", e))?;
+        }
+        tx.commit()
+            .await
+            .map_err(|e| self.db_err("committing dead letters", e))
+    }
+
+    /// Right after the start: reads the stream until it passed the WAL position of the start
+    /// (everything committed before is then in memory), a batch is full, or
+    /// `source.connect_timeout` passed.
+    async fn wait_for_catch_up(&mut self, limit: usize) -> Result<(), SourceError> {
+        let deadline = Instant::now() + self.config.connect_timeout;
+        while self.catch_up.is_some()
+            && self.ledger.unsettled() < MAX_BUFFERED
+            && self
+                .ledger
+                .selectable(limit, OffsetDateTime::now_utc(), self.ordering)
+                .len()
+                < limit
+        {
+            let Some(stream) = self.stream.as_mut() else {
+                return Ok(());
+            };
+            let received = match tokio::time::timeout_at(deadline, stream.recv()).await {
+                Err(_) => {
+                    self.catch_up = None;
+                    return Ok(());
+                }
+                Ok(r) => r,
+            };
+            self.receive(received)?;
+        }
+        Ok(())
+    }
+
+    /// Applies one `recv` result; a failure ends the session.
+    fn receive(
+        &mut self,
+        received: Result<
+            Option<pgwire_replication::ReplicationEvent>,
+            pgwire_replication::PgWireError,
+        >,
+    ) -> Result<bool, SourceError> {
+        match received {
+            Ok(Some(event)) => self.apply(event).map_err(|e| self.lost(e)),
+            Ok(None) => Err(self.lost(SourceError::unavailable(
+                "the server ended the replication stream",
+            ))),
+            Err(e) => {
+                let e = wire_error("reading the replication stream", &e);
+                Err(self.lost(e))
+            }
+        }
+    }
+
+    fn publish_stats(&self) {
+        self.stats.publish(&self.ledger);
+    }
+}
+
+impl Source for PgCdcSource {
+    async fn fetch(&mut self, limit: usize, now: OffsetDateTime) -> Result<Fetched, SourceError> {
+        if let Some(e) = self.failure.take() {
+            return Err(e);
+        }
+        // A fetch without settle: the previous batch goes back untouched.
+        self.ledger.release_in_flight();
+        if !self.ensure_streaming().await? {
+            return Ok(Fetched::default());
+        }
+        self.pump()?;
+        if self.catch_up.is_some() {
+            self.wait_for_catch_up(limit).await?;
+        }
+        self.resolve_dead(now).await?;
+        let events = self.ledger.take(limit, now, self.ordering);
+        self.publish_stats();
+        Ok(Fetched {
+            more: events.len() >= limit,
+            events,
+        })
+    }
+
+    async fn settle(
+        &mut self,
+        settlements: &[Settlement],
+        now: OffsetDateTime,
+    ) -> Result<(), SourceError> {
+        // Dead letters first: the only part that can fail, and then nothing is recorded.
+        let dead: Vec<(Entry, i32, String)> = settlements
+            .iter()
+            .filter_map(|s| match &s.outcome {
+                Outcome::DeadLetter { reason } => self.ledger.in_flight(s.position.0).map(|e| {
+                    (
+                        e.clone(),
+                        i32::try_from(e.event.attempts + 1).unwrap_or(i32::MAX),
+                        reason.clone(),
+                    )
+                }),
+                _ => None,
+            })
+            .collect();
+        if !dead.is_empty() {
+            let xids = dead.iter().map(|(e, _, _)| i64::from(e.xid)).collect();
+            let written = match self.wait_visible(xids).await {
+                Ok(()) => self.write_dead(&dead, now).await,
+                Err(e) => Err(e),
+            };
+            if let Err(e) = written {
+                self.ledger.release_in_flight();
+                return Err(e);
+            }
+        }
+        for s in settlements {
+            let Some(mut entry) = self.ledger.take_in_flight(s.position.0) else {
+                continue; // settled already, or from before a reconnect
+            };
+            match &s.outcome {
+                Outcome::Delivered => {
+                    self.ledger.finish(&entry);
+                }
+                Outcome::DeadLetter { .. } => {
+                    if self.hold {
+                        let key = entry.aggregate();
+                        self.ledger.uncheck(&key);
+                        self.dead.insert(key);
+                    }
+                    self.ledger.finish(&entry);
+                }
+                Outcome::Retry { not_before, .. } => {
+                    entry.event.attempts += 1;
+                    entry.not_before = Some(*not_before);
+                    self.ledger.requeue(entry);
+                }
+                Outcome::Released => self.ledger.requeue(entry),
+            }
+        }
+        self.ledger.release_in_flight();
+        self.report_confirmed();
+        self.publish_stats();
+        Ok(())
+    }
+
+    async fn wait_for_events(&mut self, max: Duration) {
+        let mut deadline = Instant::now() + max;
+        if self.failure.is_some() {
+            return;
+        }
+        if self.stream.is_none() {
+            tokio::time::sleep_until(deadline.min(self.next_attempt)).await;
+            return;
+        }
+        let now = OffsetDateTime::now_utc();
+        if let Some(due) = self.ledger.next_due(now) {
+            let wait = (due - now).try_into().unwrap_or(Duration::ZERO);
+            deadline = deadline.min(Instant::now() + wait);
+        }
+        if !self.ledger.selectable(1, now, self.ordering).is_empty() {
+            return;
+        }
+        loop {
+            let Some(stream) = self.stream.as_mut() else {
+                return;
+            };
+            let received = match tokio::time::timeout_at(deadline, stream.recv()).await {
+                Err(_) => return,
+                Ok(r) => r,
+            };
+            match self.receive(received) {
+                Ok(true) => {
+                    let now = OffsetDateTime::now_utc();
+                    if !self.ledger.selectable(1, now, self.ordering).is_empty() {
+                        return;
+                    }
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    self.failure = Some(e);
+                    return;
+                }
+            }
+        }
+    }
+}
+
+impl Drop for PgCdcSource {
+    fn drop(&mut self) {
+        self.stats.streaming.store(false, AtomicOrdering::Relaxed);
+        let closed = self.closed_tx.take();
+        if let Some(stream) = self.stream.take()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            let confirmed = self.ledger.confirmed();
+            let (pool, slot) = (self.pool.clone(), self.config.slot.as_str().to_owned());
+            runtime.spawn(async move {
+                stream.close(confirmed, pool, slot).await;
+                drop(closed);
+            });
+        }
+    }
+}

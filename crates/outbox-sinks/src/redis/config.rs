@@ -1,0 +1,231 @@
+//! [`RedisConfig`]: the `[sink]` table for `kind = "redis"`.
+
+use std::fmt;
+use std::num::NonZeroUsize;
+use std::time::Duration;
+
+use outbox_core::{Destination, SinkError};
+use redis::IntoConnectionInfo as _;
+use serde::Deserialize;
+
+use super::RedisSink;
+use crate::ConfigError;
+use crate::secret::redact_url;
+
+/// Settings of the Redis Streams sink.
+///
+/// ```toml
+/// [sink]
+/// kind = "redis"
+/// url = "redis://127.0.0.1:6379"
+/// destination = "outbox.event.{aggregate_type}"   # the stream key
+/// maxlen = 1000000                                # XADD ... MAXLEN ~ 1000000
+/// ```
+///
+/// `Debug` shows the URL with its password masked.
+#[derive(Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RedisConfig {
+    /// Server URL: `redis://[[user]:password@]host[:port][/db]`, or
+    /// `redis+unix:///path/to/redis.sock[?db=N]`. TLS (`rediss://`) is not built in. The
+    /// password is never printed. Default `redis://127.0.0.1:6379`.
+    pub url: String,
+    /// Stream key template; may use `{aggregate_type}`, `{event_type}` and `{aggregate_id}`.
+    /// Default `outbox.event.{aggregate_type}`.
+    pub destination: Destination,
+    /// Trim each stream to about this many entries on every `XADD` (`MAXLEN ~ N`: Redis trims
+    /// whole macro nodes, so a stream may hold somewhat more). Unset: streams grow until
+    /// consumers trim them (`XTRIM`, `XDEL`). Trimming drops the oldest entries whether or not
+    /// every consumer group has read them.
+    pub maxlen: Option<NonZeroUsize>,
+    /// Largest payload (and header value) to send, in bytes. The server's own
+    /// `proto-max-bulk-len` (read with `CONFIG GET` when allowed, else Redis' default 512 MiB)
+    /// always applies; this can only lower it. Larger events are rejected (dead-lettered)
+    /// with their size and the limit. Default: the server's limit.
+    pub max_payload: Option<NonZeroUsize>,
+    /// Longest wait for the TCP connection and the Redis handshake. Default `5s`.
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// Longest wait for the answers to one pipelined batch (and to `PING`). No answer in time
+    /// counts as the server being unavailable. Default `10s`.
+    #[serde(with = "humantime_serde")]
+    pub response_timeout: Duration,
+}
+
+impl Default for RedisConfig {
+    fn default() -> Self {
+        Self {
+            url: "redis://127.0.0.1:6379".to_owned(),
+            destination: Destination::default(),
+            maxlen: None,
+            max_payload: None,
+            connect_timeout: Duration::from_secs(5),
+            response_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl fmt::Debug for RedisConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisConfig")
+            .field("url", &redact_url(&self.url))
+            .field("destination", &self.destination.template())
+            .field("maxlen", &self.maxlen)
+            .field("max_payload", &self.max_payload)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("response_timeout", &self.response_timeout)
+            .finish()
+    }
+}
+
+impl RedisConfig {
+    /// Checks every value without touching the network; the error names the key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.client().map(drop)
+    }
+
+    /// The client for `url` (parsing only; no connection is made).
+    pub(super) fn client(&self) -> Result<redis::Client, ConfigError> {
+        let url = self.url.trim();
+        if url.is_empty() {
+            return Err(ConfigError::new("url", "must not be empty"));
+        }
+        let shown = redact_url(url);
+        if url.starts_with("rediss://") {
+            return Err(ConfigError::new(
+                "url",
+                format!("`{shown}`: TLS (rediss://) is not supported by this build"),
+            ));
+        }
+        if !(url.starts_with("redis://")
+            || url.starts_with("redis+unix://")
+            || url.starts_with("unix://"))
+        {
+            return Err(ConfigError::new(
+                "url",
+                format!("`{shown}` must start with redis:// or redis+unix://"),
+            ));
+        }
+        let info = url.into_connection_info().map_err(|e| {
+            // The parser's message may quote the URL, password included: say only what kind
+            // of problem it is.
+            ConfigError::new(
+                "url",
+                format!("`{shown}` is not a valid Redis URL ({:?})", e.kind()),
+            )
+        })?;
+        for (key, value) in [
+            ("connect_timeout", self.connect_timeout),
+            ("response_timeout", self.response_timeout),
+        ] {
+            if value.is_zero() {
+                return Err(ConfigError::new(key, "must be greater than 0"));
+            }
+        }
+        let sample = self
+            .destination
+            .render(&crate::sample_event("Order", "o_1", "order.placed"));
+        if sample.is_empty() {
+            return Err(ConfigError::new(
+                "destination",
+                "renders to an empty stream key for a sample event",
+            ));
+        }
+        redis::Client::open(info).map_err(|e| {
+            ConfigError::new("url", format!("`{shown}` cannot be used ({:?})", e.kind()))
+        })
+    }
+
+    /// Validates, connects, and reads the server's argument size limit.
+    ///
+    /// Errors: an invalid config or refused credentials are
+    /// [`Rejected`](outbox_core::SinkErrorKind::Rejected) (retrying cannot help); an
+    /// unreachable server is [`Unavailable`](outbox_core::SinkErrorKind::Unavailable).
+    pub async fn build(self) -> Result<RedisSink, SinkError> {
+        let client = self
+            .client()
+            .map_err(|e| SinkError::rejected(e.to_string()))?;
+        RedisSink::connect(self, client).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<RedisConfig, toml::de::Error> {
+        toml::from_str(text)
+    }
+
+    #[test]
+    fn an_empty_table_gives_working_defaults() {
+        let config = parse("").expect("defaults");
+        assert_eq!(config, RedisConfig::default());
+        assert_eq!(config.validate(), Ok(()));
+        assert_eq!(config.url, "redis://127.0.0.1:6379");
+        assert_eq!(
+            config.destination.template(),
+            "outbox.event.{aggregate_type}"
+        );
+        assert_eq!(config.maxlen, None);
+    }
+
+    #[test]
+    fn every_field_parses_from_toml_and_the_password_never_prints() {
+        let config = parse(
+            r#"
+            url = "redis://app:s3cret@10.0.0.5:6380/2"
+            destination = "events:{aggregate_type}"
+            maxlen = 100000
+            max_payload = 65536
+            connect_timeout = "2s"
+            response_timeout = "30s"
+            "#,
+        )
+        .expect("valid toml");
+        assert_eq!(config.validate(), Ok(()));
+        assert_eq!(config.maxlen.map(NonZeroUsize::get), Some(100_000));
+        assert_eq!(config.response_timeout, Duration::from_secs(30));
+        let debug = format!("{config:?}");
+        assert!(!debug.contains("s3cret"), "{debug}");
+        assert!(debug.contains("redis://app:***@10.0.0.5:6380/2"), "{debug}");
+    }
+
+    #[test]
+    fn unknown_keys_are_rejected() {
+        let err = parse("stream = \"x\"").expect_err("unknown key");
+        assert!(err.to_string().contains("unknown field `stream`"), "{err}");
+    }
+
+    #[test]
+    fn zero_maxlen_is_refused_while_parsing() {
+        let err = parse("maxlen = 0").expect_err("zero");
+        assert!(err.to_string().contains("maxlen"), "{err}");
+    }
+
+    #[test]
+    fn validation_names_the_offending_key_without_the_password() {
+        let cases = [
+            ("url = \"\"", "sink.url: must not be empty"),
+            ("url = \"http://h\"", "sink.url: `http://h` must start with"),
+            ("url = \"rediss://h\"", "sink.url: `rediss://h`: TLS"),
+            (
+                "url = \"redis://:pw@h:notaport\"",
+                "sink.url: `redis://:***@h:notaport`",
+            ),
+            (
+                "connect_timeout = \"0s\"",
+                "sink.connect_timeout: must be greater than 0",
+            ),
+            (
+                "response_timeout = \"0s\"",
+                "sink.response_timeout: must be greater than 0",
+            ),
+        ];
+        for (text, expected) in cases {
+            let err = parse(text).expect("parses").validate().expect_err(text);
+            assert!(err.to_string().starts_with(expected), "{text}: {err}");
+            assert!(!err.to_string().contains("pw@"), "{err}");
+        }
+    }
+}
