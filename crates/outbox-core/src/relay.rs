@@ -311,7 +311,10 @@ impl<K: Sink> Relay<K> {
         let ordered = self.config.ordering != Ordering::None;
 
         for wave in waves {
-            let (wave, held): (Vec<Event>, Vec<Event>) = if sink_down.is_some() {
+            // With total order, the first event that is not delivered holds back everything
+            // after it in the batch, whatever its aggregate.
+            let total_halt = self.config.ordering == Ordering::Total && !failed.is_empty();
+            let (wave, held): (Vec<Event>, Vec<Event>) = if sink_down.is_some() || total_halt {
                 (Vec::new(), wave)
             } else if ordered && !failed.is_empty() {
                 wave.into_iter().partition(|e| {
@@ -517,6 +520,104 @@ mod tests {
             vec![vec![1, 2, 3, 4, 5, 6]]
         );
         assert_eq!(split_into_waves(batch, Ordering::Total).len(), 6);
+    }
+
+    /// Fails the events at the given positions (transiently) and records what it acknowledged.
+    struct FailAt(Vec<i64>, std::sync::Mutex<Vec<i64>>);
+
+    impl Sink for FailAt {
+        fn name(&self) -> &'static str {
+            "fail-at"
+        }
+        async fn publish(&self, batch: &[Event]) -> Result<Vec<Delivery>, SinkError> {
+            Ok(batch
+                .iter()
+                .map(|e| {
+                    if self.0.contains(&e.position.0) {
+                        Err(SinkError::transient("scripted"))
+                    } else {
+                        self.1.lock().expect("lock").push(e.position.0);
+                        Ok(())
+                    }
+                })
+                .collect())
+        }
+        async fn healthcheck(&self) -> Result<(), SinkError> {
+            Ok(())
+        }
+    }
+
+    async fn outcomes(
+        ordering: Ordering,
+        batch: Vec<Event>,
+        fail: Vec<i64>,
+    ) -> (Vec<i64>, Vec<(i64, &'static str)>) {
+        let sink = Arc::new(FailAt(fail, std::sync::Mutex::new(Vec::new())));
+        let relay = Relay::new(
+            RelayConfig {
+                ordering,
+                ..RelayConfig::default()
+            },
+            sink.clone(),
+        );
+        let (settlements, _, _) = relay
+            .publish_batch(batch, &relay.config.retry_policy(), &mut rand::rng())
+            .await;
+        let mut out: Vec<(i64, &'static str)> = settlements
+            .iter()
+            .map(|s| {
+                let kind = match s.outcome {
+                    Outcome::Delivered => "delivered",
+                    Outcome::Retry { .. } => "retry",
+                    Outcome::DeadLetter { .. } => "dead",
+                    Outcome::Released => "released",
+                };
+                (s.position.0, kind)
+            })
+            .collect();
+        out.sort();
+        let published = sink.1.lock().expect("lock").clone();
+        (published, out)
+    }
+
+    #[tokio::test]
+    async fn a_failure_holds_back_only_its_aggregate_with_per_aggregate_order() {
+        let batch = vec![ev("a", 1), ev("b", 2), ev("a", 3), ev("b", 4)];
+        let (published, out) = outcomes(Ordering::PerAggregate, batch, vec![1]).await;
+        assert_eq!(published, vec![2, 4]);
+        assert_eq!(
+            out,
+            vec![
+                (1, "retry"),
+                (2, "delivered"),
+                (3, "released"),
+                (4, "delivered")
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_failure_holds_back_everything_after_it_with_total_order() {
+        let batch = vec![ev("a", 1), ev("b", 2), ev("c", 3), ev("d", 4)];
+        let (published, out) = outcomes(Ordering::Total, batch, vec![2]).await;
+        assert_eq!(published, vec![1]);
+        assert_eq!(
+            out,
+            vec![
+                (1, "delivered"),
+                (2, "retry"),
+                (3, "released"),
+                (4, "released")
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn without_ordering_a_failure_holds_back_nothing() {
+        let batch = vec![ev("a", 1), ev("a", 2), ev("a", 3)];
+        let (published, out) = outcomes(Ordering::None, batch, vec![1]).await;
+        assert_eq!(published, vec![2, 3]);
+        assert_eq!(out, vec![(1, "retry"), (2, "delivered"), (3, "delivered")]);
     }
 
     #[test]
