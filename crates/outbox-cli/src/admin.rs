@@ -162,7 +162,7 @@ pub(crate) async fn status(config: &Config, json: bool) -> anyhow::Result<()> {
     );
     match b.delivered_last_minute {
         Some(n) => println!("  published (1 min)  {n}"),
-        None => println!("  published (1 min)  n/a (delivered rows are deleted)"),
+        None => println!("  published (1 min)  n/a (delivered rows are not kept)"),
     }
     if status.held_aggregates.is_empty() && status.producer_lock_waits.is_empty() {
         println!("  blocked            nothing holds delivery back");
