@@ -72,6 +72,7 @@ pub struct PgDeadLetters {
     pool: PgPool,
     queries: Arc<Queries>,
     table: String,
+    cdc: bool,
 }
 
 impl PgDeadLetters {
@@ -82,6 +83,7 @@ impl PgDeadLetters {
             pool,
             queries: Arc::new(Queries::new(&table)),
             table: table.to_string(),
+            cdc: config.mode == crate::Mode::Cdc,
         }
     }
 
@@ -152,14 +154,21 @@ impl PgDeadLetters {
         Ok(Some(detail))
     }
 
-    /// Puts the selected dead letters back in line; returns the ids that were dead.
+    /// Puts the selected dead letters back in line; returns the ids put back. In CDC mode the
+    /// rows are re-inserted (the publication streams inserts only), together with every other
+    /// dead row of their aggregates, in their original order.
     pub async fn retry(&self, selection: &RetrySelection) -> Result<Vec<Uuid>, SourceError> {
         let (ids, event_type, all) = match selection {
             RetrySelection::Ids(ids) => (Some(ids.clone()), None, false),
             RetrySelection::EventType(t) => (None, Some(t.clone()), false),
             RetrySelection::All => (None, None, true),
         };
-        sqlx::query_scalar(stmt(&self.queries.dead_retry))
+        let query = if self.cdc {
+            &self.queries.cdc_dead_restream
+        } else {
+            &self.queries.dead_retry
+        };
+        sqlx::query_scalar(stmt(query))
             .bind(ids)
             .bind(event_type)
             .bind(all)

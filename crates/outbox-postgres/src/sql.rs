@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use outbox_core::QualifiedTable;
+use outbox_core::{Identifier, QualifiedTable};
 
 /// Fills the placeholders of `template` for `table`.
 ///
@@ -15,6 +15,16 @@ use outbox_core::QualifiedTable;
 /// On an unknown placeholder or a malformed suffix: both are bugs in this crate's `.sql`
 /// files (covered by tests), never caused by input.
 pub(crate) fn render(template: &str, table: &QualifiedTable) -> String {
+    render_with(template, table, &[])
+}
+
+/// [`render`], plus named identifiers of other objects (`{{publication}}` for CDC): each is
+/// a validated [`Identifier`], written double-quoted.
+pub(crate) fn render_with(
+    template: &str,
+    table: &QualifiedTable,
+    named: &[(&str, &Identifier)],
+) -> String {
     let schema = table
         .schema
         .as_ref()
@@ -33,7 +43,10 @@ pub(crate) fn render(template: &str, table: &QualifiedTable) -> String {
             None => match placeholder {
                 "table" => out.push_str(&format!("{schema}.{}", table.table.quoted())),
                 "schema" => out.push_str(&schema),
-                other => panic!("unknown placeholder `{other}` in bundled SQL"),
+                other => match named.iter().find(|(name, _)| *name == other) {
+                    Some((_, id)) => out.push_str(&id.quoted()),
+                    None => panic!("unknown placeholder `{other}` in bundled SQL"),
+                },
             },
             Some((kind, suffix)) => {
                 assert!(
@@ -74,6 +87,7 @@ pub(crate) struct Queries {
     pub(crate) dead_show: Arc<str>,
     pub(crate) dead_retry: Arc<str>,
     pub(crate) dead_purge: Arc<str>,
+    pub(crate) cdc_dead_restream: Arc<str>,
 }
 
 macro_rules! query_file {
@@ -101,6 +115,7 @@ impl Queries {
             dead_show: r(query_file!("outbox_dead_show")),
             dead_retry: r(query_file!("outbox_dead_retry")),
             dead_purge: r(query_file!("outbox_dead_purge")),
+            cdc_dead_restream: r(query_file!("outbox_cdc_dead_restream")),
         }
     }
 }
@@ -154,6 +169,7 @@ mod tests {
             &q.dead_show,
             &q.dead_retry,
             &q.dead_purge,
+            &q.cdc_dead_restream,
         ] {
             assert!(!sql.contains("{{"), "{sql}");
         }

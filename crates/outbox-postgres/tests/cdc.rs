@@ -656,3 +656,49 @@ async fn cdc_setup_is_idempotent_and_publishes_inserts_only() -> anyhow::Result<
     ensure!(plugin == "pgoutput");
     Ok(())
 }
+
+/// `outbox dead retry` in CDC mode (`PgDeadLetters::retry`) re-streams the dead letter and the
+/// events parked behind it, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dead_letter_retry_restreams_the_aggregate_in_order() -> anyhow::Result<()> {
+    let h = CdcHarness::new().await?;
+    let sink = Arc::new(ScriptedSink::new());
+    let ids_written = write_each(&h, (0..3).map(|i| event("retried", i)).collect()).await?;
+    sink.fail(
+        Match::EventId(ids_written[0]),
+        SinkErrorKind::Rejected,
+        Times::Count(1),
+    );
+    let config = test_relay_config(Ordering::PerAggregate, DeadLetterPolicy::HoldAggregate, 3);
+    let relay = RunningRelay::start(
+        config,
+        sink.clone(),
+        vec![h.cdc_source(Ordering::PerAggregate, DeadLetterPolicy::HoldAggregate)?],
+    );
+    let pool = h.pool.clone();
+    outbox_testkit::wait::eventually(WAIT, || {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM outbox WHERE state = 'dead'")
+                .fetch_one(&pool)
+                .await
+                .unwrap_or(0)
+                == 3
+        }
+    })
+    .await
+    .context("the aggregate was not parked behind its dead letter")?;
+    let dead = outbox_postgres::PgDeadLetters::new(h.pool.clone(), &h.config);
+    let retried = dead
+        .retry(&outbox_postgres::RetrySelection::Ids(vec![ids_written[0]]))
+        .await?;
+    ensure!(retried.len() == 3, "re-streamed {retried:?}");
+    let published = sink.wait_for_published(3, WAIT).await?;
+    relay.stop().await?;
+    ensure!(
+        ids(&published) == ids_written,
+        "published {:?}",
+        ids(&published)
+    );
+    Ok(())
+}

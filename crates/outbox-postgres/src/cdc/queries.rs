@@ -1,14 +1,13 @@
 //! The CDC queries, rendered once for one outbox table and publication.
 //!
-//! Table placeholders go through [`crate::sql::render`] like every other query. The one
-//! placeholder it does not know, `{{publication}}`, is filled first with the validated,
-//! double-quoted publication [`Identifier`]; nothing else is substituted.
+//! Placeholders go through [`crate::sql::render_with`] like every other query; the
+//! publication is one more validated, double-quoted [`Identifier`] (`{{publication}}`).
 
 use std::sync::Arc;
 
 use outbox_core::{Identifier, QualifiedTable};
 
-use crate::sql::render;
+use crate::sql::render_with;
 
 macro_rules! query_file {
     ($name:literal) => {
@@ -39,9 +38,8 @@ pub(crate) struct CdcQueries {
 
 impl CdcQueries {
     pub(crate) fn new(table: &QualifiedTable, publication: &Identifier) -> Self {
-        let r = |t: &str| -> Arc<str> {
-            render(&t.replace("{{publication}}", &publication.quoted()), table).into()
-        };
+        let r =
+            |t: &str| -> Arc<str> { render_with(t, table, &[("publication", publication)]).into() };
         Self {
             dead_letter: r(query_file!("outbox_cdc_dead_letter")),
             dead_insert: r(query_file!("outbox_cdc_dead_insert")),
