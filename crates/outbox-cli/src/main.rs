@@ -115,8 +115,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 
 fn init_tracing(format: LogFormat, default_level: &str) {
     use tracing_subscriber::EnvFilter;
-    let filter =
-        EnvFilter::try_from_env("OUTBOX_LOG").unwrap_or_else(|_| EnvFilter::new(default_level));
+    let filter = EnvFilter::try_from_env("OUTBOX_LOG")
+        // sqlx logs every server NOTICE ("schema already exists, skipping") at info.
+        .unwrap_or_else(|_| EnvFilter::new(format!("{default_level},sqlx=warn")));
     // Colours only on a terminal: log files and journald get plain text.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()

@@ -12,7 +12,8 @@
 --
 -- `gap_seq`: for each claimed aggregate, the first earlier pending event that this batch does
 -- NOT hold (locked by another replica, or invisible to the held-check's snapshot). The relay
--- delivers only events before the gap; the rest are released untouched. Together with the
+-- delivers only events before the gap; the rest are released untouched. It is computed only
+-- when the batch is not the whole pending prefix (`no_gap`, below). Together with the
 -- insert trigger (seq order = commit order per aggregate) this keeps guarantee 3 with any
 -- number of replicas. See docs/ordering.md.
 WITH claimed AS MATERIALIZED (
@@ -34,9 +35,19 @@ WITH claimed AS MATERIALIZED (
     LIMIT $2
     FOR UPDATE OF o SKIP LOCKED
 ),
+-- Fast path: when every pending event up to the batch's last seq is in the batch, nothing can
+-- sit in a gap (the usual case with one relay, or replicas on different aggregates). Counting
+-- that range of *_pending_seq_idx is much cheaper than one probe per claimed aggregate.
+no_gap AS MATERIALIZED (
+    SELECT (SELECT count(*)
+            FROM {{table}} AS e
+            WHERE e.state = 'pending' AND e.seq <= (SELECT max(seq) FROM claimed))
+         = (SELECT count(*) FROM claimed) AS yes
+),
 held AS (
     SELECT aggregate_type, aggregate_id, max(seq) AS last_seq
     FROM claimed
+    WHERE NOT (SELECT yes FROM no_gap)
     GROUP BY aggregate_type, aggregate_id
 ),
 gaps AS (
@@ -53,5 +64,5 @@ gaps AS (
 SELECT c.seq, c.id, c.aggregate_type, c.aggregate_id, c.event_type, c.payload, c.headers,
        c.created_at, c.attempts, g.gap_seq
 FROM claimed AS c
-JOIN gaps AS g USING (aggregate_type, aggregate_id)
+LEFT JOIN gaps AS g USING (aggregate_type, aggregate_id)
 ORDER BY c.seq
