@@ -40,3 +40,10 @@ pub mod postgres {
 pub mod sqlite {
     pub use outbox_sqlite::*;
 }
+
+/// The consumer side (feature `inbox`): [`PgInbox`](inbox::PgInbox),
+/// [`SqliteInbox`](inbox::SqliteInbox) and the consumer loops; see `docs/inbox.md`.
+#[cfg(feature = "inbox")]
+pub mod inbox {
+    pub use outbox_inbox::*;
+}

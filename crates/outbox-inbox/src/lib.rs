@@ -1,0 +1,52 @@
+//! The consumer side of `outbox`: an idempotent inbox that turns at-least-once delivery into
+//! effectively-once processing, and ready consumer loops.
+//!
+//! The relay delivers every event **at least once**; after a crash it may deliver one twice.
+//! The inbox records `(consumer, event_id)` in a `processed_events` table **in the same
+//! transaction as the consumer's side effect**: a duplicate hits the primary key, inserts
+//! nothing, and the side effect is skipped; a failing handler rolls back both. See
+//! `docs/inbox.md` for the full contract and the retention rule.
+//!
+//! - [`PgInbox`] (PostgreSQL) and [`SqliteInbox`] (SQLite): `migrate`, `begin` (returns the
+//!   open transaction, or `None` for a duplicate), `process` (runs a handler in it),
+//!   `purge_older_than` (retention).
+//! - [`InboxMessage`]: a delivered message with the contract headers parsed back.
+//! - [`nats::JetStreamConsumer`] (feature `nats`): a durable pull-consumer loop.
+//! - HTTP, Redis, RabbitMQ and Kafka loops are not built yet (see `docs/inbox.md`).
+
+mod error;
+mod message;
+mod postgres;
+mod sql;
+mod sqlite;
+
+#[cfg(feature = "nats")]
+pub mod nats;
+
+pub use error::{InboxError, MigrateError, MigrationReport};
+pub use message::{InboxMessage, MessageError};
+pub use postgres::PgInbox;
+pub use sql::SCHEMA_VERSION;
+pub use sqlite::SqliteInbox;
+
+/// What became of one delivery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome<T> {
+    /// First delivery: the handler ran and its transaction committed with the dedup record.
+    Processed(T),
+    /// The consumer already processed this event: the handler was not called.
+    Duplicate,
+}
+
+impl<T> Outcome<T> {
+    /// True for [`Outcome::Duplicate`].
+    pub fn is_duplicate(&self) -> bool {
+        matches!(self, Self::Duplicate)
+    }
+}
+
+/// Default name of the inbox table.
+pub const DEFAULT_TABLE: &str = "processed_events";
+
+/// Rows deleted per statement by `purge_older_than`.
+pub const PURGE_BATCH: i64 = 5_000;

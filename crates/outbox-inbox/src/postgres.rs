@@ -1,0 +1,291 @@
+//! [`PgInbox`]: the inbox on PostgreSQL, with its migration and its own bookkeeping table
+//! (`<table>_migrations`, next to the inbox table).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use outbox_core::{Identifier, QualifiedTable};
+use sqlx::{Executor, PgConnection, PgExecutor, PgPool, Postgres, Transaction};
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+use crate::error::{InboxError, MigrateError, MigrationReport};
+use crate::sql::{self, PG_MIGRATIONS, Queries, SCHEMA_VERSION, render, stmt};
+use crate::{DEFAULT_TABLE, Outcome, PURGE_BATCH};
+
+const BOOKKEEPING: &str = "CREATE TABLE IF NOT EXISTS {{qname:_migrations}} (
+    version    integer     PRIMARY KEY,
+    name       text        NOT NULL,
+    checksum   text        NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+)";
+
+/// The inbox on one PostgreSQL table. Cheap to clone; create it once.
+///
+/// Two ways to use it, both with the side effect and the dedup record in one transaction:
+///
+/// ```no_run
+/// # async fn example(pool: sqlx::PgPool, id: uuid::Uuid) -> Result<(), Box<dyn std::error::Error>> {
+/// use futures::FutureExt as _;
+/// use outbox_inbox::{Outcome, PgInbox};
+///
+/// let inbox = PgInbox::default(); // public.processed_events
+/// inbox.migrate(&pool).await?;
+///
+/// // 1. The open transaction, or None for a duplicate: the simplest, and any code fits.
+/// if let Some(mut tx) = inbox.begin(&pool, "loyalty", id).await? {
+///     sqlx::query("UPDATE points SET n = n + 10 WHERE customer = 'c1'")
+///         .execute(&mut *tx).await?;
+///     tx.commit().await?; // dedup record and side effect, both or neither
+/// }
+///
+/// // 2. A handler run in the transaction; commit on Ok, roll back on Err.
+/// let outcome = inbox
+///     .process(&pool, "loyalty", id, |conn| {
+///         async move {
+///             sqlx::query("UPDATE points SET n = n + 10 WHERE customer = 'c1'")
+///                 .execute(conn).await?;
+///             Ok::<_, sqlx::Error>(())
+///         }
+///         .boxed()
+///     })
+///     .await?;
+/// assert!(matches!(outcome, Outcome::Processed(()) | Outcome::Duplicate));
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct PgInbox {
+    table: QualifiedTable,
+    queries: Arc<Queries>,
+}
+
+impl Default for PgInbox {
+    /// The table `public.processed_events`.
+    fn default() -> Self {
+        Self::new(QualifiedTable::new(
+            None,
+            Identifier::new(DEFAULT_TABLE).expect("a valid identifier"),
+        ))
+    }
+}
+
+impl PgInbox {
+    /// The inbox on `table`; a table without schema lives in `public`.
+    pub fn new(table: QualifiedTable) -> Self {
+        let schema = table
+            .schema
+            .clone()
+            .unwrap_or_else(|| Identifier::new("public").expect("a valid identifier"));
+        let table = QualifiedTable::new(Some(schema), table.table);
+        let queries = Arc::new(Queries::postgres(
+            table.schema.as_ref().expect("set above"),
+            &table.table,
+        ));
+        Self { table, queries }
+    }
+
+    /// The inbox table (always schema-qualified).
+    pub fn table(&self) -> &QualifiedTable {
+        &self.table
+    }
+
+    fn render(&self, template: &str) -> String {
+        render(template, self.table.schema.as_ref(), &self.table.table)
+    }
+
+    /// Creates or upgrades the inbox table. Idempotent and safe to run concurrently: one
+    /// transaction that first takes an advisory lock named after the table.
+    pub async fn migrate(&self, pool: &PgPool) -> Result<MigrationReport, MigrateError> {
+        let name = self.table.to_string();
+        let db = |source| MigrateError::Database {
+            table: name.clone(),
+            source,
+        };
+        let mut tx = pool.begin().await.map_err(db)?;
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+            .bind(format!("outbox inbox migrate {name}"))
+            .execute(&mut *tx)
+            .await
+            .map_err(db)?;
+        tx.execute(sqlx::AssertSqlSafe(
+            self.render("CREATE SCHEMA IF NOT EXISTS {{schema}}"),
+        ))
+        .await
+        .map_err(db)?;
+        tx.execute(sqlx::AssertSqlSafe(self.render(BOOKKEEPING)))
+            .await
+            .map_err(db)?;
+        let applied: Vec<(i32, String)> = sqlx::query_as(sqlx::AssertSqlSafe(
+            self.render("SELECT version, checksum FROM {{qname:_migrations}} ORDER BY version"),
+        ))
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(db)?;
+        if let Some((found, _)) = applied.iter().find(|(v, _)| *v > SCHEMA_VERSION) {
+            return Err(MigrateError::Newer {
+                table: name,
+                found: *found,
+            });
+        }
+        let mut report = MigrationReport {
+            applied: Vec::new(),
+            version: 0,
+        };
+        for m in PG_MIGRATIONS {
+            let expected = sql::checksum(m.sql);
+            if let Some((_, found)) = applied.iter().find(|(v, _)| *v == m.version) {
+                if *found != expected {
+                    return Err(MigrateError::Modified {
+                        table: name,
+                        version: m.version,
+                        found: found.clone(),
+                        expected,
+                    });
+                }
+                report.version = m.version;
+                continue;
+            }
+            tx.execute(sqlx::raw_sql(sqlx::AssertSqlSafe(self.render(m.sql))))
+                .await
+                .map_err(db)?;
+            sqlx::query(sqlx::AssertSqlSafe(self.render(
+                "INSERT INTO {{qname:_migrations}} (version, name, checksum) VALUES ($1, $2, $3)",
+            )))
+            .bind(m.version)
+            .bind(m.name)
+            .bind(&expected)
+            .execute(&mut *tx)
+            .await
+            .map_err(db)?;
+            tracing::info!(table = %name, version = m.version, migration = m.name, "applied inbox migration");
+            report.applied.push((m.version, m.name));
+            report.version = m.version;
+        }
+        tx.commit().await.map_err(db)?;
+        Ok(report)
+    }
+
+    /// Records `(consumer, event_id)` using `executor` (pass `&mut *tx` to use your own
+    /// transaction). `true` when recorded now, `false` for a duplicate, in which case the
+    /// caller must skip the side effect. Waits while another open transaction holds the
+    /// same key.
+    pub async fn record<'e, X: PgExecutor<'e>>(
+        &self,
+        executor: X,
+        consumer: &str,
+        event_id: Uuid,
+    ) -> Result<bool, sqlx::Error> {
+        let inserted = sqlx::query(stmt(&self.queries.insert))
+            .bind(consumer)
+            .bind(event_id)
+            .bind(OffsetDateTime::now_utc())
+            .fetch_optional(executor)
+            .await?;
+        Ok(inserted.is_some())
+    }
+
+    /// Begins a transaction and records `(consumer, event_id)` in it. `Some(tx)`: first
+    /// delivery; run the side effect in `tx` and commit it (dropping it rolls back both).
+    /// `None`: a duplicate; nothing is left open.
+    pub async fn begin(
+        &self,
+        pool: &PgPool,
+        consumer: &str,
+        event_id: Uuid,
+    ) -> Result<Option<Transaction<'static, Postgres>>, InboxError> {
+        let mut tx = pool.begin().await.map_err(InboxError::Database)?;
+        if self
+            .record(&mut *tx, consumer, event_id)
+            .await
+            .map_err(InboxError::Database)?
+        {
+            Ok(Some(tx))
+        } else {
+            tx.rollback().await.map_err(InboxError::Database)?;
+            Ok(None)
+        }
+    }
+
+    /// [`begin`](Self::begin), then `handler` on the transaction's connection, then commit.
+    /// A duplicate returns [`Outcome::Duplicate`] without calling `handler`; a handler error
+    /// rolls back the side effect and the dedup record together.
+    pub async fn process<T, E, F>(
+        &self,
+        pool: &PgPool,
+        consumer: &str,
+        event_id: Uuid,
+        handler: F,
+    ) -> Result<Outcome<T>, InboxError<E>>
+    where
+        F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<T, E>>,
+    {
+        let Some(mut tx) = self
+            .begin(pool, consumer, event_id)
+            .await
+            .map_err(InboxError::widen)?
+        else {
+            return Ok(Outcome::Duplicate);
+        };
+        match handler(&mut tx).await {
+            Ok(value) => {
+                tx.commit().await.map_err(InboxError::Database)?;
+                Ok(Outcome::Processed(value))
+            }
+            Err(e) => {
+                // Dropping would roll back too; rolling back now frees the key at once.
+                let _ = tx.rollback().await;
+                Err(InboxError::Handler(e))
+            }
+        }
+    }
+
+    /// Whether `consumer` has processed `event_id` (committed).
+    pub async fn contains(
+        &self,
+        pool: &PgPool,
+        consumer: &str,
+        event_id: Uuid,
+    ) -> Result<bool, InboxError> {
+        sqlx::query_scalar(stmt(&self.queries.contains))
+            .bind(consumer)
+            .bind(event_id)
+            .fetch_one(pool)
+            .await
+            .map_err(InboxError::Database)
+    }
+
+    /// Deletes the ids processed more than `age` ago, in batches; returns how many.
+    ///
+    /// Keep `age` well above the broker's redelivery window (the longest time a message can
+    /// come back: JetStream `ack_wait × max_deliver` plus backoff, the relay's retry horizon,
+    /// Kafka retention for a replay): an id purged before its last redelivery is processed
+    /// again.
+    pub async fn purge_older_than(&self, pool: &PgPool, age: Duration) -> Result<u64, InboxError> {
+        self.purge_before(pool, OffsetDateTime::now_utc() - age)
+            .await
+    }
+
+    /// Deletes the ids processed before `cutoff` (the clock as a parameter), in batches of
+    /// [`PURGE_BATCH`]; returns how many.
+    pub async fn purge_before(
+        &self,
+        pool: &PgPool,
+        cutoff: OffsetDateTime,
+    ) -> Result<u64, InboxError> {
+        let mut total = 0;
+        loop {
+            let n = sqlx::query(stmt(&self.queries.purge))
+                .bind(cutoff)
+                .bind(PURGE_BATCH)
+                .execute(pool)
+                .await
+                .map_err(InboxError::Database)?
+                .rows_affected();
+            total += n;
+            if n < PURGE_BATCH as u64 {
+                return Ok(total);
+            }
+        }
+    }
+}

@@ -1,0 +1,192 @@
+//! The one place where a configured schema or table name enters SQL, and the bundled
+//! migrations of both dialects.
+//!
+//! Queries and migrations live in `.sql` files with placeholders (`{{table}}`, `{{schema}}`,
+//! `{{name:_suffix}}`, `{{qname:_suffix}}`). [`render`] fills them from validated
+//! [`Identifier`]s, always double-quoted. Suffixes come from the `.sql` files shipped with
+//! this crate, never from input.
+
+use std::sync::Arc;
+
+use outbox_core::Identifier;
+
+/// Fills the placeholders of `template` for `table` in `schema` (`None` for SQLite, which
+/// has no schemas: names stay unqualified and `{{schema}}` is a bug).
+///
+/// # Panics
+/// On an unknown placeholder or a malformed suffix: both are bugs in this crate's `.sql`
+/// files (covered by tests), never caused by input.
+pub(crate) fn render(template: &str, schema: Option<&Identifier>, table: &Identifier) -> String {
+    let qualify = |name: String| match schema {
+        Some(s) => format!("{}.{name}", s.quoted()),
+        None => name,
+    };
+    let mut out = String::with_capacity(template.len() + 64);
+    let mut rest = template;
+    while let Some(start) = rest.find("{{") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 2..];
+        let end = after
+            .find("}}")
+            .expect("unterminated placeholder in bundled SQL");
+        let placeholder = &after[..end];
+        match placeholder.split_once(':') {
+            None if placeholder == "table" => out.push_str(&qualify(table.quoted())),
+            None if placeholder == "schema" => match schema {
+                Some(s) => out.push_str(&s.quoted()),
+                None => panic!("`{{{{schema}}}}` in bundled SQL of a dialect without schemas"),
+            },
+            None => panic!("unknown placeholder `{placeholder}` in bundled SQL"),
+            Some((kind, suffix)) => {
+                assert!(
+                    !suffix.is_empty()
+                        && suffix.chars().all(|c| c.is_ascii_lowercase() || c == '_'),
+                    "bad suffix `{suffix}` in bundled SQL"
+                );
+                let name = format!("\"{}{suffix}\"", table.as_str());
+                match kind {
+                    "name" => out.push_str(&name),
+                    "qname" => out.push_str(&qualify(name)),
+                    other => panic!("unknown placeholder kind `{other}` in bundled SQL"),
+                }
+            }
+        }
+        rest = &after[end + 2..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// A rendered statement, marked as audited for sqlx: its only dynamic parts are validated,
+/// quoted identifiers inserted by [`render`].
+pub(crate) fn stmt(sql: &Arc<str>) -> sqlx::AssertSqlSafe<Arc<str>> {
+    sqlx::AssertSqlSafe(Arc::clone(sql))
+}
+
+/// One bundled migration.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Migration {
+    pub(crate) version: i32,
+    pub(crate) name: &'static str,
+    pub(crate) sql: &'static str,
+}
+
+/// PostgreSQL migrations, in order. Append only; never edit one that has shipped.
+pub(crate) const PG_MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    name: "processed_events",
+    sql: include_str!("../migrations/postgres/0001_processed_events.sql"),
+}];
+
+/// SQLite migrations, in order. Append only; never edit one that has shipped.
+pub(crate) const SQLITE_MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    name: "processed_events",
+    sql: include_str!("../migrations/sqlite/0001_processed_events.sql"),
+}];
+
+/// The schema version this build of the library expects (both dialects).
+pub const SCHEMA_VERSION: i32 = 1;
+
+/// FNV-1a, 64 bit, of a migration's SQL: detects an edited migration; not a security
+/// boundary.
+pub(crate) fn checksum(sql: &str) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in sql.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("{h:016x}")
+}
+
+/// Every query of one dialect, rendered once for one inbox table.
+#[derive(Debug, Clone)]
+pub(crate) struct Queries {
+    pub(crate) insert: Arc<str>,
+    pub(crate) purge: Arc<str>,
+    pub(crate) contains: Arc<str>,
+}
+
+impl Queries {
+    pub(crate) fn postgres(schema: &Identifier, table: &Identifier) -> Self {
+        let r = |t: &str| -> Arc<str> { render(t, Some(schema), table).into() };
+        Self {
+            insert: r(include_str!(
+                "../queries/postgres/processed_events_insert.sql"
+            )),
+            purge: r(include_str!(
+                "../queries/postgres/processed_events_purge.sql"
+            )),
+            contains: r(include_str!(
+                "../queries/postgres/processed_events_contains.sql"
+            )),
+        }
+    }
+
+    pub(crate) fn sqlite(table: &Identifier) -> Self {
+        let r = |t: &str| -> Arc<str> { render(t, None, table).into() };
+        Self {
+            insert: r(include_str!(
+                "../queries/sqlite/processed_events_insert.sql"
+            )),
+            purge: r(include_str!("../queries/sqlite/processed_events_purge.sql")),
+            contains: r(include_str!(
+                "../queries/sqlite/processed_events_contains.sql"
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(s: &str) -> Identifier {
+        Identifier::new(s).expect("valid")
+    }
+
+    #[test]
+    fn placeholders_render_to_quoted_identifiers() {
+        let sql = render(
+            "{{table}} {{schema}} {{name:_idx}} {{qname:_migrations}}",
+            Some(&id("app")),
+            &id("seen"),
+        );
+        assert_eq!(
+            sql,
+            "\"app\".\"seen\" \"app\" \"seen_idx\" \"app\".\"seen_migrations\""
+        );
+        assert_eq!(
+            render("{{table}} {{qname:_migrations}}", None, &id("seen")),
+            "\"seen\" \"seen_migrations\""
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "without schemas")]
+    fn a_schema_placeholder_in_sqlite_sql_is_a_bug_caught_by_tests() {
+        render("{{schema}}", None, &id("seen"));
+    }
+
+    #[test]
+    fn every_bundled_query_and_migration_renders_without_leftover_placeholders() {
+        let pg = Queries::postgres(&id("public"), &id("seen"));
+        let lite = Queries::sqlite(&id("seen"));
+        for sql in [
+            &pg.insert,
+            &pg.purge,
+            &pg.contains,
+            &lite.insert,
+            &lite.purge,
+            &lite.contains,
+        ] {
+            assert!(!sql.contains("{{"), "{sql}");
+        }
+        for m in PG_MIGRATIONS {
+            assert!(!render(m.sql, Some(&id("public")), &id("seen")).contains("{{"));
+        }
+        for m in SQLITE_MIGRATIONS {
+            assert!(!render(m.sql, None, &id("seen")).contains("{{"));
+        }
+    }
+}

@@ -1,0 +1,252 @@
+//! [`SqliteInbox`]: the inbox on SQLite, with its migration and its own bookkeeping table
+//! (`<table>_migrations`).
+//!
+//! Differences from PostgreSQL: `event_id` is UUID text and `processed_at` Unix microseconds
+//! (as in the SQLite outbox), and the inbox transaction starts with `BEGIN IMMEDIATE`, so it
+//! holds SQLite's one write lock from the start: concurrent deliveries queue (up to
+//! `busy_timeout`) instead of failing when a read transaction tries to become a write one.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use outbox_core::Identifier;
+use sqlx::{Executor, Sqlite, SqliteConnection, SqliteExecutor, SqlitePool, Transaction};
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+use crate::error::{InboxError, MigrateError, MigrationReport};
+use crate::sql::{self, Queries, SCHEMA_VERSION, SQLITE_MIGRATIONS, render, stmt};
+use crate::{DEFAULT_TABLE, Outcome, PURGE_BATCH};
+
+const BOOKKEEPING: &str = "CREATE TABLE IF NOT EXISTS {{name:_migrations}} (
+    version    INTEGER PRIMARY KEY,
+    name       TEXT    NOT NULL,
+    checksum   TEXT    NOT NULL,
+    applied_at INTEGER NOT NULL
+)";
+
+/// Unix microseconds, the SQLite outbox's timestamp representation.
+fn micros(at: OffsetDateTime) -> i64 {
+    i64::try_from(at.unix_timestamp_nanos() / 1_000).unwrap_or(i64::MAX)
+}
+
+fn id_text(id: Uuid) -> String {
+    id.hyphenated().to_string()
+}
+
+/// The inbox on one SQLite table; same API as [`PgInbox`](crate::PgInbox). Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct SqliteInbox {
+    table: Identifier,
+    queries: Arc<Queries>,
+}
+
+impl Default for SqliteInbox {
+    /// The table `processed_events`.
+    fn default() -> Self {
+        Self::new(Identifier::new(DEFAULT_TABLE).expect("a valid identifier"))
+    }
+}
+
+impl SqliteInbox {
+    /// The inbox on `table`.
+    pub fn new(table: Identifier) -> Self {
+        let queries = Arc::new(Queries::sqlite(&table));
+        Self { table, queries }
+    }
+
+    /// The inbox table.
+    pub fn table(&self) -> &Identifier {
+        &self.table
+    }
+
+    fn render(&self, template: &str) -> String {
+        render(template, None, &self.table)
+    }
+
+    /// Creates or upgrades the inbox table. Idempotent and safe to run concurrently: one
+    /// `BEGIN IMMEDIATE` transaction, so a second `migrate` waits and finds nothing to do.
+    pub async fn migrate(&self, pool: &SqlitePool) -> Result<MigrationReport, MigrateError> {
+        let name = self.table.to_string();
+        let db = |source| MigrateError::Database {
+            table: name.clone(),
+            source,
+        };
+        let mut tx = pool.begin_with("BEGIN IMMEDIATE").await.map_err(db)?;
+        tx.execute(sqlx::AssertSqlSafe(self.render(BOOKKEEPING)))
+            .await
+            .map_err(db)?;
+        let applied: Vec<(i32, String)> = sqlx::query_as(sqlx::AssertSqlSafe(
+            self.render("SELECT version, checksum FROM {{name:_migrations}} ORDER BY version"),
+        ))
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(db)?;
+        if let Some((found, _)) = applied.iter().find(|(v, _)| *v > SCHEMA_VERSION) {
+            return Err(MigrateError::Newer {
+                table: name,
+                found: *found,
+            });
+        }
+        let mut report = MigrationReport {
+            applied: Vec::new(),
+            version: 0,
+        };
+        for m in SQLITE_MIGRATIONS {
+            let expected = sql::checksum(m.sql);
+            if let Some((_, found)) = applied.iter().find(|(v, _)| *v == m.version) {
+                if *found != expected {
+                    return Err(MigrateError::Modified {
+                        table: name,
+                        version: m.version,
+                        found: found.clone(),
+                        expected,
+                    });
+                }
+                report.version = m.version;
+                continue;
+            }
+            tx.execute(sqlx::raw_sql(sqlx::AssertSqlSafe(self.render(m.sql))))
+                .await
+                .map_err(db)?;
+            sqlx::query(sqlx::AssertSqlSafe(self.render(
+                "INSERT INTO {{name:_migrations}} (version, name, checksum, applied_at) VALUES (?1, ?2, ?3, ?4)",
+            )))
+            .bind(m.version)
+            .bind(m.name)
+            .bind(&expected)
+            .bind(micros(OffsetDateTime::now_utc()))
+            .execute(&mut *tx)
+            .await
+            .map_err(db)?;
+            tracing::info!(table = %name, version = m.version, migration = m.name, "applied inbox migration");
+            report.applied.push((m.version, m.name));
+            report.version = m.version;
+        }
+        tx.commit().await.map_err(db)?;
+        Ok(report)
+    }
+
+    /// Records `(consumer, event_id)` using `executor` (your own write transaction).
+    /// `true` when recorded now, `false` for a duplicate: skip the side effect.
+    pub async fn record<'e, X: SqliteExecutor<'e>>(
+        &self,
+        executor: X,
+        consumer: &str,
+        event_id: Uuid,
+    ) -> Result<bool, sqlx::Error> {
+        let inserted = sqlx::query(stmt(&self.queries.insert))
+            .bind(consumer)
+            .bind(id_text(event_id))
+            .bind(micros(OffsetDateTime::now_utc()))
+            .fetch_optional(executor)
+            .await?;
+        Ok(inserted.is_some())
+    }
+
+    /// Begins a `BEGIN IMMEDIATE` transaction and records `(consumer, event_id)` in it.
+    /// `Some(tx)`: first delivery; run the side effect in `tx` and commit it. `None`: a
+    /// duplicate; nothing is left open.
+    pub async fn begin(
+        &self,
+        pool: &SqlitePool,
+        consumer: &str,
+        event_id: Uuid,
+    ) -> Result<Option<Transaction<'static, Sqlite>>, InboxError> {
+        let mut tx = pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(InboxError::Database)?;
+        if self
+            .record(&mut *tx, consumer, event_id)
+            .await
+            .map_err(InboxError::Database)?
+        {
+            Ok(Some(tx))
+        } else {
+            tx.rollback().await.map_err(InboxError::Database)?;
+            Ok(None)
+        }
+    }
+
+    /// [`begin`](Self::begin), then `handler` on the transaction's connection, then commit;
+    /// a handler error rolls back the side effect and the dedup record together.
+    pub async fn process<T, E, F>(
+        &self,
+        pool: &SqlitePool,
+        consumer: &str,
+        event_id: Uuid,
+        handler: F,
+    ) -> Result<Outcome<T>, InboxError<E>>
+    where
+        F: for<'c> FnOnce(&'c mut SqliteConnection) -> BoxFuture<'c, Result<T, E>>,
+    {
+        let Some(mut tx) = self
+            .begin(pool, consumer, event_id)
+            .await
+            .map_err(InboxError::widen)?
+        else {
+            return Ok(Outcome::Duplicate);
+        };
+        match handler(&mut tx).await {
+            Ok(value) => {
+                tx.commit().await.map_err(InboxError::Database)?;
+                Ok(Outcome::Processed(value))
+            }
+            Err(e) => {
+                let _ = tx.rollback().await;
+                Err(InboxError::Handler(e))
+            }
+        }
+    }
+
+    /// Whether `consumer` has processed `event_id` (committed).
+    pub async fn contains(
+        &self,
+        pool: &SqlitePool,
+        consumer: &str,
+        event_id: Uuid,
+    ) -> Result<bool, InboxError> {
+        sqlx::query_scalar(stmt(&self.queries.contains))
+            .bind(consumer)
+            .bind(id_text(event_id))
+            .fetch_one(pool)
+            .await
+            .map_err(InboxError::Database)
+    }
+
+    /// Deletes the ids processed more than `age` ago, in batches; returns how many. Keep
+    /// `age` well above the broker's redelivery window (see `docs/inbox.md`).
+    pub async fn purge_older_than(
+        &self,
+        pool: &SqlitePool,
+        age: Duration,
+    ) -> Result<u64, InboxError> {
+        self.purge_before(pool, OffsetDateTime::now_utc() - age)
+            .await
+    }
+
+    /// Deletes the ids processed before `cutoff` (the clock as a parameter), in batches of
+    /// [`PURGE_BATCH`]; returns how many.
+    pub async fn purge_before(
+        &self,
+        pool: &SqlitePool,
+        cutoff: OffsetDateTime,
+    ) -> Result<u64, InboxError> {
+        let mut total = 0;
+        loop {
+            let n = sqlx::query(stmt(&self.queries.purge))
+                .bind(micros(cutoff))
+                .bind(PURGE_BATCH)
+                .execute(pool)
+                .await
+                .map_err(InboxError::Database)?
+                .rows_affected();
+            total += n;
+            if n < PURGE_BATCH as u64 {
+                return Ok(total);
+            }
+        }
+    }
+}
