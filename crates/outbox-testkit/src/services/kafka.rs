@@ -20,9 +20,9 @@
 mod client;
 mod front;
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context as _;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
@@ -32,8 +32,8 @@ use tokio::sync::OnceCell;
 
 use self::client::{client_config, consume_blocking, probe, wait_for_topic};
 use self::front::Front;
-use super::process::{self, Launch, Supervised};
-use crate::lock;
+use super::process;
+use super::server::{Server, ServerSpec, poll};
 
 /// Environment variable with the bootstrap address of an existing Kafka-protocol broker
 /// (`127.0.0.1:PORT`) that [`Kafka::shared`] uses instead of starting its own.
@@ -48,11 +48,7 @@ const INSTALL_HINT: &str = "install it with `cargo install tansu --version 0.6.0
      --no-default-features --features dynostore` (or run scripts/test.sh, which does), set \
      TANSU_BIN to the binary, or set OUTBOX_TEST_KAFKA_BROKERS to an existing broker";
 
-const READY_TIMEOUT: Duration = Duration::from_secs(30);
-const PORT_ATTEMPTS: usize = 3;
 const ADMIN_TIMEOUT: Duration = Duration::from_secs(10);
-
-static SHARED: OnceCell<Kafka> = OnceCell::const_new();
 
 /// A Kafka-protocol broker: either a `tansu` started by this process, or an existing broker
 /// named by [`KAFKA_BROKERS_ENV`].
@@ -74,19 +70,14 @@ static SHARED: OnceCell<Kafka> = OnceCell::const_new();
 /// # Ok(()) }
 /// ```
 #[derive(Debug)]
-pub struct Kafka {
-    brokers: String,
-    port: u16,
-    local: Option<Local>,
-}
+pub struct Kafka(Server<Tansu>);
 
+/// A `tansu` this process starts.
 #[derive(Debug)]
-struct Local {
-    private: bool,
+struct Tansu {
     bin: PathBuf,
-    root: PathBuf,
-    _dir: Option<tempfile::TempDir>,
-    server: Mutex<Option<Supervised>>,
+    /// Whether clients go through a [`Front`].
+    fronted: bool,
     /// The port tansu listens on (the front's when there is one is what clients use).
     listen_port: u16,
     front: Option<Front>,
@@ -97,21 +88,13 @@ impl Kafka {
     /// [`KAFKA_BROKERS_ENV`] when it is set, otherwise one started on first use that stops
     /// when the process exits. Never stop it; use unique topic names.
     pub async fn shared() -> anyhow::Result<&'static Kafka> {
-        SHARED
-            .get_or_try_init(|| async {
-                match std::env::var(KAFKA_BROKERS_ENV) {
-                    Ok(brokers) if !brokers.trim().is_empty() => {
-                        Self::external(brokers.trim().to_owned()).await
-                    }
-                    _ => Self::launch(false, false).await,
-                }
-            })
-            .await
+        static SHARED: OnceCell<Kafka> = OnceCell::const_new();
+        Server::shared(&SHARED, Kafka).await
     }
 
     /// A private broker owned by the returned value (killed on drop).
     pub async fn start() -> anyhow::Result<Kafka> {
-        Self::launch(true, false).await
+        Server::start().await.map(Kafka)
     }
 
     /// A private broker that clients reach through a TCP front in this process (tansu
@@ -119,17 +102,23 @@ impl Kafka {
     /// [`Kafka::reconnect`] can simulate an outage that keeps the broker's data. The front
     /// runs on the Tokio runtime that calls this.
     pub async fn start_with_front() -> anyhow::Result<Kafka> {
-        Self::launch(true, true).await
+        let setup = |root: &Path| {
+            Tansu::setup(root).map(|tansu| Tansu {
+                fronted: true,
+                ..tansu
+            })
+        };
+        Server::launch(true, setup).await.map(Kafka)
     }
 
     /// The bootstrap address, `127.0.0.1:PORT` (what `bootstrap.servers` takes).
     pub fn brokers(&self) -> &str {
-        &self.brokers
+        self.0.url()
     }
 
     /// The TCP port on 127.0.0.1 that clients connect to.
     pub fn port(&self) -> u16 {
-        self.port
+        self.0.port()
     }
 
     /// Cuts clients off a broker started with [`Kafka::start_with_front`]: every open
@@ -144,11 +133,11 @@ impl Kafka {
     /// waits until it answers metadata requests.
     pub async fn reconnect(&self) -> anyhow::Result<()> {
         self.front("reconnect")?.restore().await?;
-        probe(self.brokers.clone(), Duration::from_secs(10)).await
+        probe(self.brokers().to_owned(), Duration::from_secs(10)).await
     }
 
     fn front(&self, what: &str) -> anyhow::Result<&Front> {
-        match self.local.as_ref().and_then(|l| l.front.as_ref()) {
+        match self.0.spec().and_then(|t| t.front.as_ref()) {
             Some(front) => Ok(front),
             None => anyhow::bail!(
                 "cannot {what}: this broker has no front; start it with Kafka::start_with_front()"
@@ -159,40 +148,24 @@ impl Kafka {
     /// Kills a private broker (clients see their connections drop). With memory storage
     /// every topic and message is lost. Refused for the shared broker.
     pub async fn stop(&self) -> anyhow::Result<()> {
-        let local = self.private_local("stop")?;
-        let server = lock(&local.server).take();
-        match server {
-            Some(server) => server.stop().await,
-            None => Ok(()),
-        }
+        self.0.stop().await
     }
 
     /// Starts a private broker again on the same port, stopping it first if it is running,
     /// and waits until it answers metadata requests. It starts empty: create topics again.
     pub async fn restart(&self) -> anyhow::Result<()> {
-        self.stop().await?;
-        let local = self.private_local("restart")?;
-        let server = local.spawn()?;
-        // tansu's own port: a disconnected front must not make the restart fail.
-        let server = wait_ready(&format!("127.0.0.1:{}", local.listen_port), server).await?;
-        *lock(&local.server) = Some(server);
-        Ok(())
+        self.0.restart().await
     }
 
     /// True while a broker this process started is running (always true for an external one).
     pub fn is_running(&self) -> bool {
-        match &self.local {
-            Some(local) => lock(&local.server)
-                .as_mut()
-                .is_some_and(|s| s.exited().is_none()),
-            None => true,
-        }
+        self.0.is_running()
     }
 
     /// Creates `name` with `partitions` partitions (replication factor 1) and waits until
     /// its metadata shows every partition. A topic that already exists is an error.
     pub async fn create_topic(&self, name: &str, partitions: i32) -> anyhow::Result<()> {
-        let admin: AdminClient<DefaultClientContext> = client_config(&self.brokers)
+        let admin: AdminClient<DefaultClientContext> = client_config(self.brokers())
             .create()
             .context("creating a Kafka admin client")?;
         let options = AdminOptions::new().operation_timeout(Some(ADMIN_TIMEOUT));
@@ -204,14 +177,14 @@ impl Kafka {
             ),
         )
         .await
-        .with_context(|| format!("creating topic `{name}` on {}: timed out", self.brokers))?
-        .with_context(|| format!("creating topic `{name}` on {}", self.brokers))?;
+        .with_context(|| format!("creating topic `{name}` on {}: timed out", self.brokers()))?
+        .with_context(|| format!("creating topic `{name}` on {}", self.brokers()))?;
         for result in results {
             if let Err((topic, code)) = result {
-                anyhow::bail!("creating topic `{topic}` on {}: {code}", self.brokers);
+                anyhow::bail!("creating topic `{topic}` on {}: {code}", self.brokers());
             }
         }
-        let brokers = self.brokers.clone();
+        let brokers = self.brokers().to_owned();
         let topic = name.to_owned();
         let expected = usize::try_from(partitions).unwrap_or(0);
         tokio::task::spawn_blocking(move || wait_for_topic(&admin, &brokers, &topic, expected))
@@ -229,110 +202,69 @@ impl Kafka {
         expected: usize,
         timeout: Duration,
     ) -> anyhow::Result<Vec<OwnedMessage>> {
-        let brokers = self.brokers.clone();
+        let brokers = self.brokers().to_owned();
         let topics: Vec<String> = topics.iter().map(|t| (*t).to_owned()).collect();
         tokio::task::spawn_blocking(move || consume_blocking(&brokers, &topics, expected, timeout))
             .await
             .context("consumer thread")?
     }
+}
 
-    fn private_local(&self, what: &str) -> anyhow::Result<&Local> {
-        match &self.local {
-            Some(local) if local.private => Ok(local),
-            _ => anyhow::bail!(
-                "cannot {what} the shared Kafka broker (other tests use it); use Kafka::start()"
-            ),
-        }
+impl ServerSpec for Tansu {
+    const NAME: &'static str = "tansu";
+    const LABEL: &'static str = "tansu";
+    const SHARED: &'static str = "the shared Kafka broker";
+    const START_PRIVATE: &'static str = "Kafka::start()";
+    const DIR_PREFIX: &'static str = "outbox-tansu-";
+    const URL_ENV: &'static str = KAFKA_BROKERS_ENV;
+    /// tansu's SIGTERM shutdown waits for clients to disconnect, which producers never do:
+    /// an outage must be immediate, and memory storage has nothing to save.
+    const STOP_SIGNAL: &'static str = "KILL";
+
+    fn setup(_root: &Path) -> anyhow::Result<Self> {
+        Ok(Tansu {
+            bin: find_tansu()?,
+            fronted: false,
+            listen_port: 0,
+            front: None,
+        })
     }
 
-    async fn external(brokers: String) -> anyhow::Result<Kafka> {
-        let port = brokers
+    /// tansu's own port, and in front of it a new [`Front`] when clients go through one.
+    async fn choose_port(&mut self) -> anyhow::Result<u16> {
+        self.listen_port = process::free_port()?;
+        self.front = None;
+        if self.fronted {
+            self.front = Some(Front::bind(self.listen_port).await?);
+        }
+        Ok(self.advertised_port())
+    }
+
+    fn url(port: u16) -> String {
+        format!("127.0.0.1:{port}")
+    }
+
+    fn external_port(brokers: &str) -> anyhow::Result<u16> {
+        Ok(brokers
             .split(',')
             .next()
             .and_then(|b| b.rsplit(':').next())
             .and_then(|p| p.trim().parse().ok())
-            .unwrap_or(9092);
-        probe(brokers.clone(), Duration::from_secs(10))
-            .await
-            .with_context(|| {
-                format!(
-                    "{KAFKA_BROKERS_ENV}={brokers}: broker not reachable (unset it to let the \
-                     tests start their own)"
-                )
-            })?;
-        Ok(Kafka {
-            brokers,
-            port,
-            local: None,
-        })
+            .unwrap_or(9092))
     }
 
-    async fn launch(private: bool, fronted: bool) -> anyhow::Result<Kafka> {
-        let bin = find_tansu()?;
-        let dir = tempfile::Builder::new()
-            .prefix("outbox-tansu-")
-            .tempdir()
-            .context("creating a temporary directory for tansu")?;
-        let mut local = Local {
-            private,
-            bin,
-            root: dir.path().to_owned(),
-            _dir: None,
-            server: Mutex::new(None),
-            listen_port: 0,
-            front: None,
-        };
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            local.listen_port = process::free_port()?;
-            local.front = None;
-            if fronted {
-                let front = Front::bind(local.listen_port).await?;
-                local.front = Some(front);
-            }
-            let port = local.advertised_port();
-            let brokers = format!("127.0.0.1:{port}");
-            let server = local.spawn()?;
-            match wait_ready(&brokers, server).await {
-                Ok(server) => {
-                    *lock(&local.server) = Some(server);
-                    if private {
-                        local._dir = Some(dir);
-                    } else {
-                        // The shared broker is never dropped: its watchdog removes the
-                        // directory when the process exits. (On failure `dir` removes it.)
-                        let _ = dir.keep();
-                    }
-                    return Ok(Kafka {
-                        brokers,
-                        port,
-                        local: Some(local),
-                    });
-                }
-                Err(e) if attempt < PORT_ATTEMPTS && process::port_was_taken(&local.log()) => {
-                    tracing::debug!(port, error = %e, "port taken; retrying tansu on another");
-                }
-                Err(e) => return Err(e),
-            }
-        }
-    }
-}
-
-impl Local {
-    fn log(&self) -> PathBuf {
-        self.root.join("tansu.log")
+    async fn probe(brokers: &str, _port: u16) -> anyhow::Result<()> {
+        probe(brokers.to_owned(), Duration::from_secs(10)).await
     }
 
-    /// The port clients are told to use: the front's, else tansu's own.
-    fn advertised_port(&self) -> u16 {
-        self.front.as_ref().map_or(self.listen_port, Front::port)
+    fn program(&self) -> &Path {
+        &self.bin
     }
 
-    fn spawn(&self) -> anyhow::Result<Supervised> {
+    fn args(&self, port: u16) -> Vec<OsString> {
         let listen = format!("tcp://127.0.0.1:{}", self.listen_port);
-        let advertised = format!("tcp://127.0.0.1:{}", self.advertised_port());
-        let args = vec![
+        let advertised = format!("tcp://127.0.0.1:{port}");
+        vec![
             "broker".into(),
             "--listener-url".into(),
             listen.into(),
@@ -340,29 +272,28 @@ impl Local {
             advertised.into(),
             "--storage-engine".into(),
             "memory://tansu/".into(),
-        ];
-        Supervised::spawn(Launch {
-            name: "tansu",
-            program: &self.bin,
-            args,
-            run_as: None,
-            // tansu's SIGTERM shutdown waits for clients to disconnect, which producers
-            // never do: an outage must be immediate, and memory storage has nothing to save.
-            stop_signal: "KILL",
-            cleanup: Some(&self.root),
-            log: &self.log(),
-            cwd: &self.root,
-        })
+        ]
+    }
+
+    /// Cheap TCP connects until tansu's own port is open (a disconnected front must not make a
+    /// restart fail), then one real metadata request.
+    async fn ready(&self, _brokers: &str, _port: u16) -> anyhow::Result<()> {
+        let own = format!("127.0.0.1:{}", self.listen_port);
+        let connect = || async {
+            tokio::net::TcpStream::connect(own.as_str()).await?;
+            Ok(())
+        };
+        poll(Self::READY_TIMEOUT, Duration::from_millis(10), connect)
+            .await
+            .context("not listening")?;
+        Self::probe(&own, self.listen_port).await
     }
 }
 
-impl Drop for Kafka {
-    fn drop(&mut self) {
-        if let Some(local) = &self.local
-            && let Some(mut server) = lock(&local.server).take()
-        {
-            server.stop_blocking();
-        }
+impl Tansu {
+    /// The port clients are told to use: the front's, else tansu's own.
+    fn advertised_port(&self) -> u16 {
+        self.front.as_ref().map_or(self.listen_port, Front::port)
     }
 }
 
@@ -386,34 +317,4 @@ pub fn find_tansu() -> anyhow::Result<PathBuf> {
         return Ok(beside_repo);
     }
     anyhow::bail!("`tansu` (a Kafka-protocol broker) not found; {INSTALL_HINT}")
-}
-
-async fn wait_ready(brokers: &str, mut server: Supervised) -> anyhow::Result<Supervised> {
-    let deadline = Instant::now() + READY_TIMEOUT;
-    // Cheap TCP connects until the port is open, then one real metadata request.
-    loop {
-        if tokio::net::TcpStream::connect(brokers).await.is_ok() {
-            break;
-        }
-        if let Some(status) = server.exited() {
-            anyhow::bail!(
-                "tansu exited ({status}) before accepting connections on {brokers}\n{}",
-                server.log_tail()
-            );
-        }
-        if Instant::now() >= deadline {
-            let tail = server.log_tail();
-            server.stop().await.ok();
-            anyhow::bail!("tansu not listening on {brokers} within {READY_TIMEOUT:?}\n{tail}");
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    match probe(brokers.to_owned(), Duration::from_secs(10)).await {
-        Ok(()) => Ok(server),
-        Err(e) => {
-            let tail = server.log_tail();
-            server.stop().await.ok();
-            Err(e.context(format!("tansu on {brokers} does not answer\n{tail}")))
-        }
-    }
 }

@@ -18,6 +18,7 @@ mod postgres;
 mod process;
 mod rabbitmq;
 mod redis;
+mod server;
 
 pub use http::{HttpReceiver, Request};
 #[cfg(feature = "kafka")]

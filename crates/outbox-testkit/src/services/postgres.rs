@@ -4,31 +4,22 @@
 //! for CDC tests) and for speed (`fsync=off`; `synchronous_commit` stays on because turning it
 //! off delays logical decoding).
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use sqlx::Connection;
 use sqlx::postgres::{PgConnectOptions, PgConnection};
-use sqlx::{ConnectOptions, Connection};
 use tokio::sync::OnceCell;
 
-use super::process::{self, Launch, Supervised};
-use crate::lock;
+use super::process;
+use super::server::{Server, ServerSpec};
 
 /// Environment variable with the admin URL of an existing server
 /// (`postgres://postgres@127.0.0.1:PORT/postgres`) that [`Postgres::shared`] uses instead of
 /// starting its own. `scripts/test.sh` sets it so a whole test run shares one server.
 pub const DATABASE_URL_ENV: &str = "OUTBOX_TEST_DATABASE_URL";
-
-/// How long a server gets to accept connections after it was started.
-const READY_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Attempts at finding a free port when another process takes ours first.
-const PORT_ATTEMPTS: usize = 3;
-
-static SHARED: OnceCell<Postgres> = OnceCell::const_new();
 
 /// A PostgreSQL server for tests: either one started by this process from the installed
 /// binaries, or an existing one named by [`DATABASE_URL_ENV`].
@@ -43,25 +34,17 @@ static SHARED: OnceCell<Postgres> = OnceCell::const_new();
 /// # Ok(()) }
 /// ```
 #[derive(Debug)]
-pub struct Postgres {
-    admin_url: String,
-    port: u16,
-    local: Option<Local>,
-}
+pub struct Postgres(Server<PostgresServer>);
 
-/// A server this process started.
+/// A PostgreSQL server this process starts: its binary and directories.
 #[derive(Debug)]
-struct Local {
-    /// Owned by the value (`start_private`): may be stopped and restarted, removed on drop.
-    private: bool,
-    bin_dir: PathBuf,
-    /// Temporary directory holding `data/`, the socket and `postgres.log`.
+struct PostgresServer {
+    /// The `postgres` binary.
+    bin: PathBuf,
+    /// The server's directory, holding `data/`, the socket and `postgres.log`.
     root: PathBuf,
-    /// Removes `root` on drop (private servers); the shared server's watchdog removes it.
-    _dir: Option<tempfile::TempDir>,
     /// `postgres` when we run as root (PostgreSQL refuses to run as root).
     run_as: Option<&'static str>,
-    server: Mutex<Option<Supervised>>,
 }
 
 impl Postgres {
@@ -71,51 +54,44 @@ impl Postgres {
     ///
     /// Call [`Postgres::fresh_database`] for a database of your own; never stop it.
     pub async fn shared() -> anyhow::Result<&'static Postgres> {
-        SHARED
-            .get_or_try_init(|| async {
-                match std::env::var(DATABASE_URL_ENV) {
-                    Ok(url) if !url.trim().is_empty() => {
-                        Self::external(url.trim().to_owned()).await
-                    }
-                    _ => Self::launch(false).await,
-                }
-            })
-            .await
+        static SHARED: OnceCell<Postgres> = OnceCell::const_new();
+        Server::shared(&SHARED, Postgres).await
     }
 
     /// A server owned by the returned value, for tests that stop and restart the database.
     /// It is stopped and its data removed when the value is dropped.
     pub async fn start_private() -> anyhow::Result<Postgres> {
-        Self::launch(true).await
+        Server::start().await.map(Postgres)
     }
 
     /// The URL of the `postgres` database as the `postgres` superuser.
     pub fn admin_url(&self) -> &str {
-        &self.admin_url
+        self.0.url()
     }
 
     /// The TCP port on 127.0.0.1.
     pub fn port(&self) -> u16 {
-        self.port
+        self.0.port()
     }
 
     /// The URL of `database` on this server, as the admin user.
     pub fn url_for(&self, database: &str) -> String {
-        with_database(&self.admin_url, database)
+        with_database(self.admin_url(), database)
     }
 
     /// Creates a database with a unique name and returns its URL. Tests run in parallel on one
     /// server; each takes its own database.
     pub async fn fresh_database(&self) -> anyhow::Result<String> {
+        let admin_url = self.admin_url();
         let name = format!("outbox_test_{}", uuid::Uuid::now_v7().simple());
-        let mut conn = PgConnection::connect(&self.admin_url)
+        let mut conn = PgConnection::connect(admin_url)
             .await
-            .with_context(|| format!("connecting to {}", self.admin_url))?;
+            .with_context(|| format!("connecting to {admin_url}"))?;
         // `name` is built here from hex digits only: safe to splice.
         sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
             .execute(&mut conn)
             .await
-            .with_context(|| format!("creating database {name} on {}", self.admin_url))?;
+            .with_context(|| format!("creating database {name} on {admin_url}"))?;
         conn.close().await.ok();
         Ok(self.url_for(&name))
     }
@@ -123,146 +99,57 @@ impl Postgres {
     /// Stops a private server with a fast shutdown (clients are disconnected, the data is
     /// kept). Refused for the shared server and for an external one.
     pub async fn stop(&self) -> anyhow::Result<()> {
-        let local = self.private_local("stop")?;
-        let server = lock(&local.server).take();
-        match server {
-            Some(server) => server.stop().await,
-            None => Ok(()),
-        }
+        self.0.stop().await
     }
 
     /// Starts a private server again on the same port with the same data, stopping it first
     /// if it is running, and waits until it accepts connections.
     pub async fn restart(&self) -> anyhow::Result<()> {
-        self.stop().await?;
-        let local = self.private_local("restart")?;
-        let server = local.spawn(self.port)?;
-        let server = wait_ready(&self.admin_url, server).await?;
-        *lock(&local.server) = Some(server);
-        Ok(())
+        self.0.restart().await
     }
 
     /// True while a server this process started is running (always true for an external one).
     pub fn is_running(&self) -> bool {
-        match &self.local {
-            Some(local) => lock(&local.server)
-                .as_mut()
-                .is_some_and(|s| s.exited().is_none()),
-            None => true,
-        }
+        self.0.is_running()
     }
 
     /// The server's log file (`None` for an external server).
     pub fn log_path(&self) -> Option<PathBuf> {
-        self.local.as_ref().map(|l| l.root.join("postgres.log"))
+        self.0.log_path()
     }
+}
 
-    fn private_local(&self, what: &str) -> anyhow::Result<&Local> {
-        match &self.local {
-            Some(local) if local.private => Ok(local),
-            _ => anyhow::bail!(
-                "cannot {what} a shared PostgreSQL server (other tests use it); use Postgres::start_private()"
-            ),
-        }
-    }
+impl ServerSpec for PostgresServer {
+    const NAME: &'static str = "postgres";
+    const LABEL: &'static str = "PostgreSQL";
+    const SHARED: &'static str = "a shared PostgreSQL server";
+    const START_PRIVATE: &'static str = "Postgres::start_private()";
+    const DIR_PREFIX: &'static str = "outbox-pg-";
+    const URL_ENV: &'static str = DATABASE_URL_ENV;
+    /// Fast shutdown: disconnect clients, checkpoint, exit.
+    const STOP_SIGNAL: &'static str = "INT";
 
-    async fn external(url: String) -> anyhow::Result<Postgres> {
-        let options = PgConnectOptions::from_str(&url)
-            .with_context(|| format!("{DATABASE_URL_ENV}={url} is not a PostgreSQL URL"))?;
-        let port = options.get_port();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            match options.connect().await {
-                Ok(conn) => {
-                    conn.close().await.ok();
-                    break;
-                }
-                Err(e) if Instant::now() >= deadline => {
-                    return Err(anyhow::Error::new(e).context(format!(
-                        "{DATABASE_URL_ENV}={url}: server not reachable (unset it to let the tests start their own)"
-                    )));
-                }
-                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-            }
-        }
-        Ok(Postgres {
-            admin_url: url,
-            port,
-            local: None,
-        })
-    }
-
-    async fn launch(private: bool) -> anyhow::Result<Postgres> {
+    /// Finds the binaries and runs `initdb` into `root/data`, as the `postgres` user when we
+    /// are root.
+    fn setup(root: &Path) -> anyhow::Result<Self> {
         let bin_dir = bin_dir()?;
-        let dir = tempfile::Builder::new()
-            .prefix("outbox-pg-")
-            .tempdir()
-            .context("creating a temporary directory for PostgreSQL")?;
-        let root = dir.path().to_owned();
         let run_as = process::running_as_root().then_some("postgres");
         if let Some(user) = run_as {
             run(
                 std::process::Command::new("chown")
                     .arg(format!("{user}:"))
-                    .arg(&root),
-                &root,
+                    .arg(root),
+                root,
             )
             .context("giving the data directory to the `postgres` user")?;
         }
-        let mut local = Local {
-            private,
-            bin_dir,
-            root,
-            _dir: None,
+        let server = PostgresServer {
+            bin: bin_dir.join("postgres"),
+            root: root.to_owned(),
             run_as,
-            server: Mutex::new(None),
         };
-        local.initdb()?;
-
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let port = process::free_port()?;
-            let admin_url = format!("postgres://postgres@127.0.0.1:{port}/postgres");
-            let server = local.spawn(port)?;
-            match wait_ready(&admin_url, server).await {
-                Ok(server) => {
-                    *lock(&local.server) = Some(server);
-                    if private {
-                        local._dir = Some(dir);
-                    } else {
-                        // The shared server is never dropped: its watchdog removes the
-                        // directory when the process exits. (On failure `dir` removes it.)
-                        let _ = dir.keep();
-                    }
-                    return Ok(Postgres {
-                        admin_url,
-                        port,
-                        local: Some(local),
-                    });
-                }
-                Err(e) if attempt < PORT_ATTEMPTS && process::port_was_taken(&local.log()) => {
-                    tracing::debug!(port, error = %e, "port taken; retrying PostgreSQL on another");
-                }
-                Err(e) => return Err(e),
-            }
-        }
-    }
-}
-
-impl Local {
-    fn log(&self) -> PathBuf {
-        self.root.join("postgres.log")
-    }
-
-    fn data(&self) -> PathBuf {
-        self.root.join("data")
-    }
-
-    /// `initdb` into `root/data`, as the `postgres` user when we are root.
-    fn initdb(&self) -> anyhow::Result<()> {
-        let mut cmd = self.command(&self.bin_dir.join("initdb"));
-        cmd.arg("-D").arg(self.data()).args([
+        let mut initdb = server.command(&bin_dir.join("initdb"));
+        initdb.arg("-D").arg(server.data()).args([
             "-U",
             "postgres",
             "-A",
@@ -272,25 +159,31 @@ impl Local {
             "UTF8",
             "--locale=C",
         ]);
-        run(&mut cmd, &self.root).context("initdb failed")
+        run(&mut initdb, root).context("initdb failed")?;
+        Ok(server)
     }
 
-    fn command(&self, program: &Path) -> std::process::Command {
-        match self.run_as {
-            Some(user) => {
-                let mut cmd = std::process::Command::new("setpriv");
-                cmd.arg(format!("--reuid={user}"))
-                    .arg(format!("--regid={user}"))
-                    .arg("--init-groups")
-                    .arg("--")
-                    .arg(program);
-                cmd
-            }
-            None => std::process::Command::new(program),
-        }
+    fn url(port: u16) -> String {
+        format!("postgres://postgres@127.0.0.1:{port}/postgres")
     }
 
-    fn spawn(&self, port: u16) -> anyhow::Result<Supervised> {
+    fn external_port(url: &str) -> anyhow::Result<u16> {
+        let options = PgConnectOptions::from_str(url)
+            .with_context(|| format!("{DATABASE_URL_ENV}={url} is not a PostgreSQL URL"))?;
+        Ok(options.get_port())
+    }
+
+    async fn probe(url: &str, _port: u16) -> anyhow::Result<()> {
+        let conn = PgConnection::connect(url).await?;
+        conn.close().await.ok();
+        Ok(())
+    }
+
+    fn program(&self) -> &Path {
+        &self.bin
+    }
+
+    fn args(&self, port: u16) -> Vec<OsString> {
         let settings = [
             "listen_addresses=127.0.0.1",
             "wal_level=logical",
@@ -311,54 +204,33 @@ impl Local {
         for s in settings {
             args.extend(["-c".into(), s.into()]);
         }
-        Supervised::spawn(Launch {
-            name: "postgres",
-            program: &self.bin_dir.join("postgres"),
-            args,
-            run_as: self.run_as,
-            stop_signal: "INT", // fast shutdown: disconnect clients, checkpoint, exit
-            cleanup: Some(&self.root),
-            log: &self.log(),
-            cwd: &self.root,
-        })
+        args
+    }
+
+    fn run_as(&self) -> Option<&'static str> {
+        self.run_as
     }
 }
 
-impl Drop for Postgres {
-    fn drop(&mut self) {
-        if let Some(local) = &self.local
-            && let Some(mut server) = lock(&local.server).take()
-        {
-            server.stop_blocking();
-        }
+impl PostgresServer {
+    fn data(&self) -> PathBuf {
+        self.root.join("data")
     }
-}
 
-/// Polls until the server accepts connections, failing early (with its log) if it exits.
-async fn wait_ready(admin_url: &str, mut server: Supervised) -> anyhow::Result<Supervised> {
-    let deadline = Instant::now() + READY_TIMEOUT;
-    loop {
-        let last_error = match PgConnection::connect(admin_url).await {
-            Ok(conn) => {
-                conn.close().await.ok();
-                return Ok(server);
+    /// A command running `program` as the server's user.
+    fn command(&self, program: &Path) -> std::process::Command {
+        match self.run_as {
+            Some(user) => {
+                let mut cmd = std::process::Command::new("setpriv");
+                cmd.arg(format!("--reuid={user}"))
+                    .arg(format!("--regid={user}"))
+                    .arg("--init-groups")
+                    .arg("--")
+                    .arg(program);
+                cmd
             }
-            Err(e) => e,
-        };
-        if let Some(status) = server.exited() {
-            anyhow::bail!(
-                "PostgreSQL exited ({status}) before accepting connections on {admin_url}\n{}",
-                server.log_tail()
-            );
+            None => std::process::Command::new(program),
         }
-        if Instant::now() >= deadline {
-            let tail = server.log_tail();
-            server.stop().await.ok();
-            anyhow::bail!(
-                "PostgreSQL did not accept connections on {admin_url} within {READY_TIMEOUT:?} (last error: {last_error})\n{tail}"
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
     }
 }
 

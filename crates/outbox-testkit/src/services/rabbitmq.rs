@@ -19,22 +19,19 @@
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context;
 use tokio::sync::OnceCell;
 
-use super::process::{self, Launch, Supervised};
-use crate::lock;
+use super::process;
+use super::server::{Server, ServerSpec};
 
 /// Environment variable with the URL of an existing broker
 /// (`amqp://guest:guest@127.0.0.1:PORT/%2f`) that [`RabbitMq::shared`] uses instead of
 /// starting its own. `scripts/test.sh` sets it so a whole test run shares one broker.
 pub const AMQP_URL_ENV: &str = "OUTBOX_TEST_AMQP_URL";
 
-const READY_TIMEOUT: Duration = Duration::from_secs(60);
-const PORT_ATTEMPTS: usize = 3;
 /// Where Debian installs the broker's own scripts.
 const RABBITMQ_BIN_DIR: &str = "/usr/lib/rabbitmq/bin";
 
@@ -50,8 +47,6 @@ while kill -0 "$pid" 2>/dev/null; do wait "$pid"; status=$?; done
 exit "$status"
 "#;
 
-static SHARED: OnceCell<RabbitMq> = OnceCell::const_new();
-
 /// A RabbitMQ broker: either one started by this process, or an existing one named by
 /// [`AMQP_URL_ENV`].
 ///
@@ -66,15 +61,11 @@ static SHARED: OnceCell<RabbitMq> = OnceCell::const_new();
 /// # Ok(()) }
 /// ```
 #[derive(Debug)]
-pub struct RabbitMq {
-    url: String,
-    port: u16,
-    local: Option<Local>,
-}
+pub struct RabbitMq(Server<RabbitMqNode>);
 
+/// A RabbitMQ node this process starts: its scripts, directory, name and other ports.
 #[derive(Debug)]
-struct Local {
-    private: bool,
+struct RabbitMqNode {
     server_script: PathBuf,
     ctl: PathBuf,
     epmd: PathBuf,
@@ -82,8 +73,6 @@ struct Local {
     node: String,
     dist_port: u16,
     epmd_port: u16,
-    _dir: Option<tempfile::TempDir>,
-    server: Mutex<Option<Supervised>>,
 }
 
 impl RabbitMq {
@@ -95,106 +84,56 @@ impl RabbitMq {
     /// when it is set, otherwise one started on first use that stops when the process exits.
     /// Never stop it; use unique exchange and queue names.
     pub async fn shared() -> anyhow::Result<&'static RabbitMq> {
-        SHARED
-            .get_or_try_init(|| async {
-                match std::env::var(AMQP_URL_ENV) {
-                    Ok(url) if !url.trim().is_empty() => {
-                        Self::external(url.trim().to_owned()).await
-                    }
-                    _ => Self::launch(false).await,
-                }
-            })
-            .await
+        static SHARED: OnceCell<RabbitMq> = OnceCell::const_new();
+        Server::shared(&SHARED, RabbitMq).await
     }
 
     /// A private broker owned by the returned value (stopped and its directory removed on
     /// drop). Takes 3–8 s: prefer [`RabbitMq::shared`] unless the test stops the broker.
     pub async fn start() -> anyhow::Result<RabbitMq> {
-        Self::launch(true).await
+        Server::start().await.map(RabbitMq)
     }
 
     /// `amqp://guest:guest@127.0.0.1:PORT/%2f` (the default vhost).
     pub fn url(&self) -> &str {
-        &self.url
+        self.0.url()
     }
 
     /// The AMQP port on 127.0.0.1.
     pub fn port(&self) -> u16 {
-        self.port
+        self.0.port()
     }
 
     /// Stops a private broker gracefully (clients get `connection.close` 320
     /// `CONNECTION_FORCED`; durable exchanges, queues and persistent messages are kept).
     /// Refused for the shared broker.
     pub async fn stop(&self) -> anyhow::Result<()> {
-        let local = self.private_local("stop")?;
-        let server = lock(&local.server).take();
-        match server {
-            Some(server) => server.stop().await,
-            None => Ok(()),
-        }
+        self.0.stop().await
     }
 
     /// Starts a private broker again on the same ports with the same data, stopping it first
     /// if it is running, and waits until it is booted.
     pub async fn restart(&self) -> anyhow::Result<()> {
-        self.stop().await?;
-        let local = self.private_local("restart")?;
-        let server = local.spawn(self.port)?;
-        let server = local.wait_ready(self.port, server).await?;
-        *lock(&local.server) = Some(server);
-        Ok(())
+        self.0.restart().await
     }
 
     /// True while a broker this process started is running (always true for an external one).
     pub fn is_running(&self) -> bool {
-        match &self.local {
-            Some(local) => lock(&local.server)
-                .as_mut()
-                .is_some_and(|s| s.exited().is_none()),
-            None => true,
-        }
+        self.0.is_running()
     }
+}
 
-    fn private_local(&self, what: &str) -> anyhow::Result<&Local> {
-        match &self.local {
-            Some(local) if local.private => Ok(local),
-            _ => anyhow::bail!(
-                "cannot {what} the shared RabbitMQ broker (other tests use it); use \
-                 RabbitMq::start()"
-            ),
-        }
-    }
+impl ServerSpec for RabbitMqNode {
+    const NAME: &'static str = "rabbitmq-server";
+    const LABEL: &'static str = "rabbitmq-server";
+    const SHARED: &'static str = "the shared RabbitMQ broker";
+    const START_PRIVATE: &'static str = "RabbitMq::start()";
+    const DIR_PREFIX: &'static str = "outbox-rabbitmq-";
+    const URL_ENV: &'static str = AMQP_URL_ENV;
+    const READY_TIMEOUT: Duration = Duration::from_secs(60);
 
-    async fn external(url: String) -> anyhow::Result<RabbitMq> {
-        let port = url
-            .split('@')
-            .next_back()
-            .and_then(|host| host.split('/').next())
-            .and_then(|host| host.rsplit(':').next())
-            .and_then(|p| p.parse().ok())
-            .unwrap_or(5672);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            match amqp_greeting(port).await {
-                Ok(()) => break,
-                Err(e) if Instant::now() >= deadline => {
-                    return Err(e.context(format!(
-                        "{AMQP_URL_ENV}: broker not reachable on 127.0.0.1:{port} (unset it to \
-                         let the tests start their own)"
-                    )));
-                }
-                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-            }
-        }
-        Ok(RabbitMq {
-            url,
-            port,
-            local: None,
-        })
-    }
-
-    async fn launch(private: bool) -> anyhow::Result<RabbitMq> {
+    /// Finds the scripts and writes the node's config files and (empty) plugin list.
+    fn setup(root: &Path) -> anyhow::Result<Self> {
         let bin_dir = Path::new(RABBITMQ_BIN_DIR);
         let server_script = bin_dir.join("rabbitmq-server");
         let ctl = bin_dir.join("rabbitmqctl");
@@ -206,11 +145,6 @@ impl RabbitMq {
         );
         let epmd = process::find_program("epmd")
             .context("`epmd` (Erlang) not found: reinstall rabbitmq-server")?;
-        let dir = tempfile::Builder::new()
-            .prefix("outbox-rabbitmq-")
-            .tempdir()
-            .context("creating a temporary directory for rabbitmq-server")?;
-        let root = dir.path().to_owned();
         std::fs::create_dir_all(root.join("home"))?;
         std::fs::write(root.join("enabled_plugins"), "[].\n")?;
         std::fs::write(
@@ -218,63 +152,111 @@ impl RabbitMq {
             format!(
                 "max_message_size = {}\n# No disk alarm on a nearly full CI disk.\n\
                  disk_free_limit.absolute = 1MB\n",
-                Self::MAX_MESSAGE_SIZE
+                RabbitMq::MAX_MESSAGE_SIZE
             ),
         )?;
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let [port, dist_port, epmd_port] = distinct_free_ports()?;
-            let mut local = Local {
-                private,
-                server_script: server_script.clone(),
-                ctl: ctl.clone(),
-                epmd: epmd.clone(),
-                root: root.clone(),
-                node: format!("outbox-{port}@localhost"),
-                dist_port,
-                epmd_port,
-                _dir: None,
-                server: Mutex::new(None),
-            };
-            let server = local.spawn(port)?;
-            match local.wait_ready(port, server).await {
-                Ok(server) => {
-                    *lock(&local.server) = Some(server);
-                    if private {
-                        local._dir = Some(dir);
-                    } else {
-                        // The shared broker is never dropped: its watchdog removes the
-                        // directory when the process exits. (On failure `dir` removes it.)
-                        let _ = dir.keep();
-                    }
-                    return Ok(RabbitMq {
-                        url: format!("amqp://guest:guest@127.0.0.1:{port}/%2f"),
-                        port,
-                        local: Some(local),
-                    });
-                }
-                Err(e) if attempt < PORT_ATTEMPTS && local.port_was_taken() => {
-                    tracing::debug!(port, error = %e, "port taken; retrying rabbitmq-server on another");
-                }
-                Err(e) => return Err(e),
-            }
-        }
+        Ok(RabbitMqNode {
+            server_script,
+            ctl,
+            epmd,
+            root: root.to_owned(),
+            node: String::new(),
+            dist_port: 0,
+            epmd_port: 0,
+        })
+    }
+
+    /// The AMQP port, plus the distribution and `epmd` ports and the node name (after the
+    /// AMQP port) of a node of its own.
+    async fn choose_port(&mut self) -> anyhow::Result<u16> {
+        let [port, dist_port, epmd_port] = distinct_free_ports()?;
+        self.node = format!("outbox-{port}@localhost");
+        self.dist_port = dist_port;
+        self.epmd_port = epmd_port;
+        Ok(port)
+    }
+
+    fn url(port: u16) -> String {
+        format!("amqp://guest:guest@127.0.0.1:{port}/%2f")
+    }
+
+    fn external_port(url: &str) -> anyhow::Result<u16> {
+        Ok(url
+            .split('@')
+            .next_back()
+            .and_then(|host| host.split('/').next())
+            .and_then(|host| host.rsplit(':').next())
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(5672))
+    }
+
+    async fn probe(_url: &str, port: u16) -> anyhow::Result<()> {
+        amqp_greeting(port).await
+    }
+
+    /// `/usr/bin/env`: it sets the node's environment, then `sh -c WRAPPER` runs the broker
+    /// (process.rs launches a program with arguments; it has no environment of its own).
+    fn program(&self) -> &Path {
+        Path::new("/usr/bin/env")
+    }
+
+    fn args(&self, port: u16) -> Vec<OsString> {
+        // A pid file left by the previous run would satisfy `rabbitmqctl wait` too early.
+        let _ = std::fs::remove_file(self.pid_file());
+        let mut args: Vec<OsString> = self
+            .env(port)
+            .into_iter()
+            .map(|(name, value)| {
+                let mut pair = OsString::from(format!("{name}="));
+                pair.push(value);
+                pair
+            })
+            .collect();
+        args.extend([
+            "sh".into(),
+            "-c".into(),
+            WRAPPER.into(),
+            "rabbitmq-wrapper".into(),
+            self.server_script.clone().into_os_string(),
+            self.epmd.clone().into_os_string(),
+        ]);
+        args
+    }
+
+    /// Waits with `rabbitmqctl wait PIDFILE` (the broker's own readiness check: the pid file
+    /// appears, the node answers, the `rabbit` application has started), then checks the AMQP
+    /// port greets.
+    async fn ready(&self, _url: &str, port: u16) -> anyhow::Result<()> {
+        let output = tokio::process::Command::new(&self.ctl)
+            .args(["-n", &self.node, "wait"])
+            .arg(self.pid_file())
+            .args(["--timeout", &Self::READY_TIMEOUT.as_secs().to_string()])
+            .envs(self.env(port))
+            .stdin(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .output()
+            .await
+            .context("running `rabbitmqctl wait`")?;
+        anyhow::ensure!(
+            output.status.success(),
+            "`rabbitmqctl wait` failed ({}): {}{}",
+            output.status,
+            String::from_utf8_lossy(&output.stdout).trim(),
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+        amqp_greeting(port)
+            .await
+            .with_context(|| format!("booted, but port {port} does not greet"))
+    }
+
+    fn port_was_taken(log: &Path) -> bool {
+        process::port_was_taken(log) || process::log_tail(log, 80).contains("eaddrinuse")
     }
 }
 
-impl Local {
-    fn log(&self) -> PathBuf {
-        self.root.join("rabbitmq-server.log")
-    }
-
+impl RabbitMqNode {
     fn pid_file(&self) -> PathBuf {
         self.root.join("rabbitmq.pid")
-    }
-
-    fn port_was_taken(&self) -> bool {
-        process::port_was_taken(&self.log())
-            || process::log_tail(&self.log(), 80).contains("eaddrinuse")
     }
 
     /// The node's environment: everything RabbitMQ and its CLI read to find their node.
@@ -295,101 +277,6 @@ impl Local {
             ("RABBITMQ_CONF_ENV_FILE", root("rabbitmq-env.conf")),
             ("HOME", root("home")),
         ]
-    }
-
-    fn spawn(&self, port: u16) -> anyhow::Result<Supervised> {
-        let _ = std::fs::remove_file(self.pid_file());
-        // `env` sets the node's environment, then `sh -c WRAPPER` runs the broker (process.rs
-        // launches a program with arguments; it has no environment of its own).
-        let mut args: Vec<OsString> = self
-            .env(port)
-            .into_iter()
-            .map(|(name, value)| {
-                let mut pair = OsString::from(format!("{name}="));
-                pair.push(value);
-                pair
-            })
-            .collect();
-        args.extend([
-            "sh".into(),
-            "-c".into(),
-            WRAPPER.into(),
-            "rabbitmq-wrapper".into(),
-            self.server_script.clone().into_os_string(),
-            self.epmd.clone().into_os_string(),
-        ]);
-        Supervised::spawn(Launch {
-            name: "rabbitmq-server",
-            program: Path::new("/usr/bin/env"),
-            args,
-            run_as: None,
-            stop_signal: "TERM",
-            cleanup: Some(&self.root),
-            log: &self.log(),
-            cwd: &self.root,
-        })
-    }
-
-    /// Waits with `rabbitmqctl wait PIDFILE` (the broker's own readiness check: the pid file
-    /// appears, the node answers, the `rabbit` application has started), watching that the
-    /// broker does not exit meanwhile, then checks the AMQP port greets.
-    async fn wait_ready(&self, port: u16, mut server: Supervised) -> anyhow::Result<Supervised> {
-        let mut ctl = tokio::process::Command::new(&self.ctl);
-        ctl.args(["-n", &self.node, "wait"])
-            .arg(self.pid_file())
-            .args(["--timeout", &READY_TIMEOUT.as_secs().to_string()])
-            .envs(self.env(port))
-            .stdin(std::process::Stdio::null())
-            .kill_on_drop(true);
-        let waiting = ctl.output();
-        tokio::pin!(waiting);
-        let deadline = Instant::now() + READY_TIMEOUT + Duration::from_secs(5);
-        let output = loop {
-            tokio::select! {
-                output = &mut waiting => break output.context("running `rabbitmqctl wait`")?,
-                () = tokio::time::sleep(Duration::from_millis(100)) => {
-                    if let Some(status) = server.exited() {
-                        anyhow::bail!(
-                            "rabbitmq-server exited ({status}) while booting on port {port}\n{}",
-                            server.log_tail()
-                        );
-                    }
-                    if Instant::now() >= deadline {
-                        let tail = server.log_tail();
-                        server.stop().await.ok();
-                        anyhow::bail!("rabbitmq-server did not boot within {READY_TIMEOUT:?}\n{tail}");
-                    }
-                }
-            }
-        };
-        if !output.status.success() {
-            let tail = server.log_tail();
-            server.stop().await.ok();
-            anyhow::bail!(
-                "`rabbitmqctl wait` failed ({}): {}{}\n{tail}",
-                output.status,
-                String::from_utf8_lossy(&output.stdout).trim(),
-                String::from_utf8_lossy(&output.stderr).trim()
-            );
-        }
-        if let Err(e) = amqp_greeting(port).await {
-            let tail = server.log_tail();
-            server.stop().await.ok();
-            return Err(e.context(format!(
-                "rabbitmq-server booted but port {port} does not greet\n{tail}"
-            )));
-        }
-        Ok(server)
-    }
-}
-
-impl Drop for RabbitMq {
-    fn drop(&mut self) {
-        if let Some(local) = &self.local
-            && let Some(mut server) = lock(&local.server).take()
-        {
-            server.stop_blocking();
-        }
     }
 }
 
