@@ -28,10 +28,10 @@ use anyhow::Context as _;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::message::OwnedMessage;
-use tokio::sync::OnceCell;
 
 use self::client::{client_config, consume_blocking, probe, wait_for_topic};
 use self::front::Front;
+use super::methods::launcher_methods;
 use super::process;
 use super::server::{Server, ServerSpec, poll};
 
@@ -83,20 +83,32 @@ struct Tansu {
     front: Option<Front>,
 }
 
+launcher_methods! {
+    impl Kafka {
+        /// The broker shared by every test of this process: the one named by
+        /// [`KAFKA_BROKERS_ENV`] when it is set, otherwise one started on first use that stops
+        /// when the process exits. Never stop it; use unique topic names.
+        fn shared;
+        /// A private broker owned by the returned value (killed on drop).
+        fn start;
+        /// The bootstrap address, `127.0.0.1:PORT` (what `bootstrap.servers` takes).
+        fn brokers;
+        /// The TCP port on 127.0.0.1 that clients connect to.
+        fn port;
+        /// Kills a private broker (clients see their connections drop). With memory storage
+        /// every topic and message is lost. Refused for the shared broker.
+        fn stop;
+        /// Starts a private broker again on the same port, stopping it first if it is
+        /// running, and waits until it answers metadata requests. It starts empty: create
+        /// topics again.
+        fn restart;
+        /// True while a broker this process started is running (always true for an external
+        /// one).
+        fn is_running;
+    }
+}
+
 impl Kafka {
-    /// The broker shared by every test of this process: the one named by
-    /// [`KAFKA_BROKERS_ENV`] when it is set, otherwise one started on first use that stops
-    /// when the process exits. Never stop it; use unique topic names.
-    pub async fn shared() -> anyhow::Result<&'static Kafka> {
-        static SHARED: OnceCell<Kafka> = OnceCell::const_new();
-        Server::shared(&SHARED, Kafka).await
-    }
-
-    /// A private broker owned by the returned value (killed on drop).
-    pub async fn start() -> anyhow::Result<Kafka> {
-        Server::start().await.map(Kafka)
-    }
-
     /// A private broker that clients reach through a TCP front in this process (tansu
     /// advertises the front's address), so that [`Kafka::disconnect`] and
     /// [`Kafka::reconnect`] can simulate an outage that keeps the broker's data. The front
@@ -109,16 +121,6 @@ impl Kafka {
             })
         };
         Server::launch(true, setup).await.map(Kafka)
-    }
-
-    /// The bootstrap address, `127.0.0.1:PORT` (what `bootstrap.servers` takes).
-    pub fn brokers(&self) -> &str {
-        self.0.url()
-    }
-
-    /// The TCP port on 127.0.0.1 that clients connect to.
-    pub fn port(&self) -> u16 {
-        self.0.port()
     }
 
     /// Cuts clients off a broker started with [`Kafka::start_with_front`]: every open
@@ -143,23 +145,6 @@ impl Kafka {
                 "cannot {what}: this broker has no front; start it with Kafka::start_with_front()"
             ),
         }
-    }
-
-    /// Kills a private broker (clients see their connections drop). With memory storage
-    /// every topic and message is lost. Refused for the shared broker.
-    pub async fn stop(&self) -> anyhow::Result<()> {
-        self.0.stop().await
-    }
-
-    /// Starts a private broker again on the same port, stopping it first if it is running,
-    /// and waits until it answers metadata requests. It starts empty: create topics again.
-    pub async fn restart(&self) -> anyhow::Result<()> {
-        self.0.restart().await
-    }
-
-    /// True while a broker this process started is running (always true for an external one).
-    pub fn is_running(&self) -> bool {
-        self.0.is_running()
     }
 
     /// Creates `name` with `partitions` partitions (replication factor 1) and waits until
@@ -212,7 +197,6 @@ impl Kafka {
 
 impl ServerSpec for Tansu {
     const NAME: &'static str = "tansu";
-    const LABEL: &'static str = "tansu";
     const SHARED: &'static str = "the shared Kafka broker";
     const START_PRIVATE: &'static str = "Kafka::start()";
     const DIR_PREFIX: &'static str = "outbox-tansu-";

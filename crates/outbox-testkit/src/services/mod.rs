@@ -13,6 +13,7 @@
 mod http;
 #[cfg(feature = "kafka")]
 mod kafka;
+mod methods;
 mod nats;
 mod postgres;
 mod process;

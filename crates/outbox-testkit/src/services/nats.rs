@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
-use tokio::sync::OnceCell;
 
+use super::methods::launcher_methods;
 use super::process;
 use super::server::{Server, ServerSpec};
 
@@ -43,30 +43,31 @@ struct NatsServer {
     store: PathBuf,
 }
 
+launcher_methods! {
+    impl Nats {
+        /// The server shared by every test of this process: the one named by [`NATS_URL_ENV`]
+        /// when it is set, otherwise one started on first use that stops when the process
+        /// exits. Never stop it; use unique stream and subject names.
+        fn shared;
+        /// A private server owned by the returned value (killed and its store removed on drop).
+        fn start;
+        /// `nats://127.0.0.1:PORT`.
+        fn url;
+        /// The TCP port on 127.0.0.1.
+        fn port;
+        /// Stops a private server (clients see the connection drop; the JetStream store is
+        /// kept). Refused for the shared server.
+        fn stop;
+        /// Starts a private server again on the same port with the same JetStream store,
+        /// stopping it first if it is running, and waits until JetStream answers.
+        fn restart;
+        /// True while a server this process started is running (always true for an external
+        /// one).
+        fn is_running;
+    }
+}
+
 impl Nats {
-    /// The server shared by every test of this process: the one named by [`NATS_URL_ENV`]
-    /// when it is set, otherwise one started on first use that stops when the process exits.
-    /// Never stop it; use unique stream and subject names.
-    pub async fn shared() -> anyhow::Result<&'static Nats> {
-        static SHARED: OnceCell<Nats> = OnceCell::const_new();
-        Server::shared(&SHARED, Nats).await
-    }
-
-    /// A private server owned by the returned value (killed and its store removed on drop).
-    pub async fn start() -> anyhow::Result<Nats> {
-        Server::start().await.map(Nats)
-    }
-
-    /// `nats://127.0.0.1:PORT`.
-    pub fn url(&self) -> &str {
-        self.0.url()
-    }
-
-    /// The TCP port on 127.0.0.1.
-    pub fn port(&self) -> u16 {
-        self.0.port()
-    }
-
     /// A new client connection to this server.
     pub async fn connect(&self) -> anyhow::Result<async_nats::Client> {
         async_nats::ConnectOptions::new()
@@ -75,28 +76,10 @@ impl Nats {
             .await
             .with_context(|| format!("connecting to NATS at {}", self.url()))
     }
-
-    /// Stops a private server (clients see the connection drop; the JetStream store is kept).
-    /// Refused for the shared server.
-    pub async fn stop(&self) -> anyhow::Result<()> {
-        self.0.stop().await
-    }
-
-    /// Starts a private server again on the same port with the same JetStream store, stopping
-    /// it first if it is running, and waits until JetStream answers.
-    pub async fn restart(&self) -> anyhow::Result<()> {
-        self.0.restart().await
-    }
-
-    /// True while a server this process started is running (always true for an external one).
-    pub fn is_running(&self) -> bool {
-        self.0.is_running()
-    }
 }
 
 impl ServerSpec for NatsServer {
     const NAME: &'static str = "nats-server";
-    const LABEL: &'static str = "nats-server";
     const SHARED: &'static str = "the shared NATS server";
     const START_PRIVATE: &'static str = "Nats::start()";
     const DIR_PREFIX: &'static str = "outbox-nats-";

@@ -11,8 +11,8 @@ use std::str::FromStr;
 use anyhow::Context;
 use sqlx::Connection;
 use sqlx::postgres::{PgConnectOptions, PgConnection};
-use tokio::sync::OnceCell;
 
+use super::methods::launcher_methods;
 use super::process;
 use super::server::{Server, ServerSpec};
 
@@ -47,33 +47,34 @@ struct PostgresServer {
     run_as: Option<&'static str>,
 }
 
+launcher_methods! {
+    impl Postgres {
+        /// The server shared by every test of this process: the one named by
+        /// [`DATABASE_URL_ENV`] when it is set, otherwise a private server started on first use
+        /// that stops when the process exits (also when it is killed).
+        ///
+        /// Call [`Postgres::fresh_database`] for a database of your own; never stop it.
+        fn shared;
+        /// A server owned by the returned value, for tests that stop and restart the database.
+        /// It is stopped and its data removed when the value is dropped.
+        fn start_private;
+        /// The URL of the `postgres` database as the `postgres` superuser.
+        fn admin_url;
+        /// The TCP port on 127.0.0.1.
+        fn port;
+        /// Stops a private server with a fast shutdown (clients are disconnected, the data is
+        /// kept). Refused for the shared server and for an external one.
+        fn stop;
+        /// Starts a private server again on the same port with the same data, stopping it
+        /// first if it is running, and waits until it accepts connections.
+        fn restart;
+        /// True while a server this process started is running (always true for an external
+        /// one).
+        fn is_running;
+    }
+}
+
 impl Postgres {
-    /// The server shared by every test of this process: the one named by
-    /// [`DATABASE_URL_ENV`] when it is set, otherwise a private server started on first use
-    /// that stops when the process exits (also when it is killed).
-    ///
-    /// Call [`Postgres::fresh_database`] for a database of your own; never stop it.
-    pub async fn shared() -> anyhow::Result<&'static Postgres> {
-        static SHARED: OnceCell<Postgres> = OnceCell::const_new();
-        Server::shared(&SHARED, Postgres).await
-    }
-
-    /// A server owned by the returned value, for tests that stop and restart the database.
-    /// It is stopped and its data removed when the value is dropped.
-    pub async fn start_private() -> anyhow::Result<Postgres> {
-        Server::start().await.map(Postgres)
-    }
-
-    /// The URL of the `postgres` database as the `postgres` superuser.
-    pub fn admin_url(&self) -> &str {
-        self.0.url()
-    }
-
-    /// The TCP port on 127.0.0.1.
-    pub fn port(&self) -> u16 {
-        self.0.port()
-    }
-
     /// The URL of `database` on this server, as the admin user.
     pub fn url_for(&self, database: &str) -> String {
         with_database(self.admin_url(), database)
@@ -94,23 +95,6 @@ impl Postgres {
             .with_context(|| format!("creating database {name} on {admin_url}"))?;
         conn.close().await.ok();
         Ok(self.url_for(&name))
-    }
-
-    /// Stops a private server with a fast shutdown (clients are disconnected, the data is
-    /// kept). Refused for the shared server and for an external one.
-    pub async fn stop(&self) -> anyhow::Result<()> {
-        self.0.stop().await
-    }
-
-    /// Starts a private server again on the same port with the same data, stopping it first
-    /// if it is running, and waits until it accepts connections.
-    pub async fn restart(&self) -> anyhow::Result<()> {
-        self.0.restart().await
-    }
-
-    /// True while a server this process started is running (always true for an external one).
-    pub fn is_running(&self) -> bool {
-        self.0.is_running()
     }
 
     /// The server's log file (`None` for an external server).

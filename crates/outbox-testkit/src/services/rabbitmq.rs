@@ -22,8 +22,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
-use tokio::sync::OnceCell;
 
+use super::methods::launcher_methods;
 use super::process;
 use super::server::{Server, ServerSpec};
 
@@ -79,53 +79,36 @@ impl RabbitMq {
     /// The largest message body (`max_message_size`) that brokers started by this module
     /// accept: 1 MiB. A larger one closes the publishing channel with `PRECONDITION_FAILED`.
     pub const MAX_MESSAGE_SIZE: usize = 1024 * 1024;
+}
 
-    /// The broker shared by every test of this process: the one named by [`AMQP_URL_ENV`]
-    /// when it is set, otherwise one started on first use that stops when the process exits.
-    /// Never stop it; use unique exchange and queue names.
-    pub async fn shared() -> anyhow::Result<&'static RabbitMq> {
-        static SHARED: OnceCell<RabbitMq> = OnceCell::const_new();
-        Server::shared(&SHARED, RabbitMq).await
-    }
-
-    /// A private broker owned by the returned value (stopped and its directory removed on
-    /// drop). Takes 3–8 s: prefer [`RabbitMq::shared`] unless the test stops the broker.
-    pub async fn start() -> anyhow::Result<RabbitMq> {
-        Server::start().await.map(RabbitMq)
-    }
-
-    /// `amqp://guest:guest@127.0.0.1:PORT/%2f` (the default vhost).
-    pub fn url(&self) -> &str {
-        self.0.url()
-    }
-
-    /// The AMQP port on 127.0.0.1.
-    pub fn port(&self) -> u16 {
-        self.0.port()
-    }
-
-    /// Stops a private broker gracefully (clients get `connection.close` 320
-    /// `CONNECTION_FORCED`; durable exchanges, queues and persistent messages are kept).
-    /// Refused for the shared broker.
-    pub async fn stop(&self) -> anyhow::Result<()> {
-        self.0.stop().await
-    }
-
-    /// Starts a private broker again on the same ports with the same data, stopping it first
-    /// if it is running, and waits until it is booted.
-    pub async fn restart(&self) -> anyhow::Result<()> {
-        self.0.restart().await
-    }
-
-    /// True while a broker this process started is running (always true for an external one).
-    pub fn is_running(&self) -> bool {
-        self.0.is_running()
+launcher_methods! {
+    impl RabbitMq {
+        /// The broker shared by every test of this process: the one named by [`AMQP_URL_ENV`]
+        /// when it is set, otherwise one started on first use that stops when the process
+        /// exits. Never stop it; use unique exchange and queue names.
+        fn shared;
+        /// A private broker owned by the returned value (stopped and its directory removed on
+        /// drop). Takes 3–8 s: prefer [`RabbitMq::shared`] unless the test stops the broker.
+        fn start;
+        /// `amqp://guest:guest@127.0.0.1:PORT/%2f` (the default vhost).
+        fn url;
+        /// The AMQP port on 127.0.0.1.
+        fn port;
+        /// Stops a private broker gracefully (clients get `connection.close` 320
+        /// `CONNECTION_FORCED`; durable exchanges, queues and persistent messages are kept).
+        /// Refused for the shared broker.
+        fn stop;
+        /// Starts a private broker again on the same ports with the same data, stopping it
+        /// first if it is running, and waits until it is booted.
+        fn restart;
+        /// True while a broker this process started is running (always true for an external
+        /// one).
+        fn is_running;
     }
 }
 
 impl ServerSpec for RabbitMqNode {
     const NAME: &'static str = "rabbitmq-server";
-    const LABEL: &'static str = "rabbitmq-server";
     const SHARED: &'static str = "the shared RabbitMQ broker";
     const START_PRIVATE: &'static str = "RabbitMq::start()";
     const DIR_PREFIX: &'static str = "outbox-rabbitmq-";

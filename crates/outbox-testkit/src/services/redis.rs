@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-use tokio::sync::OnceCell;
 
+use super::methods::launcher_methods;
 use super::process;
 use super::server::{Server, ServerSpec};
 
@@ -54,52 +54,35 @@ impl Redis {
     /// 1 MiB. An external server ([`REDIS_URL_ENV`]) has its own limit (Redis' default is
     /// 512 MiB); ask it with `CONFIG GET proto-max-bulk-len`.
     pub const MAX_BULK_LEN: usize = 1024 * 1024;
+}
 
-    /// The server shared by every test of this process: the one named by [`REDIS_URL_ENV`]
-    /// when it is set, otherwise one started on first use that stops when the process exits.
-    /// Never stop it; use unique stream names.
-    pub async fn shared() -> anyhow::Result<&'static Redis> {
-        static SHARED: OnceCell<Redis> = OnceCell::const_new();
-        Server::shared(&SHARED, Redis).await
-    }
-
-    /// A private server owned by the returned value (stopped and its directory removed on
-    /// drop).
-    pub async fn start() -> anyhow::Result<Redis> {
-        Server::start().await.map(Redis)
-    }
-
-    /// `redis://127.0.0.1:PORT`.
-    pub fn url(&self) -> &str {
-        self.0.url()
-    }
-
-    /// The TCP port on 127.0.0.1.
-    pub fn port(&self) -> u16 {
-        self.0.port()
-    }
-
-    /// Stops a private server (clients see the connection drop; the data is kept). Refused for
-    /// the shared server.
-    pub async fn stop(&self) -> anyhow::Result<()> {
-        self.0.stop().await
-    }
-
-    /// Starts a private server again on the same port with the same data, stopping it first
-    /// if it is running, and waits until it answers `PING`.
-    pub async fn restart(&self) -> anyhow::Result<()> {
-        self.0.restart().await
-    }
-
-    /// True while a server this process started is running (always true for an external one).
-    pub fn is_running(&self) -> bool {
-        self.0.is_running()
+launcher_methods! {
+    impl Redis {
+        /// The server shared by every test of this process: the one named by [`REDIS_URL_ENV`]
+        /// when it is set, otherwise one started on first use that stops when the process
+        /// exits. Never stop it; use unique stream names.
+        fn shared;
+        /// A private server owned by the returned value (stopped and its directory removed on
+        /// drop).
+        fn start;
+        /// `redis://127.0.0.1:PORT`.
+        fn url;
+        /// The TCP port on 127.0.0.1.
+        fn port;
+        /// Stops a private server (clients see the connection drop; the data is kept). Refused
+        /// for the shared server.
+        fn stop;
+        /// Starts a private server again on the same port with the same data, stopping it
+        /// first if it is running, and waits until it answers `PING`.
+        fn restart;
+        /// True while a server this process started is running (always true for an external
+        /// one).
+        fn is_running;
     }
 }
 
 impl ServerSpec for RedisServer {
     const NAME: &'static str = "redis-server";
-    const LABEL: &'static str = "redis-server";
     const SHARED: &'static str = "the shared Redis server";
     const START_PRIVATE: &'static str = "Redis::start()";
     const DIR_PREFIX: &'static str = "outbox-redis-";

@@ -35,16 +35,17 @@ const EXTERNAL_POLL: Duration = Duration::from_millis(100);
 /// How often a starting server is checked for having exited.
 const EXIT_CHECK: Duration = Duration::from_millis(25);
 
-/// Slack after [`ServerSpec::READY_TIMEOUT`] for a readiness check that enforces the timeout
-/// itself (`rabbitmqctl wait --timeout`), before the wait is given up from outside.
-const READY_GRACE: Duration = Duration::from_secs(5);
+/// Slack after [`ServerSpec::READY_TIMEOUT`] for a readiness check that enforces it itself
+/// (`rabbitmqctl wait --timeout`) or takes a last bounded step after it (Kafka's metadata
+/// request), before the wait is given up from outside.
+const READY_GRACE: Duration = Duration::from_secs(10);
 
 /// What is particular to one kind of server; [`Server`] does the rest.
 pub(crate) trait ServerSpec: Debug + Send + Sync + Sized + 'static {
     /// The program's short name, for the watchdog's messages and the log file `NAME.log`.
     const NAME: &'static str;
-    /// The server in error messages (`PostgreSQL`, `nats-server`).
-    const LABEL: &'static str;
+    /// The server in error messages (`PostgreSQL`); by default its program's name.
+    const LABEL: &'static str = Self::NAME;
     /// The shared server in the refusal to stop it (`the shared NATS server`).
     const SHARED: &'static str;
     /// The constructor of a private server, named by that refusal (`Nats::start()`).
@@ -91,9 +92,8 @@ pub(crate) trait ServerSpec: Debug + Send + Sync + Sized + 'static {
     /// Waits until a server just started on `port` is ready: by default, [`ServerSpec::probe`]
     /// every [`ServerSpec::POLL`] for up to [`ServerSpec::READY_TIMEOUT`].
     fn ready(&self, url: &str, port: u16) -> impl Future<Output = anyhow::Result<()>> + Send {
-        poll(Self::READY_TIMEOUT, Self::POLL, move || {
-            Self::probe(url, port)
-        })
+        let probe = move || Self::probe(url, port);
+        poll(Self::READY_TIMEOUT, Self::POLL, probe)
     }
 
     /// True when the server's log says its port was taken before it could bind it.
