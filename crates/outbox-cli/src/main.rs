@@ -100,8 +100,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Demo(args) => demo::run(args).await.map(|_| ()),
         Command::Migrate => admin::migrate(&load()?.0).await,
         Command::Relay => {
+            // Signals first: SIGTERM during start-up still means "stop cleanly".
+            let shutdown = relay::cancel_on_signal()?;
             let (config, origin) = load()?;
-            relay::run(config, origin).await
+            relay::run(config, origin, shutdown).await
         }
         Command::Status { json } => admin::status(&load()?.0, json).await,
         Command::Dead(command) => dead::run(&load()?.0, command).await,

@@ -46,26 +46,25 @@ pub(crate) async fn build_sink(
     }
 }
 
-/// Cancels `token` on the first SIGTERM or SIGINT; a second signal exits at once.
-pub(crate) fn cancel_on_signal(token: CancellationToken) {
+/// A token cancelled on the first SIGTERM or SIGINT; a second signal exits at once.
+pub(crate) fn cancel_on_signal() -> anyhow::Result<CancellationToken> {
+    use tokio::signal::unix::{SignalKind, signal};
+    // Registered here, synchronously, before anything else runs: a signal that arrives while
+    // the relay is still starting must reach this handler, not the default "terminate".
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let token = CancellationToken::new();
+    let cancel = token.clone();
     tokio::spawn(async move {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(e) => {
-                    tracing::error!(error = %e, "cannot install the SIGTERM handler");
-                    return;
-                }
-            };
         let mut first = true;
         loop {
             tokio::select! {
                 _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
+                _ = int.recv() => {}
             }
             if first {
                 // Cancel before logging: nothing may stand between a signal and the drain.
-                token.cancel();
+                cancel.cancel();
                 tracing::info!(
                     "shutdown requested: finishing the batch in flight (signal again to exit at once)"
                 );
@@ -78,12 +77,15 @@ pub(crate) fn cancel_on_signal(token: CancellationToken) {
             }
         }
     });
+    Ok(token)
 }
 
 /// Runs the relay.
-pub(crate) async fn run(config: Config, origin: Origin) -> anyhow::Result<()> {
-    let shutdown = CancellationToken::new();
-    cancel_on_signal(shutdown.clone());
+pub(crate) async fn run(
+    config: Config,
+    origin: Origin,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
     let readiness = Arc::new(Readiness::default());
     if let Some(listen) = config.metrics.listen {
         observe::serve(listen, readiness.clone(), shutdown.clone()).await?;

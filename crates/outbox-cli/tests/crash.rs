@@ -54,6 +54,7 @@ stream = "{tag}"
         work.spawn_relay(&config, "relay-0.log")?,
         work.spawn_relay(&config, "relay-1.log")?,
     ];
+    let mut spawns = [1usize, 1];
 
     // One producer per aggregate group: program order is commit order for its aggregates.
     let mut producers = Vec::new();
@@ -108,6 +109,7 @@ stream = "{tag}"
         relays[victim].start_kill()?; // SIGKILL
         relays[victim].wait().await?;
         relays[victim] = work.spawn_relay(&config, &format!("relay-{victim}.log"))?;
+        spawns[victim] += 1;
         tracing::info!(kill = k, victim, "relay killed and restarted");
     }
     let mut committed: Vec<(String, usize)> = Vec::new();
@@ -116,6 +118,15 @@ stream = "{tag}"
     }
     wait_drained(&pool, Duration::from_secs(60)).await?;
     for (i, r) in relays.iter_mut().enumerate() {
+        // A relay restarted a moment ago may still be exec'ing; let it reach its start line
+        // (its signal handlers are installed before that) so SIGTERM means "drain".
+        let log = format!("relay-{i}.log");
+        let spawned = spawns[i];
+        outbox_testkit::wait::eventually(Duration::from_secs(20), || async {
+            work.read_log(&log).matches("starting relay").count() >= spawned
+        })
+        .await
+        .with_context(|| format!("relay {i} never started:\n{}", work.read_log(&log)))?;
         let code = terminate(r, Duration::from_secs(30)).await?;
         ensure!(
             code == Some(0),
