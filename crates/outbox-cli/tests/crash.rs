@@ -1,6 +1,8 @@
 //! Guarantee 1 and 3 under `kill -9`: two relay processes on one outbox, one of them killed
 //! with SIGKILL and restarted over and over while producers write; afterwards every committed
-//! event is in JetStream and each aggregate's events are in commit order.
+//! event is in JetStream and each aggregate's events are in commit order. Run for the polling
+//! source (both relays claim) and for CDC (one relay streams from the slot, the other stands
+//! by and takes over when it dies).
 
 mod support;
 
@@ -17,11 +19,32 @@ use support::{Workdir, read_stream, terminate, wait_drained};
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sigkilled_relays_lose_no_committed_event_and_keep_per_aggregate_order()
 -> anyhow::Result<()> {
+    sigkill_scenario(Mode::Poll).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigkilled_cdc_relays_lose_no_committed_event_and_keep_per_aggregate_order()
+-> anyhow::Result<()> {
+    sigkill_scenario(Mode::Cdc).await
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Poll,
+    Cdc,
+}
+
+async fn sigkill_scenario(mode: Mode) -> anyhow::Result<()> {
     outbox_testkit::init_tracing();
     let pg = Postgres::shared().await?;
     let url = pg.fresh_database().await?;
     let nats = Nats::shared().await?;
     let tag = format!("crash{}", uuid::Uuid::new_v4().simple());
+    // Slots are cluster-wide: each run gets its own.
+    let source_mode = match mode {
+        Mode::Poll => String::new(),
+        Mode::Cdc => format!("mode = \"cdc\"\nslot = \"s_{tag}\"\npublication = \"p_{tag}\"\n"),
+    };
     let work = Workdir::new()?;
     let config = work.write_config(
         "outbox.toml",
@@ -30,6 +53,7 @@ async fn sigkilled_relays_lose_no_committed_event_and_keep_per_aggregate_order()
 [source]
 kind = "postgres"
 url = "{url}"
+{source_mode}
 [relay]
 batch_size = 40
 workers = 2
@@ -116,7 +140,27 @@ stream = "{tag}"
     for p in producers {
         committed.extend(p.await??);
     }
-    wait_drained(&pool, Duration::from_secs(60)).await?;
+    let client = nats.connect().await?;
+    match mode {
+        Mode::Poll => wait_drained(&pool, Duration::from_secs(60)).await?,
+        // CDC leaves rows as they are: drained means every committed event is in the stream.
+        Mode::Cdc => {
+            let expected = committed.len();
+            outbox_testkit::wait::eventually(Duration::from_secs(60), || async {
+                read_stream(&client, &tag).await.is_ok_and(|got| {
+                    got.iter().map(|m| &m.id).collect::<HashSet<_>>().len() >= expected
+                })
+            })
+            .await
+            .with_context(|| {
+                format!(
+                    "not every committed event reached JetStream:\n{}\n{}",
+                    work.read_log("relay-0.log"),
+                    work.read_log("relay-1.log")
+                )
+            })?;
+        }
+    }
     for (i, r) in relays.iter_mut().enumerate() {
         // A relay restarted a moment ago may still be exec'ing; let it reach its start line
         // (its signal handlers are installed before that) so SIGTERM means "drain".
@@ -135,7 +179,6 @@ stream = "{tag}"
         );
     }
 
-    let client = nats.connect().await?;
     let received = read_stream(&client, &tag).await?;
     let mut seen = HashSet::new();
     let mut by_aggregate: HashMap<String, Vec<usize>> = HashMap::new();
