@@ -71,6 +71,26 @@ impl PgPollSource {
         }
     }
 
+    /// Runs `ANALYZE` on the outbox table when it has no planner statistics yet (a table
+    /// filled before autovacuum's first pass, or a partitioned parent, which autovacuum never
+    /// analyzes): without them the first claims can be planned as full scans. One catalog
+    /// lookup when statistics exist. The relay calls it once at start.
+    pub async fn analyze_if_never_analyzed(
+        pool: &PgPool,
+        config: &PostgresConfig,
+    ) -> Result<(), SourceError> {
+        let table = config.qualified_table();
+        let sql = crate::sql::render(
+            include_str!("../queries/outbox_analyze_if_never.sql"),
+            &table,
+        );
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(pool)
+            .await
+            .map_err(|e| source_error("collecting planner statistics", &table.to_string(), e))?;
+        Ok(())
+    }
+
     fn err(&self, context: &str, e: sqlx::Error) -> SourceError {
         source_error(context, &self.table, e)
     }
