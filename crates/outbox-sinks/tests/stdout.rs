@@ -149,6 +149,19 @@ async fn a_removed_file_fails_the_healthcheck() {
     assert!(err.to_string().contains("events.jsonl"), "{err}");
 }
 
+#[tokio::test]
+async fn dev_null_is_a_healthy_file_sink() {
+    // Benchmarks and dry runs point the file sink at /dev/null: a device, not a regular file.
+    let sink = FileConfig {
+        path: "/dev/null".into(),
+        ..FileConfig::default()
+    }
+    .build()
+    .await
+    .expect("opens /dev/null");
+    sink.healthcheck().await.expect("a device is a fine target");
+}
+
 /// Env var telling [`stdout_child_writes_a_batch`] that it runs as the child of
 /// [`stdout_lines_parse_back_to_the_same_events`] and should write.
 const CHILD_ENV: &str = "OUTBOX_SINKS_STDOUT_CHILD";

@@ -321,8 +321,12 @@ impl Sink for FileSink {
 
     async fn healthcheck(&self) -> Result<(), SinkError> {
         match tokio::fs::metadata(&self.path).await {
-            Ok(meta) if meta.is_file() => Ok(()),
-            Ok(_) => Err(SinkError::unavailable(format!("`{}` is not a regular file", self.path.display()))),
+            // A regular file, or a device or pipe such as /dev/null.
+            Ok(meta) if !meta.is_dir() => Ok(()),
+            Ok(_) => Err(SinkError::unavailable(format!(
+                "`{}` is a directory",
+                self.path.display()
+            ))),
             Err(e) => Err(SinkError::unavailable(format!(
                 "`{}` is gone (moved or deleted while the relay runs; restart it to reopen the file)",
                 self.path.display()
