@@ -1,6 +1,7 @@
 //! A drain-rate figure, not a correctness test (ignored by default): a backlog of outbox rows
 //! streamed by the CDC source into a sink that acknowledges at once, against `pg_recvlogical`
-//! reading the same backlog from its own `pgoutput` slot with the same publication.
+//! reading the same backlog from its own `pgoutput` slot with the same publication, and
+//! against the polling source draining the same rows (CDC leaves them pending) the same way.
 //!
 //! ```text
 //! OUTBOX_DRAIN_EVENTS=100000 cargo test --release -p outbox-postgres --test cdc_drain -- --ignored --nocapture
@@ -130,5 +131,47 @@ async fn cdc_drain_rate_against_pg_recvlogical() -> anyhow::Result<()> {
         .bind(&reference_slot)
         .execute(&h.pool)
         .await?;
+
+    // The polling source on the same rows (CDC never updates them: all still pending), with
+    // the relay's defaults: 2 workers, batches of 500, per-aggregate order, mark delivered.
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "VACUUM ANALYZE {}",
+        h.config.qualified_table()
+    )))
+    .execute(&h.pool)
+    .await?;
+    let sink = Arc::new(NullSink {
+        target: written,
+        ..NullSink::default()
+    });
+    let mut config = test_relay_config(Ordering::PerAggregate, DeadLetterPolicy::HoldAggregate, 3);
+    config.batch_size = std::num::NonZeroUsize::new(500).context("nonzero")?;
+    let relay = Relay::new(config, sink.clone());
+    let mut poll_config = h.config.clone();
+    poll_config.mode = outbox_postgres::Mode::Poll;
+    let sources = (0..2)
+        .map(|_| {
+            outbox_postgres::PgPollSource::new(
+                h.pool.clone(),
+                &poll_config,
+                Ordering::PerAggregate,
+                DeadLetterPolicy::HoldAggregate,
+            )
+        })
+        .collect();
+    let shutdown = CancellationToken::new();
+    let started = Instant::now();
+    let token = shutdown.clone();
+    let run = tokio::spawn(async move { relay.run(sources, token).await });
+    tokio::time::timeout(Duration::from_secs(600), sink.done.notified()).await?;
+    let poll = started.elapsed();
+    shutdown.cancel();
+    run.await??;
+    let poll_rate = written as f64 / poll.as_secs_f64();
+    eprintln!(
+        "polling source (2 workers, mark) -> null sink: {poll:?} = {poll_rate:.0} events/s\n\
+         CDC / polling: {:.1}x",
+        cdc_rate / poll_rate
+    );
     Ok(())
 }
