@@ -29,6 +29,10 @@ struct Seen {
     body: String,
 }
 
+/// One `XRANGE` entry: its id and its field/value pairs.
+#[cfg(feature = "redis")]
+type StreamEntry = (String, Vec<(String, Vec<u8>)>);
+
 /// A name no other test uses (lower-case letters and digits: valid for every broker).
 fn unique() -> String {
     format!("t{}", &uuid::Uuid::now_v7().simple().to_string()[20..])
@@ -254,7 +258,7 @@ async fn redis_sigterm_drains_in_flight_batches() -> anyhow::Result<()> {
             at_least(n, || {
                 let mut connection = connection.clone();
                 async move {
-                    let entries: Vec<(String, Vec<(String, Vec<u8>)>)> = redis::cmd("XRANGE")
+                    let entries: Vec<StreamEntry> = redis::cmd("XRANGE")
                         .arg(stream)
                         .arg("-")
                         .arg("+")

@@ -247,6 +247,8 @@ pub struct FileSink {
     destination: Destination,
     path: PathBuf,
     sync: bool,
+    /// False for a device or a pipe (`/dev/null`): no fsync, no truncation after a failure.
+    regular: bool,
     file: Arc<Mutex<File>>,
 }
 
@@ -259,10 +261,15 @@ impl FileSink {
         .await
         .map_err(|e| SinkError::unavailable("opening the output file failed").with_source(e))?;
         let file = opened.map_err(|e| open_error(&config.path, e))?;
+        let regular = file
+            .metadata()
+            .map_err(|e| open_error(&config.path, e))?
+            .is_file();
         Ok(Self {
             destination: config.destination,
             path: config.path,
             sync: config.sync,
+            regular,
             file: Arc::new(Mutex::new(file)),
         })
     }
@@ -297,19 +304,21 @@ impl Sink for FileSink {
             return Ok(deliveries);
         }
         let file = Arc::clone(&self.file);
-        let sync = self.sync;
+        let (sync, regular) = (self.sync && self.regular, self.regular);
         blocking_io(
             format!("appending to `{}` failed", self.path.display()),
             move || {
                 let file = file.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
                 let mut handle: &File = &file;
-                let before = handle.metadata()?.len();
+                let before = if regular { handle.metadata()?.len() } else { 0 };
                 let written = handle
                     .write_all(&out)
                     .and_then(|()| if sync { handle.sync_data() } else { Ok(()) });
                 if let Err(e) = written {
                     // Best effort: leave no half line behind for readers; the batch is retried.
-                    let _ = handle.set_len(before);
+                    if regular {
+                        let _ = handle.set_len(before);
+                    }
                     return Err(e);
                 }
                 Ok(())

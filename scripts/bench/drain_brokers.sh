@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# Drain rate of a backlog into each broker (issue 4's figure):
+#
+#   scripts/bench/drain_brokers.sh [--events N] [--batch B] [--sinks "file nats redis rabbitmq kafka"]
+#
+# Starts PostgreSQL, nats-server, tansu (Kafka protocol), redis-server and RabbitMQ on free
+# ports of 127.0.0.1 (scripts/services.sh: PostgreSQL with fsync=off, as the tests run it),
+# then for each sink: a fresh database, `outbox migrate`, N events (default 100,000; 1,000
+# aggregates, ~40-byte JSON bodies) written with one INSERT ... SELECT, then one
+# `outbox relay` (release build: target/release/outbox, or OUTBOX_BIN) timed from its start
+# until no row is pending, then SIGTERM. Reports events/s and the relay's CPU seconds.
+# `file` is the JSON-lines file sink on /dev/null: the database + relay reference, no broker.
+#
+# Everything lives in a temporary directory removed at exit. Results: a Markdown table on
+# stdout and scripts/bench/results/brokers-<date>.json.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+# shellcheck source=scripts/services.sh
+source scripts/services.sh
+
+events=100000
+batch=500
+sinks="file nats redis rabbitmq kafka"
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --events) events=$2; shift 2 ;;
+    --batch) batch=$2; shift 2 ;;
+    --sinks) sinks=$2; shift 2 ;;
+    -h | --help) sed -n '2,15p' "$0"; exit 0 ;;
+    *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
+    esac
+done
+case "$events$batch" in *[!0-9]*) echo "--events and --batch take whole numbers" >&2; exit 2 ;; esac
+
+bin=${OUTBOX_BIN:-target/release/outbox}
+[ -x "$bin" ] || { echo "no relay binary at $bin: cargo build --release -p outbox-cli" >&2; exit 1; }
+venv=scripts/bench/.venv
+if [[ " $sinks " == *" rabbitmq "* ]]; then
+    [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+    "$venv/bin/python" -c 'import pika' 2>/dev/null || "$venv/bin/pip" install -q pika
+fi
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/outbox-drain-brokers.XXXXXX")
+relay_pid=
+cleanup() {
+    [ -n "$relay_pid" ] && kill -TERM "$relay_pid" 2>/dev/null || true
+    services_stop "$work"
+    rm -rf "$work"
+}
+trap cleanup EXIT
+services_install
+services_start_all "$work"
+pg=$OUTBOX_TEST_DATABASE_URL
+ticks=$(getconf CLK_TCK)
+
+# The consumer side RabbitMQ needs (mandatory publishing: a queue must be bound).
+rabbit_queue() {
+    "$venv/bin/python" - "$OUTBOX_TEST_AMQP_URL" <<'PY'
+import sys, pika
+c = pika.BlockingConnection(pika.URLParameters(sys.argv[1]))
+ch = c.channel()
+ch.exchange_declare("bench", "topic", durable=True)
+ch.queue_declare("bench", durable=True)
+ch.queue_purge("bench")
+ch.queue_bind("bench", "bench", "bench.#")
+c.close()
+PY
+}
+
+sink_toml() {
+    case "$1" in
+    file) printf '[sink]\nkind = "file"\npath = "/dev/null"\n' ;;
+    nats) printf '[sink]\nkind = "nats"\nurl = "%s"\nstream = "BENCH"\ndestination = "bench.{aggregate_type}"\n' "$OUTBOX_TEST_NATS_URL" ;;
+    redis) printf '[sink]\nkind = "redis"\nurl = "%s"\ndestination = "bench.{aggregate_type}"\n' "$OUTBOX_TEST_REDIS_URL" ;;
+    rabbitmq) printf '[sink]\nkind = "rabbitmq"\nurl = "%s"\nexchange = "bench"\ndestination = "bench.{aggregate_type}"\n' "$OUTBOX_TEST_AMQP_URL" ;;
+    kafka) printf '[sink]\nkind = "kafka"\nbrokers = "%s"\ndestination = "bench-{aggregate_type}"\ncreate_topics = true\ntopic_partitions = 4\n' "$OUTBOX_TEST_KAFKA_BROKERS" ;;
+    *) echo "unknown sink $1" >&2; return 1 ;;
+    esac
+}
+
+results=()
+printf '| sink | events | seconds | events/s | relay CPU s | CPU µs/event |\n| --- | ---: | ---: | ---: | ---: | ---: |\n'
+for sink in $sinks; do
+    db="drain_${sink}_$$"
+    psql -q "$pg" -c "CREATE DATABASE $db" >/dev/null
+    url="${pg%/*}/$db"
+    [ "$sink" = rabbitmq ] && rabbit_queue
+    config="$work/$sink.toml"
+    {
+        printf '[source]\nkind = "postgres"\nurl = "%s"\non_delivered = "mark"\n' "$url"
+        printf '[relay]\nbatch_size = %s\n' "$batch"
+        sink_toml "$sink"
+    } >"$config"
+    "$bin" migrate --config "$config" >/dev/null 2>"$work/$sink.migrate.log"
+    psql -q "$url" -c "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+        SELECT 'Order', 'o_' || (g % 1000), 'order.placed',
+               convert_to('{\"order_id\":\"o_' || (g % 1000) || '\",\"n\":' || g || '}', 'UTF8')
+        FROM generate_series(1, $events) AS g" >/dev/null
+    psql -q "$url" -c "VACUUM ANALYZE outbox" >/dev/null
+
+    start=$(date +%s.%N)
+    OUTBOX_LOG=warn "$bin" relay --config "$config" 2>"$work/$sink.relay.log" &
+    relay_pid=$!
+    while :; do
+        pending=$(psql -qtA "$url" -c "SELECT count(*) FROM outbox WHERE state = 'pending'")
+        [ "$pending" = 0 ] && break
+        if ! kill -0 "$relay_pid" 2>/dev/null; then
+            echo "relay for $sink died:" >&2
+            tail -n 20 "$work/$sink.relay.log" >&2
+            exit 1
+        fi
+        sleep 0.02
+    done
+    end=$(date +%s.%N)
+    read -r utime stime < <(awk '{print $14, $15}' "/proc/$relay_pid/stat")
+    kill -TERM "$relay_pid"
+    wait "$relay_pid" || { echo "relay for $sink exited non-zero" >&2; tail -n 20 "$work/$sink.relay.log" >&2; }
+    relay_pid=
+    read -r secs rate cpu per_event < <(awk -v s="$start" -v e="$end" -v n="$events" \
+        -v u="$utime" -v k="$stime" -v t="$ticks" \
+        'BEGIN { d = e - s; c = (u + k) / t; printf "%.2f %.0f %.2f %.1f\n", d, n / d, c, c * 1e6 / n }')
+    printf '| %s | %s | %s | %s | %s | %s |\n' "$sink" "$events" "$secs" "$rate" "$cpu" "$per_event"
+    results+=("{\"sink\":\"$sink\",\"events\":$events,\"batch\":$batch,\"seconds\":$secs,\"events_per_second\":$rate,\"relay_cpu_seconds\":$cpu}")
+    psql -q "$pg" -c "DROP DATABASE $db" >/dev/null
+done
+
+mkdir -p scripts/bench/results
+out="scripts/bench/results/brokers-$(date +%Y-%m-%d-%H%M).json"
+{
+    printf '{"machine":"%s, %s cores","results":[' "$(uname -r)" "$(nproc)"
+    (IFS=,; printf '%s' "${results[*]}")
+    printf ']}\n'
+} >"$out"
+echo "results: $out" >&2
