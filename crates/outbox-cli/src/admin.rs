@@ -14,9 +14,13 @@ pub(crate) async fn migrate(config: &Config) -> anyhow::Result<()> {
             let pool = outbox_postgres::connect(pg, 1)
                 .await
                 .with_context(|| format!("cannot connect to {}", pg.url))?;
-            let report = outbox_postgres::migrate(&pool, &pg.qualified_table(), pg.listen_notify)
+            let options = outbox_postgres::MigrateOptions::from_config(pg);
+            let report = outbox_postgres::migrate_with(&pool, &pg.qualified_table(), options)
                 .await
                 .map_err(|e| anyhow::anyhow!(crate::chain(&e)))?;
+            for p in &report.partitions_created {
+                println!("created partition {p} of {}", pg.qualified_table());
+            }
             if report.applied.is_empty() {
                 println!(
                     "outbox table {} is up to date (schema version {})",
@@ -87,6 +91,10 @@ struct Status {
     backlog: outbox_core::source::Backlog,
     held_aggregates: Vec<outbox_postgres::HeldAggregate>,
     producer_lock_waits: Vec<outbox_postgres::LockWait>,
+    /// PostgreSQL: pending events older than `metrics.stuck_after`, and the oldest open
+    /// transaction (the xmin horizon's holder).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    watchdog: Option<outbox_postgres::Watchdog>,
     /// CDC mode: the replication slot (pending events are WAL, not row state).
     #[serde(skip_serializing_if = "Option::is_none")]
     replication_slot: Option<outbox_postgres::SlotStatus>,
@@ -123,6 +131,13 @@ pub(crate) async fn status(config: &Config, json: bool) -> anyhow::Result<()> {
                     .await
                     .map_err(|e| anyhow::anyhow!(crate::chain(&e)))
                     .with_context(ctx)?,
+                watchdog: Some(
+                    inspector
+                        .watchdog(now, config.metrics.stuck_after)
+                        .await
+                        .map_err(|e| anyhow::anyhow!(crate::chain(&e)))
+                        .with_context(ctx)?,
+                ),
                 replication_slot: None,
             }
         }
@@ -140,6 +155,7 @@ pub(crate) async fn status(config: &Config, json: bool) -> anyhow::Result<()> {
                     .map_err(|e| anyhow::anyhow!(crate::chain(&e)))?,
                 held_aggregates: Vec::new(),
                 producer_lock_waits: Vec::new(),
+                watchdog: None,
                 replication_slot: None,
             }
         }
@@ -164,6 +180,17 @@ pub(crate) async fn status(config: &Config, json: bool) -> anyhow::Result<()> {
         Some(n) => println!("  published (1 min)  {n}"),
         None => println!("  published (1 min)  n/a (delivered rows are not kept)"),
     }
+    if let Some(w) = &status.watchdog {
+        println!(
+            "  stuck              {} event(s) pending longer than {} (metrics.stuck_after)",
+            w.stuck_events,
+            humantime::format_duration(config.metrics.stuck_after)
+        );
+        match &w.oldest_transaction {
+            Some(t) => println!("  horizon held by    {}", crate::why::describe(t)),
+            None => println!("  horizon held by    no open transaction"),
+        }
+    }
     if status.held_aggregates.is_empty() && status.producer_lock_waits.is_empty() {
         println!("  blocked            nothing holds delivery back");
     }
@@ -172,7 +199,11 @@ pub(crate) async fn status(config: &Config, json: bool) -> anyhow::Result<()> {
             "dead-lettered (retry with `outbox dead retry`)".to_owned()
         } else {
             match h.next_attempt_at {
-                Some(t) => format!("retrying (attempt {} failed; next at {t})", h.attempts),
+                Some(t) => format!(
+                    "retrying (attempt {} failed; next at {})",
+                    h.attempts,
+                    crate::dead::when(t)
+                ),
                 None => format!("retrying (attempt {} failed; due now)", h.attempts),
             }
         };
@@ -225,6 +256,7 @@ async fn cdc_status(
             .with_context(ctx)?,
         held_aggregates: Vec::new(),
         producer_lock_waits: Vec::new(),
+        watchdog: None,
         replication_slot: slot,
     })
 }

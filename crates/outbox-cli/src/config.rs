@@ -39,6 +39,9 @@ pub(crate) struct Config {
     /// Prometheus endpoint and watchdog (`[metrics]`).
     #[serde(default)]
     pub(crate) metrics: MetricsConfig,
+    /// Retention schedule and defaults (`[retention]`).
+    #[serde(default)]
+    pub(crate) retention: crate::retention::RetentionConfig,
 }
 
 /// `[source]`: the database holding the outbox table.
@@ -215,6 +218,7 @@ impl Config {
     /// Checks what serde cannot; errors name the key.
     pub(crate) fn validate(&self) -> anyhow::Result<()> {
         self.relay.validate().map_err(anyhow::Error::msg)?;
+        self.retention.validate().map_err(anyhow::Error::msg)?;
         match &self.source {
             SourceConfig::Postgres(pg) => {
                 pg.validate().map_err(anyhow::Error::msg)?;

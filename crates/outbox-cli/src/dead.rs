@@ -1,10 +1,13 @@
-//! `outbox dead list|show|retry|purge`: inspect and act on dead letters.
+//! `outbox dead list|show|retry|purge`: inspect and act on dead letters, on PostgreSQL
+//! (with every attempt's error) and SQLite (the latest error only).
 
 use std::io::{BufRead, IsTerminal, Write};
 
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
-use outbox_postgres::{PgDeadLetters, RetrySelection};
+use outbox_core::SourceError;
+use outbox_postgres::{DeadLetter, PgDeadLetters, RetrySelection, StoredEventDetail};
+use outbox_sqlite::SqliteRetrySelection;
 use time::OffsetDateTime;
 use uuid::Uuid;
 
@@ -28,7 +31,7 @@ pub(crate) enum DeadCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Show one event: payload, headers, attempts and its last error.
+    /// Show one event: payload, headers, and every attempt's error.
     Show {
         /// Event id.
         id: Uuid,
@@ -67,17 +70,176 @@ pub(crate) struct RetryArgs {
     all: bool,
 }
 
-pub(crate) async fn run(config: &Config, command: DeadCommand) -> anyhow::Result<()> {
-    let SourceConfig::Postgres(pg) = &config.source else {
-        bail!(
-            "`outbox dead` is not supported by the SQLite source yet; query the outbox table's `state = 'dead'` rows directly"
-        );
+/// The table's dead-letter operations, for either source.
+enum Store {
+    Postgres(PgDeadLetters),
+    Sqlite(outbox_sqlite::SqliteDeadLetters),
+}
+
+impl Store {
+    async fn open(config: &Config) -> anyhow::Result<Self> {
+        Ok(match &config.source {
+            SourceConfig::Postgres(pg) => {
+                let pool = outbox_postgres::connect(pg, 1)
+                    .await
+                    .with_context(|| format!("cannot connect to {}", pg.url))?;
+                Self::Postgres(PgDeadLetters::new(pool, pg))
+            }
+            SourceConfig::Sqlite(sq) => {
+                let pool = outbox_sqlite::connect(sq).await.with_context(|| {
+                    format!("cannot open SQLite database `{}`", sq.path.display())
+                })?;
+                Self::Sqlite(outbox_sqlite::SqliteDeadLetters::new(pool, &sq.table))
+            }
+        })
+    }
+
+    async fn list(
+        &self,
+        event_type: Option<&str>,
+        aggregate: Option<&str>,
+        limit: i64,
+    ) -> Result<Vec<DeadLetter>, SourceError> {
+        match self {
+            Self::Postgres(d) => d.list(event_type, aggregate, limit).await,
+            Self::Sqlite(d) => Ok(d
+                .list(event_type, aggregate, limit)
+                .await?
+                .into_iter()
+                .map(from_sqlite)
+                .collect()),
+        }
+    }
+
+    async fn show(&self, id: Uuid) -> Result<Option<StoredEventDetail>, SourceError> {
+        match self {
+            Self::Postgres(d) => d.show(id).await,
+            Self::Sqlite(d) => {
+                Ok(d.show(id, OffsetDateTime::now_utc())
+                    .await?
+                    .map(|e| StoredEventDetail {
+                        summary: from_sqlite(e.summary),
+                        state: e.state,
+                        payload: e.payload,
+                        headers: e.headers,
+                        delivered_at: e.delivered_at,
+                        seq: e.seq,
+                        attempt_errors: Vec::new(),
+                        backoff_until: e.backoff_until,
+                    }))
+            }
+        }
+    }
+
+    async fn retry(&self, selection: &RetrySelection) -> Result<Vec<Uuid>, SourceError> {
+        match self {
+            Self::Postgres(d) => d.retry(selection).await,
+            Self::Sqlite(d) => {
+                let selection = match selection {
+                    RetrySelection::Ids(ids) => SqliteRetrySelection::Ids(ids.clone()),
+                    RetrySelection::EventType(t) => SqliteRetrySelection::EventType(t.clone()),
+                    RetrySelection::All => SqliteRetrySelection::All,
+                };
+                d.retry(&selection).await
+            }
+        }
+    }
+
+    async fn purge(
+        &self,
+        before: OffsetDateTime,
+        event_type: Option<&str>,
+    ) -> Result<Vec<Uuid>, SourceError> {
+        match self {
+            Self::Postgres(d) => d.purge(before, event_type).await,
+            Self::Sqlite(d) => d.purge(before, event_type).await,
+        }
+    }
+}
+
+fn from_sqlite(d: outbox_sqlite::SqliteDeadLetter) -> DeadLetter {
+    DeadLetter {
+        id: d.id,
+        aggregate_type: d.aggregate_type,
+        aggregate_id: d.aggregate_id,
+        event_type: d.event_type,
+        attempts: d.attempts,
+        reason: d.reason,
+        created_at: d.created_at,
+        dead_lettered_at: d.dead_lettered_at,
+    }
+}
+
+/// A time for people: RFC 3339, UTC (`2026-11-22T07:35:01.696251Z`).
+pub(crate) fn when(t: OffsetDateTime) -> String {
+    t.to_offset(time::UtcOffset::UTC)
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_else(|_| t.to_string())
+}
+
+/// The event as JSON: its fields, with the payload as text (or a note when not UTF-8).
+pub(crate) fn event_json(detail: &StoredEventDetail) -> anyhow::Result<serde_json::Value> {
+    let mut v = serde_json::to_value(detail)?;
+    v["payload"] = match std::str::from_utf8(&detail.payload) {
+        Ok(text) => serde_json::Value::String(text.to_owned()),
+        Err(_) => serde_json::Value::String(format!("<{} bytes, not UTF-8>", detail.payload.len())),
     };
-    let pool = outbox_postgres::connect(pg, 1)
-        .await
-        .with_context(|| format!("cannot connect to {}", pg.url))?;
-    let dead = PgDeadLetters::new(pool, pg);
-    let e = |e: outbox_core::SourceError| anyhow::anyhow!(crate::chain(&e));
+    Ok(v)
+}
+
+/// Prints the attempts, one line each; falls back to `last_error` where no history is kept
+/// (SQLite, CDC dead letters, failures recorded before schema version 2).
+pub(crate) fn print_attempts(detail: &StoredEventDetail) {
+    let s = &detail.summary;
+    let requeued = detail.attempt_errors.iter().any(|a| a.kind == "requeued");
+    println!(
+        "attempts     {} failed{}",
+        s.attempts,
+        if requeued {
+            " since it was last put back in line"
+        } else {
+            ""
+        }
+    );
+    if detail.attempt_errors.is_empty() {
+        if s.attempts > 0 || s.reason.is_some() {
+            println!("last error   {}", s.reason.as_deref().unwrap_or("-"));
+        }
+        return;
+    }
+    if detail
+        .attempt_errors
+        .first()
+        .is_some_and(|a| a.attempt > 1 && a.kind != "requeued")
+    {
+        println!(
+            "  (earlier attempts not kept: the last {} entries are)",
+            detail.attempt_errors.len()
+        );
+    }
+    for a in &detail.attempt_errors {
+        println!(
+            "  #{:<3} {}  {:<8} {}",
+            a.attempt,
+            when(a.at),
+            a.kind,
+            a.error
+        );
+    }
+}
+
+/// Prints headers and payload.
+pub(crate) fn print_body(detail: &StoredEventDetail) {
+    println!("headers      {}", detail.headers);
+    match std::str::from_utf8(&detail.payload) {
+        Ok(text) => println!("payload      {text}"),
+        Err(_) => println!("payload      <{} bytes, not UTF-8>", detail.payload.len()),
+    }
+}
+
+pub(crate) async fn run(config: &Config, command: DeadCommand) -> anyhow::Result<()> {
+    let dead = Store::open(config).await?;
+    let e = |e: SourceError| anyhow::anyhow!(crate::chain(&e));
     match command {
         DeadCommand::List {
             event_type,
@@ -121,32 +283,19 @@ pub(crate) async fn run(config: &Config, command: DeadCommand) -> anyhow::Result
                 .map_err(e)?
                 .with_context(|| format!("no event with id {id}"))?;
             if json {
-                let mut v = serde_json::to_value(&detail)?;
-                v["payload"] = match std::str::from_utf8(&detail.payload) {
-                    Ok(text) => serde_json::Value::String(text.to_owned()),
-                    Err(_) => serde_json::Value::String(format!(
-                        "<{} bytes, not UTF-8>",
-                        detail.payload.len()
-                    )),
-                };
-                println!("{}", serde_json::to_string_pretty(&v)?);
+                println!("{}", serde_json::to_string_pretty(&event_json(&detail)?)?);
             } else {
                 let s = &detail.summary;
                 println!("event        {}", s.id);
                 println!("aggregate    {}/{}", s.aggregate_type, s.aggregate_id);
                 println!("event type   {}", s.event_type);
                 println!("state        {} (seq {})", detail.state, detail.seq);
-                println!("created      {}", s.created_at);
+                println!("created      {}", when(s.created_at));
                 if let Some(t) = s.dead_lettered_at {
-                    println!("dead since   {t}");
+                    println!("dead since   {}", when(t));
                 }
-                println!("attempts     {} failed", s.attempts);
-                println!("last error   {}", s.reason.as_deref().unwrap_or("-"));
-                println!("headers      {}", detail.headers);
-                match std::str::from_utf8(&detail.payload) {
-                    Ok(text) => println!("payload      {text}"),
-                    Err(_) => println!("payload      <{} bytes, not UTF-8>", detail.payload.len()),
-                }
+                print_attempts(&detail);
+                print_body(&detail);
             }
         }
         DeadCommand::Retry(args) => {

@@ -4,11 +4,16 @@
 //! crates. Errors reach the user as one line (plus its causes), with a non-zero exit code.
 
 mod admin;
+mod bench;
 mod config;
 mod dead;
 mod demo;
+mod doctor;
 mod observe;
 mod relay;
+mod replay;
+mod retention;
+mod why;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -64,6 +69,18 @@ enum Command {
     /// Dead letters: list, show, retry, purge.
     #[command(subcommand)]
     Dead(dead::DeadCommand),
+    /// Publish delivered events again (same ids), e.g. after a consumer lost data.
+    Replay(replay::ReplayArgs),
+    /// Tell the story of one event: attempts, errors, delivery, or what it waits for.
+    Why(why::WhyArgs),
+    /// Check the config, the database and the broker; exit non-zero when anything is red.
+    Doctor(doctor::DoctorArgs),
+    /// Built-in load generator: drain a backlog or hold a rate, report events/s, latency,
+    /// CPU and memory.
+    Bench(bench::BenchArgs),
+    /// Delete delivered events older than a window (and rotate partitions).
+    #[command(subcommand)]
+    Retention(retention::RetentionCommand),
 }
 
 fn main() -> ExitCode {
@@ -107,6 +124,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Status { json } => admin::status(&load()?.0, json).await,
         Command::Dead(command) => dead::run(&load()?.0, command).await,
+        Command::Retention(command) => retention::run(&load()?.0, command).await,
+        Command::Replay(args) => replay::run(&load()?.0, args).await,
+        Command::Why(args) => why::run(&load()?.0, args).await,
+        Command::Doctor(args) => doctor::run(load(), args).await,
+        Command::Bench(args) => {
+            let shutdown = relay::cancel_on_signal()?;
+            bench::run(args, load()?.0, shutdown).await
+        }
         Command::CheckConfig => {
             let (config, origin) = load()?;
             println!("configuration from {origin} is valid:\n{config:#?}");

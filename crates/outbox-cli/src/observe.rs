@@ -1,4 +1,6 @@
-//! Metrics endpoint (`/metrics`, `/healthz`, `/readyz`) and the backlog watchdog.
+//! Metrics endpoint (`/metrics`, `/healthz`, `/readyz`) and the watchdog: backlog gauges,
+//! events pending longer than `metrics.stuck_after`, the oldest pending age not counting
+//! backoff, the transaction holding the xmin horizon, and dead-letter growth.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -85,6 +87,10 @@ fn router(handle: PrometheusHandle, readiness: Arc<Readiness>) -> Router {
 
 /// Refreshes the backlog gauges, runs the stuck-event watchdog and the sink healthcheck
 /// every `refresh_interval`, until `shutdown`.
+///
+/// The PostgreSQL polling inspector also reports stuck events and the oldest open
+/// transaction; it is recognised by type here so that `relay.rs` stays as it is (the
+/// generic bound is the core's `Inspect`, which has no such method).
 pub(crate) async fn watch<I: Inspect>(
     inspector: I,
     sink: Arc<Box<dyn DynSink>>,
@@ -95,6 +101,9 @@ pub(crate) async fn watch<I: Inspect>(
     let mut tick = tokio::time::interval(config.refresh_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_dead = None;
+    let pg = (&inspector as &dyn std::any::Any)
+        .downcast_ref::<outbox_postgres::PgInspector>()
+        .cloned();
     loop {
         tokio::select! {
             _ = tick.tick() => {}
@@ -130,6 +139,9 @@ pub(crate) async fn watch<I: Inspect>(
                 tracing::warn!(error = %outbox_core::relay::ErrorChain(&e), "could not read the backlog");
             }
         }
+        if let Some(pg) = &pg {
+            pg_watchdog(pg, &config).await;
+        }
         match sink.healthcheck().await {
             Ok(()) => readiness.sink.store(true, Ordering::Relaxed),
             Err(e) => {
@@ -137,5 +149,43 @@ pub(crate) async fn watch<I: Inspect>(
                 tracing::warn!(sink = sink.name(), error = %e.report(), "sink healthcheck failed");
             }
         }
+    }
+}
+
+/// The PostgreSQL part of the watchdog: stuck events and the horizon's holder.
+async fn pg_watchdog(pg: &outbox_postgres::PgInspector, config: &MetricsConfig) {
+    let now = time::OffsetDateTime::now_utc();
+    let w = match pg.watchdog(now, config.stuck_after).await {
+        Ok(w) => w,
+        Err(e) => {
+            tracing::warn!(error = %outbox_core::relay::ErrorChain(&e), "watchdog: could not read stuck events and open transactions");
+            return;
+        }
+    };
+    metrics::gauge!(m::STUCK_EVENTS).set(w.stuck_events as f64);
+    if w.stuck_events > 0 {
+        tracing::warn!(
+            stuck_events = w.stuck_events,
+            stuck_after = ?config.stuck_after,
+            "events pending longer than metrics.stuck_after; `outbox status` shows what holds them, `outbox why ID` explains one"
+        );
+    }
+    let (age, pid) = w
+        .oldest_transaction
+        .as_ref()
+        .map_or((0.0, 0.0), |t| (t.xact_age_seconds, f64::from(t.pid)));
+    metrics::gauge!(m::OLDEST_TRANSACTION_AGE_SECONDS).set(age);
+    metrics::gauge!(m::OLDEST_TRANSACTION_PID).set(pid);
+    if let Some(t) = w.oldest_transaction
+        && t.xact_age_seconds > config.stuck_after.as_secs_f64()
+    {
+        tracing::warn!(
+            pid = t.pid,
+            transaction_age_seconds = t.xact_age_seconds,
+            state = t.state.as_deref().unwrap_or("?"),
+            query_start = ?t.query_start,
+            query = t.query.as_deref().unwrap_or(""),
+            "a long transaction holds the xmin horizon (vacuum cannot clean the outbox table); end it with pg_terminate_backend(pid) if it is stuck"
+        );
     }
 }

@@ -98,6 +98,11 @@ pub(crate) async fn run(
                 .await
                 .with_context(|| format!("cannot connect to {}", pg.url))?;
             check_pg_schema(&pool, pg).await?;
+            crate::retention::spawn(
+                &config,
+                crate::retention::Target::Postgres(pool.clone(), pg.clone()),
+                shutdown.clone(),
+            );
             if pg.mode == outbox_postgres::Mode::Cdc {
                 // One slot, one stream: a single pipeline (docs/cdc.md).
                 let source = outbox_postgres::PgCdcSource::new(
@@ -113,6 +118,11 @@ pub(crate) async fn run(
                 // The final standby status update, so the slot does not replay the last batch.
                 let _ = tokio::time::timeout(Duration::from_secs(5), closed.wait()).await;
                 return result;
+            }
+            if let Err(e) =
+                outbox_postgres::PgPollSource::analyze_if_never_analyzed(&pool, pg).await
+            {
+                tracing::warn!(error = %crate::chain(&e), "could not collect planner statistics; the first claims may be slow");
             }
             let sources = (0..workers)
                 .map(|_| {
@@ -141,6 +151,11 @@ pub(crate) async fn run(
             outbox_sqlite::migrate(&pool, &sq.table)
                 .await
                 .with_context(|| format!("preparing the outbox in `{}`", sq.path.display()))?;
+            crate::retention::spawn(
+                &config,
+                crate::retention::Target::Sqlite(pool.clone(), sq.table.clone()),
+                shutdown.clone(),
+            );
             // SQLite has one writer: one pipeline, guarded by a lease against a second relay.
             let sources = vec![outbox_sqlite::SqlitePollSource::new(
                 pool.clone(),

@@ -24,6 +24,13 @@ pub const RETRYING: &str = "outbox_retrying_events";
 pub const DEAD: &str = "outbox_dead_events";
 /// Gauge (seconds): age of the oldest pending event not waiting on backoff.
 pub const OLDEST_PENDING_AGE_SECONDS: &str = "outbox_oldest_pending_age_seconds";
+/// Gauge: pending events (backoff included) older than `metrics.stuck_after`.
+pub const STUCK_EVENTS: &str = "outbox_stuck_events";
+/// Gauge (seconds): age of the oldest open transaction in the outbox's database, the relay's
+/// own claims excluded (it holds the xmin horizon); 0 when none.
+pub const OLDEST_TRANSACTION_AGE_SECONDS: &str = "outbox_oldest_transaction_age_seconds";
+/// Gauge: backend pid of that transaction (0 when none), for `pg_terminate_backend`.
+pub const OLDEST_TRANSACTION_PID: &str = "outbox_oldest_transaction_pid";
 /// Gauge: 1 while the sink is considered unavailable, else 0.
 pub const SINK_UP: &str = "outbox_sink_up";
 /// Gauge (bytes): WAL the CDC replication slot keeps for the relay
@@ -60,6 +67,19 @@ pub fn describe() {
         OLDEST_PENDING_AGE_SECONDS,
         Unit::Seconds,
         "Age of the oldest pending event not waiting on backoff"
+    );
+    describe_gauge!(
+        STUCK_EVENTS,
+        "Pending events (backoff included) older than metrics.stuck_after"
+    );
+    describe_gauge!(
+        OLDEST_TRANSACTION_AGE_SECONDS,
+        Unit::Seconds,
+        "Age of the oldest open transaction in the outbox database (holds the xmin horizon)"
+    );
+    describe_gauge!(
+        OLDEST_TRANSACTION_PID,
+        "Backend pid of the oldest open transaction, 0 when none"
     );
     describe_gauge!(
         SINK_UP,

@@ -11,19 +11,42 @@
 //!   open transaction, or `None` for a duplicate), `process` (runs a handler in it),
 //!   `purge_older_than` (retention).
 //! - [`InboxMessage`]: a delivered message with the contract headers parsed back.
-//! - [`nats::JetStreamConsumer`] (feature `nats`): a durable pull-consumer loop.
-//! - HTTP, Redis, RabbitMQ and Kafka loops are not built yet (see `docs/inbox.md`).
+//!
+//! Consumer loops, each behind its own feature, all built on the [`lane`] module: ack only
+//! after the handler's commit, bounded concurrency with one message at a time per key
+//! `(aggregate_type, aggregate_id)`, handler errors retried in place with backoff (per-key
+//! order kept across retries, other keys flowing meanwhile), then the broker's dead-letter
+//! mechanism (never a silent ack), graceful shutdown on a `CancellationToken` returning a
+//! [`ConsumerReport`]:
+//!
+//! | feature | loop | dead letters |
+//! | --- | --- | --- |
+//! | `nats` (default) | [`nats::JetStreamConsumer`]: durable pull consumer | `+TERM` (advisory) |
+//! | `redis` | [`redis::StreamConsumer`]: consumer group, `XAUTOCLAIM` recovery | `<stream>.dead` |
+//! | `rabbitmq` | [`rabbitmq::QueueConsumer`]: manual acks, prefetch | the queue's dead-letter exchange |
+//! | `kafka` | [`kafka::KafkaConsumer`]: consumer group, contiguous offset commits | `<topic>.dead` |
+//! | `http` | [`http::WebhookReceiver`]: Standard Webhooks verification (401), 500 on error | the sender's |
 
 mod error;
+pub mod lane;
 mod message;
 mod postgres;
 mod sql;
 mod sqlite;
 
+#[cfg(feature = "http")]
+pub mod http;
+#[cfg(feature = "kafka")]
+pub mod kafka;
 #[cfg(feature = "nats")]
 pub mod nats;
+#[cfg(feature = "rabbitmq")]
+pub mod rabbitmq;
+#[cfg(feature = "redis")]
+pub mod redis;
 
 pub use error::{InboxError, MigrateError, MigrationReport};
+pub use lane::{ConsumerError, ConsumerReport, LanePolicy, MessageHandler};
 pub use message::{InboxMessage, MessageError};
 pub use postgres::PgInbox;
 pub use sql::SCHEMA_VERSION;

@@ -91,6 +91,10 @@ pub struct PostgresConfig {
     /// `mark` (default) or `delete` delivered rows.
     #[serde(default)]
     pub on_delivered: OnDelivered,
+    /// Table layout: `none` (default), or `hourly` / `daily` / `weekly` range partitions on
+    /// `created_at`, created by `migrate` and rotated by retention (polling mode only).
+    #[serde(default)]
+    pub partitioning: crate::Partitioning,
     /// Wake the relay with LISTEN/NOTIFY on insert (installs a statement trigger at
     /// `migrate`). Lowers idle latency; costs producers commit throughput. Default false.
     #[serde(default)]
@@ -164,6 +168,7 @@ impl PostgresConfig {
             table: default_table(),
             mode: Mode::Poll,
             on_delivered: OnDelivered::Mark,
+            partitioning: crate::Partitioning::None,
             listen_notify: false,
             max_connections: None,
             claim_timeout: default_claim_timeout(),
@@ -193,6 +198,12 @@ impl PostgresConfig {
         }
         if self.mode == Mode::Cdc {
             self.validate_cdc()?;
+            if self.partitioning != crate::Partitioning::None {
+                return Err(format!(
+                    "source.partitioning: `{}` is supported in polling mode only (source.mode = \"poll\"); CDC streams a plain table",
+                    self.partitioning.as_str()
+                ));
+            }
         }
         if self.claim_timeout < Duration::from_secs(1) {
             return Err("source.claim_timeout: must be at least 1s".into());

@@ -53,6 +53,26 @@ pub struct StoredEventDetail {
     pub delivered_at: Option<OffsetDateTime>,
     /// Commit-order position.
     pub seq: i64,
+    /// Every recorded failed attempt, oldest first (the last 10 are kept).
+    pub attempt_errors: Vec<AttemptError>,
+    /// When a retrying event is tried again, if that is in the future (backoff).
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub backoff_until: Option<OffsetDateTime>,
+}
+
+/// One failed publish attempt, as recorded in `attempt_errors` (migration 0002).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct AttemptError {
+    /// Attempt number (1 = the first publish).
+    pub attempt: i32,
+    /// When the failure was recorded.
+    #[serde(with = "time::serde::rfc3339")]
+    pub at: OffsetDateTime,
+    /// The broker's or the relay's error.
+    pub error: String,
+    /// `retry` (tried again later), `dead` (the attempt that dead-lettered it) or `requeued`
+    /// (put back in line by `outbox dead retry`; not a failure).
+    pub kind: String,
 }
 
 /// Which dead letters to retry.
@@ -124,14 +144,25 @@ impl PgDeadLetters {
 
     /// One event in full, or `None` when no row has this id.
     pub async fn show(&self, id: Uuid) -> Result<Option<StoredEventDetail>, SourceError> {
+        self.show_at(id, OffsetDateTime::now_utc()).await
+    }
+
+    /// [`PgDeadLetters::show`] at `now` (which decides whether a next attempt is backoff).
+    pub async fn show_at(
+        &self,
+        id: Uuid,
+        now: OffsetDateTime,
+    ) -> Result<Option<StoredEventDetail>, SourceError> {
         let row = sqlx::query(stmt(&self.queries.dead_show))
             .bind(id)
+            .bind(now)
             .fetch_optional(&self.pool)
             .await
             .map_err(|e| self.err("reading an event", e))?;
         let Some(r) = row else { return Ok(None) };
         let detail = (|| -> Result<StoredEventDetail, sqlx::Error> {
             let headers: Json<serde_json::Value> = r.try_get(5)?;
+            let history: Json<Vec<AttemptError>> = r.try_get(13)?;
             Ok(StoredEventDetail {
                 summary: DeadLetter {
                     id: r.try_get(0)?,
@@ -148,6 +179,8 @@ impl PgDeadLetters {
                 state: r.try_get(7)?,
                 delivered_at: r.try_get(10)?,
                 seq: r.try_get(12)?,
+                attempt_errors: history.0,
+                backoff_until: r.try_get(14)?,
             })
         })()
         .map_err(|e| self.err("reading an event", e))?;

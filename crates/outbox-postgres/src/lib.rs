@@ -9,11 +9,15 @@
 mod cdc;
 mod config;
 mod dead;
+mod doctor;
 mod error;
 mod inspect;
 mod migrate;
+mod partition;
 mod poll;
 mod producer;
+mod replay;
+mod retention;
 mod sql;
 
 use std::time::Duration;
@@ -24,12 +28,24 @@ pub use cdc::{
     decode_message, emit_message, emit_message_with_prefix, encode_message, setup_cdc, slot_status,
 };
 pub use config::{DatabaseUrl, Mode, OnDelivered, PostgresConfig, redact};
-pub use dead::{DeadLetter, PgDeadLetters, RetrySelection, StoredEventDetail};
+pub use dead::{AttemptError, DeadLetter, PgDeadLetters, RetrySelection, StoredEventDetail};
+pub use doctor::{DoctorCheck, DoctorThresholds, Health, doctor};
 pub use error::EnqueueError;
-pub use inspect::{HeldAggregate, LockWait, PgInspector};
-pub use migrate::{MigrateError, MigrationReport, SCHEMA_VERSION, migrate, schema_version};
+pub use inspect::{
+    Blocker, EventStory, HeldAggregate, LockWait, OpenTransaction, PgInspector, Verdict, Watchdog,
+};
+pub use migrate::{
+    MigrateError, MigrateOptions, MigrationReport, SCHEMA_VERSION, migrate, migrate_with,
+    schema_version,
+};
+pub use partition::{PARTITIONS_AHEAD, Partitioning};
 pub use poll::PgPollSource;
 pub use producer::{PgOutbox, enqueue, enqueue_batch};
+pub use replay::{PgReplay, ReplayError, ReplayPlan, ReplayPreview, ReplaySelection};
+pub use retention::{
+    KeptPartition, PgRetention, RetentionError, RetentionPreview, RetentionReport,
+    RetentionSettings,
+};
 
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, PgConnection, PgPool};

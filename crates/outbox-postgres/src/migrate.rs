@@ -9,6 +9,7 @@
 use outbox_core::QualifiedTable;
 use sqlx::{Executor, PgPool};
 
+use crate::partition::{self, Layout, Partitioning};
 use crate::sql::render;
 
 /// One bundled migration.
@@ -20,14 +21,21 @@ pub(crate) struct Migration {
 }
 
 /// Every migration, in order. Append only; never edit one that has shipped.
-pub(crate) const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "outbox_table",
-    sql: include_str!("../migrations/0001_outbox_table.sql"),
-}];
+pub(crate) const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "outbox_table",
+        sql: include_str!("../migrations/0001_outbox_table.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "attempt_history",
+        sql: include_str!("../migrations/0002_attempt_history.sql"),
+    },
+];
 
 /// The schema version this build of the library expects.
-pub const SCHEMA_VERSION: i32 = 1;
+pub const SCHEMA_VERSION: i32 = 2;
 
 const BOOKKEEPING: &str = "CREATE TABLE IF NOT EXISTS {{qname:_migrations}} (
     version    integer     PRIMARY KEY,
@@ -66,6 +74,10 @@ pub enum MigrateError {
         /// Bundled checksum.
         expected: String,
     },
+    /// The table's layout (plain or partitioned) differs from `source.partitioning`.
+    /// Nothing is ever converted silently; the message says how.
+    #[error("{0}")]
+    Layout(String),
     /// The database has a newer schema than this build knows.
     #[error(
         "outbox table {table} has schema version {found}, newer than this build's {SCHEMA_VERSION}; upgrade outbox"
@@ -87,6 +99,29 @@ pub struct MigrationReport {
     pub version: i32,
     /// Whether the LISTEN/NOTIFY wake-up trigger is now installed.
     pub wakeup_trigger: bool,
+    /// Partitions created by this call (partitioned mode: the DEFAULT partition and the
+    /// current and next periods).
+    pub partitions_created: Vec<String>,
+}
+
+/// How [`migrate_with`] sets the table up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MigrateOptions {
+    /// Install the LISTEN/NOTIFY wake-up trigger (`source.listen_notify`).
+    pub listen_notify: bool,
+    /// The table's layout (`source.partitioning`). A new table is created with it; an
+    /// existing table with another layout is an error ([`MigrateError::Layout`]).
+    pub partitioning: Partitioning,
+}
+
+impl MigrateOptions {
+    /// The options of a `[source]` configuration.
+    pub fn from_config(config: &crate::PostgresConfig) -> Self {
+        Self {
+            listen_notify: config.listen_notify,
+            partitioning: config.partitioning,
+        }
+    }
 }
 
 fn checksum(sql: &str) -> String {
@@ -106,6 +141,26 @@ pub async fn migrate(
     table: &QualifiedTable,
     listen_notify: bool,
 ) -> Result<MigrationReport, MigrateError> {
+    migrate_with(
+        pool,
+        table,
+        MigrateOptions {
+            listen_notify,
+            partitioning: Partitioning::None,
+        },
+    )
+    .await
+}
+
+/// [`migrate`] with every option: in partitioned mode a new table is created
+/// `PARTITION BY RANGE (created_at)` with its partitions ahead and a DEFAULT partition
+/// (docs/operations.md, "Partitioned outbox").
+pub async fn migrate_with(
+    pool: &PgPool,
+    table: &QualifiedTable,
+    options: MigrateOptions,
+) -> Result<MigrationReport, MigrateError> {
+    let listen_notify = options.listen_notify;
     let name = table.to_string();
     let db = |source| MigrateError::Database {
         table: name.clone(),
@@ -137,10 +192,16 @@ pub async fn migrate(
             found: *found,
         });
     }
+    let layout = partition::layout(&mut tx, table).await.map_err(db)?;
+    if layout != Layout::Missing {
+        crate::retention::layout_matches(table, options.partitioning, layout)
+            .map_err(|e| MigrateError::Layout(e.to_string()))?;
+    }
     let mut report = MigrationReport {
         applied: Vec::new(),
         version: 0,
         wakeup_trigger: listen_notify,
+        partitions_created: Vec::new(),
     };
     for m in MIGRATIONS {
         let expected = checksum(m.sql);
@@ -156,7 +217,12 @@ pub async fn migrate(
             report.version = m.version;
             continue;
         }
-        tx.execute(sqlx::raw_sql(sqlx::AssertSqlSafe(render(m.sql, table))))
+        let sql = if m.version == 1 && options.partitioning != Partitioning::None {
+            render(&partition::partitioned_variant(m.sql), table)
+        } else {
+            render(m.sql, table)
+        };
+        tx.execute(sqlx::raw_sql(sqlx::AssertSqlSafe(sql)))
             .await
             .map_err(db)?;
         sqlx::query(sqlx::AssertSqlSafe(render(
@@ -172,6 +238,16 @@ pub async fn migrate(
         tracing::info!(table = %name, version = m.version, migration = m.name, "applied migration");
         report.applied.push((m.version, m.name));
         report.version = m.version;
+    }
+    if options.partitioning != Partitioning::None {
+        report.partitions_created = partition::create_ahead(
+            &mut tx,
+            table,
+            options.partitioning,
+            time::OffsetDateTime::now_utc(),
+        )
+        .await
+        .map_err(db)?;
     }
     let wakeup = if listen_notify { WAKEUP_ON } else { WAKEUP_OFF };
     tx.execute(sqlx::raw_sql(sqlx::AssertSqlSafe(render(wakeup, table))))

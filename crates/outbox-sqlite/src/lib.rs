@@ -26,12 +26,14 @@
 //! - **Durability** follows `PRAGMA synchronous` ([`Synchronous`]; `normal` by default).
 
 mod config;
+mod dead;
 mod error;
 mod inspect;
 mod lease;
 mod migrate;
 mod poll;
 mod producer;
+mod retention;
 mod sql;
 mod timestamp;
 mod writer;
@@ -39,11 +41,13 @@ mod writer;
 use std::time::Duration;
 
 pub use config::{OnDelivered, SqliteConfig, Synchronous};
+pub use dead::{SqliteDeadLetter, SqliteDeadLetters, SqliteEventDetail, SqliteRetrySelection};
 pub use error::EnqueueError;
 pub use inspect::{RelayLease, SqliteInspector};
 pub use migrate::{MigrateError, MigrationReport, SCHEMA_VERSION, migrate, schema_version};
 pub use poll::SqlitePollSource;
 pub use producer::{SqliteOutbox, enqueue, enqueue_batch};
+pub use retention::{SqliteRetention, SqliteRetentionError, SqliteRetentionReport};
 
 use sqlx::SqlitePool;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};

@@ -1,0 +1,828 @@
+//! `outbox bench`: a load generator and reporter around the real relay, in this process.
+//!
+//! - `backlog --events N`: writes N events with the producer library (`enqueue_batch`, 1,000 per
+//!   statement), then runs the relay against the configured source and sink until the last one
+//!   is settled as delivered: drain rate.
+//! - `steady --rate R --duration D`: producers commit one event per transaction at R events/s
+//!   for D while the relay runs: commit → ack latency per event, from the row's `created_at`
+//!   to the sink's acknowledgement.
+//!
+//! Both report events/s, latency percentiles (steady), the relay's CPU time and the peak RSS,
+//! as a table or `--json`. The relay is the library's [`Relay`] with the configured
+//! `[relay]` settings; the bench only wraps the source (to count settled deliveries) and the
+//! sink (to timestamp acks), see [`probe`].
+
+mod probe;
+mod report;
+
+use std::io::IsTerminal as _;
+use std::num::{NonZeroU32, NonZeroU64, NonZeroUsize};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use clap::{Args, Subcommand, ValueEnum};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use outbox_core::source::Inspect as _;
+use outbox_core::{DynSink, NewEvent, Relay, RelayConfig, RelayReport, Source};
+use outbox_postgres::{Mode, PostgresConfig};
+use outbox_sqlite::SqliteConfig;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Config, SinkConfig, SourceConfig};
+use probe::{CountedSource, NullSink, Progress, TimedSink};
+use report::{BenchReport, Latency, ProducerReport};
+
+/// `outbox bench` arguments.
+#[derive(Debug, Args)]
+pub(crate) struct BenchArgs {
+    #[command(subcommand)]
+    mode: BenchMode,
+}
+
+#[derive(Debug, Subcommand)]
+enum BenchMode {
+    /// Pre-fill N events, then drain them with the relay and measure the drain rate.
+    Backlog {
+        /// Events to pre-fill (the table must hold no pending event before).
+        #[arg(long, value_name = "N")]
+        events: NonZeroU64,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Produce at a fixed rate while the relay runs; measure commit -> ack latency per event.
+    Steady {
+        /// Events per second, all producers together.
+        #[arg(long, value_name = "EVENTS_PER_SECOND", value_parser = parse_rate)]
+        rate: f64,
+        /// How long the producers run, e.g. `30s`.
+        #[arg(long, value_parser = parse_positive_duration)]
+        duration: Duration,
+        /// Concurrent producer connections, each committing one event per transaction.
+        #[arg(long, default_value = "4")]
+        producers: NonZeroUsize,
+        #[command(flatten)]
+        common: Common,
+    },
+}
+
+/// Options shared by both modes.
+#[derive(Debug, Args)]
+struct Common {
+    /// `config`: the `[sink]` of the configuration; `null`: acknowledge at once, publish
+    /// nowhere (the relay's own cost).
+    #[arg(long, value_enum, default_value_t = SinkChoice::Config)]
+    sink: SinkChoice,
+    /// Print the report as JSON on stdout.
+    #[arg(long)]
+    json: bool,
+    /// Override `relay.batch_size`.
+    #[arg(long)]
+    batch_size: Option<NonZeroUsize>,
+    /// Override `relay.workers` (PostgreSQL polling only; SQLite and CDC run one pipeline).
+    #[arg(long)]
+    workers: Option<NonZeroUsize>,
+    /// Distinct aggregate ids, assigned round robin (`o_0`, `o_1`, ...).
+    #[arg(long, default_value = "1000")]
+    aggregates: NonZeroU32,
+    /// Approximate payload size in bytes (a JSON object padded to this length).
+    #[arg(long, default_value_t = 200)]
+    payload_bytes: usize,
+    /// Give up when the relay has not delivered every event this long after the backlog was
+    /// written (backlog) or the producers stopped (steady).
+    #[arg(long, default_value = "10m", value_parser = parse_positive_duration)]
+    timeout: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum SinkChoice {
+    Config,
+    Null,
+}
+
+fn parse_rate(s: &str) -> Result<f64, String> {
+    let rate: f64 = s
+        .parse()
+        .map_err(|_| format!("`{s}` is not a number of events per second"))?;
+    if !rate.is_finite() || rate <= 0.0 {
+        return Err(format!("must be greater than 0, got `{s}`"));
+    }
+    Ok(rate)
+}
+
+fn parse_positive_duration(s: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s)
+        .map_err(|e| format!("`{s}` is not a duration like `30s` or `2m`: {e}"))?;
+    if d.is_zero() {
+        return Err("must be greater than 0".into());
+    }
+    Ok(d)
+}
+
+/// Runs `outbox bench` and prints its report.
+pub(crate) async fn run(
+    args: BenchArgs,
+    config: Config,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let (common, report) = match args.mode {
+        BenchMode::Backlog { events, common } => {
+            let report = backlog(&config, &common, events.get(), &shutdown).await?;
+            (common, report)
+        }
+        BenchMode::Steady {
+            rate,
+            duration,
+            producers,
+            common,
+        } => {
+            let report =
+                steady(&config, &common, rate, duration, producers.get(), &shutdown).await?;
+            (common, report)
+        }
+    };
+    if common.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report.table());
+    }
+    if !report.interrupted && report.delivered < report.events {
+        bail!(
+            "only {} of {} events were delivered within --timeout {} (retried {}, dead-lettered {}); see the relay's log lines above",
+            report.delivered,
+            report.events,
+            humantime::format_duration(common.timeout),
+            report.retried,
+            report.dead_lettered
+        );
+    }
+    Ok(())
+}
+
+/// The database the bench writes to and the relay reads from.
+#[derive(Clone)]
+enum Target {
+    Postgres {
+        pool: sqlx::PgPool,
+        config: PostgresConfig,
+    },
+    Sqlite {
+        pool: sqlx::SqlitePool,
+        config: SqliteConfig,
+    },
+}
+
+impl Target {
+    /// Connects and installs (or checks) the schema, as `outbox migrate` would.
+    async fn open(source: &SourceConfig, workers: usize) -> anyhow::Result<Self> {
+        match source {
+            SourceConfig::Postgres(pg) => {
+                let pool = outbox_postgres::connect(pg, workers as u32 + 2)
+                    .await
+                    .with_context(|| format!("cannot connect to {}", pg.url))?;
+                outbox_postgres::migrate(&pool, &pg.qualified_table(), pg.listen_notify)
+                    .await
+                    .map_err(|e| anyhow::anyhow!(crate::chain(&e)))
+                    .with_context(|| format!("preparing outbox table {}", pg.qualified_table()))?;
+                if pg.mode == Mode::Cdc {
+                    outbox_postgres::setup_cdc(&pool, pg)
+                        .await
+                        .map_err(|e| anyhow::anyhow!(crate::chain(&e)))
+                        .context("setting up the CDC publication and slot")?;
+                }
+                Ok(Self::Postgres {
+                    pool,
+                    config: pg.clone(),
+                })
+            }
+            SourceConfig::Sqlite(sq) => {
+                let pool = outbox_sqlite::connect(sq).await.with_context(|| {
+                    format!("cannot open SQLite database `{}`", sq.path.display())
+                })?;
+                outbox_sqlite::migrate(&pool, &sq.table)
+                    .await
+                    .map_err(|e| anyhow::anyhow!(crate::chain(&e)))
+                    .with_context(|| format!("preparing the outbox in `{}`", sq.path.display()))?;
+                Ok(Self::Sqlite {
+                    pool,
+                    config: sq.clone(),
+                })
+            }
+        }
+    }
+
+    fn label(&self) -> &'static str {
+        match self {
+            Self::Postgres { config, .. } if config.mode == Mode::Cdc => "postgres-cdc",
+            Self::Postgres { .. } => "postgres-poll",
+            Self::Sqlite { .. } => "sqlite",
+        }
+    }
+
+    /// SQLite (one writer, a lease) and CDC (one slot) run a single pipeline.
+    fn single_pipeline(&self) -> bool {
+        !matches!(self, Self::Postgres { config, .. } if config.mode == Mode::Poll)
+    }
+
+    fn table(&self) -> String {
+        match self {
+            Self::Postgres { config, .. } => config.qualified_table().to_string(),
+            Self::Sqlite { config, .. } => {
+                format!("{} in `{}`", config.table, config.path.display())
+            }
+        }
+    }
+
+    /// Pending events by row state (`None` for CDC, whose backlog is WAL).
+    async fn pending(&self) -> anyhow::Result<Option<u64>> {
+        let backlog = match self {
+            Self::Postgres { config, .. } if config.mode == Mode::Cdc => return Ok(None),
+            Self::Postgres { pool, config } => {
+                outbox_postgres::PgInspector::new(pool.clone(), config)
+                    .backlog()
+                    .await
+            }
+            Self::Sqlite { pool, config } => {
+                outbox_sqlite::SqliteInspector::new(pool.clone(), config)
+                    .backlog()
+                    .await
+            }
+        };
+        let backlog = backlog
+            .map_err(|e| anyhow::anyhow!(crate::chain(&e)))
+            .with_context(|| format!("counting pending events in {}", self.table()))?;
+        Ok(Some(backlog.pending))
+    }
+
+    /// Writes `events` in one statement (PostgreSQL) or one transaction (SQLite).
+    async fn fill(&self, events: &[NewEvent]) -> anyhow::Result<()> {
+        match self {
+            Self::Postgres { pool, config } => {
+                outbox_postgres::PgOutbox::new(config.qualified_table())
+                    .enqueue_batch(pool, events)
+                    .await
+                    .map(drop)
+                    .map_err(|e| anyhow::anyhow!(crate::chain(&e)))
+            }
+            Self::Sqlite { pool, config } => outbox_sqlite::SqliteOutbox::new(config.table.clone())
+                .enqueue_batch(pool, events)
+                .await
+                .map(drop)
+                .map_err(|e| anyhow::anyhow!(crate::chain(&e))),
+        }
+        .with_context(|| format!("writing the backlog into {}", self.table()))
+    }
+
+    /// Runs the relay until `stop`, counting settled deliveries into `progress`.
+    async fn relay(
+        self,
+        relay: RelayConfig,
+        sink: Arc<TimedSink<Box<dyn DynSink>>>,
+        progress: Arc<Progress>,
+        stop: CancellationToken,
+    ) -> anyhow::Result<RelayReport> {
+        match self {
+            Self::Postgres { pool, config } if config.mode == Mode::Cdc => {
+                let source = outbox_postgres::PgCdcSource::new(
+                    pool,
+                    &config,
+                    relay.ordering,
+                    relay.dead_letter,
+                )
+                .map_err(|e| anyhow::anyhow!(crate::chain(&e)))?;
+                let closed = source.closed();
+                let result = drive(relay, sink, vec![source], progress, stop).await;
+                // Let the source send its final standby status update (see `outbox relay`).
+                let _ = tokio::time::timeout(Duration::from_secs(5), closed.wait()).await;
+                result
+            }
+            Self::Postgres { pool, config } => {
+                // As `outbox relay` does at start: a bulk-filled table has no statistics yet.
+                if let Err(e) =
+                    outbox_postgres::PgPollSource::analyze_if_never_analyzed(&pool, &config).await
+                {
+                    tracing::warn!(error = %crate::chain(&e), "could not collect planner statistics; the first claims may be slow");
+                }
+                let sources = (0..relay.workers.get())
+                    .map(|_| {
+                        outbox_postgres::PgPollSource::new(
+                            pool.clone(),
+                            &config,
+                            relay.ordering,
+                            relay.dead_letter,
+                        )
+                    })
+                    .collect();
+                drive(relay, sink, sources, progress, stop).await
+            }
+            Self::Sqlite { pool, config } => {
+                let source = outbox_sqlite::SqlitePollSource::new(
+                    pool,
+                    &config,
+                    relay.ordering,
+                    relay.dead_letter,
+                );
+                drive(relay, sink, vec![source], progress, stop).await
+            }
+        }
+    }
+}
+
+async fn drive<S: Source>(
+    relay: RelayConfig,
+    sink: Arc<TimedSink<Box<dyn DynSink>>>,
+    sources: Vec<S>,
+    progress: Arc<Progress>,
+    stop: CancellationToken,
+) -> anyhow::Result<RelayReport> {
+    let sources = sources
+        .into_iter()
+        .map(|s| CountedSource::new(s, progress.clone()))
+        .collect();
+    Relay::new(relay, sink)
+        .run(sources, stop)
+        .await
+        .map_err(|e| anyhow::anyhow!(crate::chain(&e)))
+        .context("the relay stopped")
+}
+
+/// The relay settings with the command line's overrides (one pipeline where only one can run).
+fn relay_config(config: &Config, common: &Common, single_pipeline: bool) -> RelayConfig {
+    let mut relay = config.relay.clone();
+    if let Some(b) = common.batch_size {
+        relay.batch_size = b;
+    }
+    if let Some(w) = common.workers {
+        relay.workers = w;
+    }
+    if single_pipeline {
+        relay.workers = NonZeroUsize::MIN;
+    }
+    relay
+}
+
+/// The sink to measure against, wrapped to timestamp acks.
+async fn sink(
+    config: &Config,
+    choice: SinkChoice,
+    record_latency: bool,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<Option<Arc<TimedSink<Box<dyn DynSink>>>>> {
+    let inner: Box<dyn DynSink> = match choice {
+        SinkChoice::Null => Box::new(NullSink),
+        SinkChoice::Config => {
+            if matches!(config.sink, SinkConfig::Stdout(_)) {
+                bail!(
+                    "the configured sink is `stdout`, which would print every event into the report; pass `--sink null` or configure a broker in [sink]"
+                );
+            }
+            match crate::relay::build_sink(config.sink.clone(), shutdown).await? {
+                Some(s) => s,
+                None => return Ok(None),
+            }
+        }
+    };
+    Ok(Some(Arc::new(TimedSink::new(inner, record_latency))))
+}
+
+/// Event `i` of a run: aggregate `o_{i % aggregates}`, a JSON payload of about `bytes` bytes.
+fn event(i: u64, aggregates: u32, bytes: usize) -> NewEvent {
+    let aggregate = format!("o_{}", i % u64::from(aggregates));
+    let head = format!(r#"{{"order_id":"{aggregate}","n":{i},"pad":""#);
+    let pad = bytes.saturating_sub(head.len() + 2);
+    let mut payload = String::with_capacity(head.len() + pad + 2);
+    payload.push_str(&head);
+    payload.extend(std::iter::repeat_n('x', pad));
+    payload.push_str("\"}");
+    NewEvent::new("Order", aggregate, "order.placed", payload.into_bytes())
+}
+
+fn progress_bar(len: Option<u64>, what: &str) -> ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::with_draw_target(len, ProgressDrawTarget::stderr());
+    let template =
+        format!("{{spinner}} {what} {{pos}}/{{len}} {{wide_bar}} {{per_sec}} {{elapsed}}");
+    if let Ok(style) = ProgressStyle::with_template(&template) {
+        bar.set_style(style);
+    }
+    bar
+}
+
+/// Refuses a table that already holds pending events: they would be counted as the run's.
+async fn require_empty(target: &Target) -> anyhow::Result<()> {
+    if let Some(pending) = target.pending().await?
+        && pending > 0
+    {
+        bail!(
+            "outbox table {} already holds {pending} pending events; `outbox bench` needs an empty backlog: point it at a scratch database (or let a relay drain it first)",
+            target.table()
+        );
+    }
+    Ok(())
+}
+
+/// Moves the bar along with the settled count until `done`.
+fn track(bar: ProgressBar, progress: Arc<Progress>, done: CancellationToken) {
+    tokio::spawn(async move {
+        loop {
+            bar.set_position(progress.settled());
+            tokio::select! {
+                () = tokio::time::sleep(Duration::from_millis(100)) => {}
+                () = done.cancelled() => break,
+            }
+        }
+        bar.set_position(progress.settled());
+        bar.finish_and_clear();
+    });
+}
+
+async fn backlog(
+    config: &Config,
+    common: &Common,
+    events: u64,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<BenchReport> {
+    let workers = common
+        .workers
+        .map_or(config.relay.workers.get(), |w| w.get());
+    let target = Target::open(&config.source, workers).await?;
+    let relay = relay_config(config, common, target.single_pipeline());
+    require_empty(&target).await?;
+    let Some(sink) = sink(config, common.sink, false, shutdown).await? else {
+        bail!("interrupted before the broker became reachable");
+    };
+
+    // The backlog, through the producer library.
+    const CHUNK: u64 = 1000;
+    let bar = progress_bar(Some(events), "writing backlog");
+    let mut written = 0;
+    while written < events && !shutdown.is_cancelled() {
+        let n = CHUNK.min(events - written);
+        let chunk: Vec<NewEvent> = (written..written + n)
+            .map(|i| event(i, common.aggregates.get(), common.payload_bytes))
+            .collect();
+        target.fill(&chunk).await?;
+        written += n;
+        bar.set_position(written);
+    }
+    bar.finish_and_clear();
+
+    let progress = Progress::new();
+    progress.set_target(written);
+    let stop = CancellationToken::new();
+    let interrupted = watch_stop(&progress, shutdown, &stop, None);
+    track(
+        progress_bar(Some(written), "delivered"),
+        progress.clone(),
+        stop.clone(),
+    );
+
+    probe::reset_peak_rss();
+    let cpu0 = probe::process_cpu();
+    let t0 = Instant::now();
+    let relay_task = tokio::spawn(target.clone().relay(
+        relay.clone(),
+        sink.clone(),
+        progress.clone(),
+        stop.clone(),
+    ));
+    wait_with_timeout(&progress, &stop, common.timeout).await;
+    stop.cancel();
+    let result = relay_task.await.context("the relay task failed")??;
+    let cpu = probe::process_cpu().saturating_sub(cpu0);
+    let end = progress.reached_at().unwrap_or_else(Instant::now);
+    let elapsed = end.saturating_duration_since(t0).as_secs_f64();
+
+    let delivered = progress.settled();
+    let pending_after = match target.pending().await? {
+        Some(p) => p,
+        None => written.saturating_sub(delivered),
+    };
+    Ok(BenchReport {
+        mode: "backlog",
+        source: target.label(),
+        sink: outbox_core::Sink::name(&*sink),
+        batch_size: relay.batch_size.get(),
+        workers: relay.workers.get(),
+        events: written,
+        delivered,
+        retried: result.retried,
+        dead_lettered: result.dead_lettered,
+        pending_after,
+        elapsed_seconds: elapsed,
+        events_per_second: rate(delivered, elapsed),
+        producer: None,
+        latency_ms: None,
+        relay_cpu_seconds: cpu.as_secs_f64(),
+        relay_cpu_us_per_event: per_event_us(cpu, delivered),
+        peak_rss_mib: probe::peak_rss_bytes().map(|b| b as f64 / (1024.0 * 1024.0)),
+        interrupted: interrupted.is_cancelled(),
+    })
+}
+
+/// Stops the relay when the target is reached or on a signal; the returned token is
+/// cancelled when it was a signal. `extra` also stops it (the producers failed).
+fn watch_stop(
+    progress: &Arc<Progress>,
+    shutdown: &CancellationToken,
+    stop: &CancellationToken,
+    extra: Option<CancellationToken>,
+) -> CancellationToken {
+    let interrupted = CancellationToken::new();
+    let (progress, shutdown, stop, flag) = (
+        progress.clone(),
+        shutdown.clone(),
+        stop.clone(),
+        interrupted.clone(),
+    );
+    let extra = extra.unwrap_or_default();
+    tokio::spawn(async move {
+        tokio::select! {
+            () = progress.reached().cancelled() => {}
+            () = shutdown.cancelled() => flag.cancel(),
+            () = extra.cancelled() => {}
+            () = stop.cancelled() => {}
+        }
+        stop.cancel();
+    });
+    interrupted
+}
+
+/// Waits for the relay to stop (target reached or signal) or for `timeout`.
+async fn wait_with_timeout(progress: &Progress, stop: &CancellationToken, timeout: Duration) {
+    tokio::select! {
+        () = progress.reached().cancelled() => {}
+        () = stop.cancelled() => {}
+        () = tokio::time::sleep(timeout) => {}
+    }
+}
+
+fn rate(n: u64, seconds: f64) -> f64 {
+    if seconds > 0.0 {
+        n as f64 / seconds
+    } else {
+        0.0
+    }
+}
+
+fn per_event_us(cpu: Duration, events: u64) -> f64 {
+    if events == 0 {
+        0.0
+    } else {
+        cpu.as_secs_f64() * 1e6 / events as f64
+    }
+}
+
+/// What the producer thread reports back.
+struct Produced {
+    events: u64,
+    duration: Duration,
+    cpu: Duration,
+}
+
+async fn steady(
+    config: &Config,
+    common: &Common,
+    target_rate: f64,
+    duration: Duration,
+    producers: usize,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<BenchReport> {
+    let workers = common
+        .workers
+        .map_or(config.relay.workers.get(), |w| w.get());
+    let target = Target::open(&config.source, workers).await?;
+    let relay = relay_config(config, common, target.single_pipeline());
+    require_empty(&target).await?;
+    let Some(sink) = sink(config, common.sink, true, shutdown).await? else {
+        bail!("interrupted before the broker became reachable");
+    };
+
+    let progress = Progress::new();
+    let stop = CancellationToken::new();
+    let producers_failed = CancellationToken::new();
+    let interrupted = watch_stop(&progress, shutdown, &stop, Some(producers_failed.clone()));
+    track(
+        progress_bar(None, "delivered"),
+        progress.clone(),
+        stop.clone(),
+    );
+
+    probe::reset_peak_rss();
+    let cpu0 = probe::process_cpu();
+    // The relay first, idle on the empty table, as a deployed relay would be.
+    let relay_task = tokio::spawn(target.clone().relay(
+        relay.clone(),
+        sink.clone(),
+        progress.clone(),
+        stop.clone(),
+    ));
+    let t0 = Instant::now();
+    let produced = produce(
+        config.source.clone(),
+        common,
+        target_rate,
+        duration,
+        producers,
+        shutdown.clone(),
+    )
+    .await;
+    let produced = match produced {
+        Ok(p) => p,
+        Err(e) => {
+            producers_failed.cancel();
+            let _ = relay_task.await;
+            return Err(e);
+        }
+    };
+    progress.set_target(produced.events);
+    wait_with_timeout(&progress, &stop, common.timeout).await;
+    stop.cancel();
+    let result = relay_task.await.context("the relay task failed")??;
+    let cpu = probe::process_cpu()
+        .saturating_sub(cpu0)
+        .saturating_sub(produced.cpu);
+    let end = progress.reached_at().unwrap_or_else(Instant::now);
+    let elapsed = end.saturating_duration_since(t0).as_secs_f64();
+    let delivered = progress.settled();
+    let pending_after = match target.pending().await? {
+        Some(p) => p,
+        None => produced.events.saturating_sub(delivered),
+    };
+    Ok(BenchReport {
+        mode: "steady",
+        source: target.label(),
+        sink: outbox_core::Sink::name(&*sink),
+        batch_size: relay.batch_size.get(),
+        workers: relay.workers.get(),
+        events: produced.events,
+        delivered,
+        retried: result.retried,
+        dead_lettered: result.dead_lettered,
+        pending_after,
+        elapsed_seconds: elapsed,
+        events_per_second: rate(delivered, elapsed),
+        producer: Some(ProducerReport {
+            producers,
+            target_rate,
+            achieved_rate: rate(produced.events, produced.duration.as_secs_f64()),
+            duration_seconds: produced.duration.as_secs_f64(),
+            cpu_seconds: produced.cpu.as_secs_f64(),
+        }),
+        latency_ms: Latency::from_micros(sink.take_latencies()),
+        relay_cpu_seconds: cpu.as_secs_f64(),
+        relay_cpu_us_per_event: per_event_us(cpu, delivered),
+        peak_rss_mib: probe::peak_rss_bytes().map(|b| b as f64 / (1024.0 * 1024.0)),
+        interrupted: interrupted.is_cancelled(),
+    })
+}
+
+/// Runs the producers on a thread of their own (a single-threaded runtime with its own pool),
+/// so their CPU time can be told apart from the relay's: `producers` tasks, each committing
+/// one event per transaction on a fixed schedule, `rate / producers` per second each.
+async fn produce(
+    source: SourceConfig,
+    common: &Common,
+    rate: f64,
+    duration: Duration,
+    producers: usize,
+    shutdown: CancellationToken,
+) -> anyhow::Result<Produced> {
+    let (aggregates, bytes) = (common.aggregates.get(), common.payload_bytes);
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("bench-producers".into())
+        .spawn(move || {
+            let result = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("starting the producers' runtime")
+                .and_then(|rt| {
+                    rt.block_on(producer_loop(
+                        source, aggregates, bytes, rate, duration, producers, shutdown,
+                    ))
+                })
+                .map(|(events, duration)| Produced {
+                    events,
+                    duration,
+                    cpu: probe::thread_cpu(),
+                });
+            let _ = tx.send(result);
+        })
+        .context("starting the producer thread")?;
+    rx.await.context("the producer thread died")?
+}
+
+async fn producer_loop(
+    source: SourceConfig,
+    aggregates: u32,
+    bytes: usize,
+    rate: f64,
+    duration: Duration,
+    producers: usize,
+    shutdown: CancellationToken,
+) -> anyhow::Result<(u64, Duration)> {
+    enum Writer {
+        Postgres(sqlx::PgPool, outbox_postgres::PgOutbox),
+        Sqlite(sqlx::SqlitePool, outbox_sqlite::SqliteOutbox),
+    }
+    let writer = Arc::new(match &source {
+        SourceConfig::Postgres(pg) => Writer::Postgres(
+            outbox_postgres::connect(pg, producers as u32)
+                .await
+                .with_context(|| format!("producers: cannot connect to {}", pg.url))?,
+            outbox_postgres::PgOutbox::new(pg.qualified_table()),
+        ),
+        SourceConfig::Sqlite(sq) => Writer::Sqlite(
+            outbox_sqlite::connect(sq).await.with_context(|| {
+                format!("producers: cannot open SQLite `{}`", sq.path.display())
+            })?,
+            outbox_sqlite::SqliteOutbox::new(sq.table.clone()),
+        ),
+    });
+    let period = Duration::from_secs_f64(producers as f64 / rate);
+    let start = tokio::time::Instant::now();
+    let deadline = start + duration;
+    let mut tasks = tokio::task::JoinSet::new();
+    for p in 0..producers {
+        let (writer, shutdown) = (writer.clone(), shutdown.clone());
+        tasks.spawn(async move {
+            // Staggered, so the producers do not commit in lockstep.
+            let first = start + period.mul_f64(p as f64 / producers as f64);
+            let mut ticks = tokio::time::interval_at(first, period);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+            let mut n: u64 = 0;
+            loop {
+                tokio::select! {
+                    t = ticks.tick() => if t >= deadline { break },
+                    () = shutdown.cancelled() => break,
+                }
+                let e = event(n * producers as u64 + p as u64, aggregates, bytes);
+                match &*writer {
+                    Writer::Postgres(pool, outbox) => {
+                        let mut tx = pool.begin().await?;
+                        outbox
+                            .enqueue(&mut *tx, &e)
+                            .await
+                            .map_err(|e| anyhow::anyhow!(crate::chain(&e)))?;
+                        tx.commit().await?;
+                    }
+                    Writer::Sqlite(pool, outbox) => {
+                        let mut tx = pool.begin().await?;
+                        outbox
+                            .enqueue(&mut *tx, &e)
+                            .await
+                            .map_err(|e| anyhow::anyhow!(crate::chain(&e)))?;
+                        tx.commit().await?;
+                    }
+                }
+                n += 1;
+            }
+            anyhow::Ok(n)
+        });
+    }
+    let mut total = 0;
+    while let Some(joined) = tasks.join_next().await {
+        total += joined
+            .context("a producer task panicked")?
+            .context("a producer failed")?;
+    }
+    Ok((total, start.elapsed()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn payloads_are_json_of_the_requested_size() {
+        let e = event(1234, 1000, 200);
+        assert_eq!(e.aggregate_id, "o_234");
+        assert_eq!(e.payload.len(), 200);
+        let v: serde_json::Value = serde_json::from_slice(&e.payload).unwrap();
+        assert_eq!(v["n"], 1234);
+        // Smaller than the fixed part: no padding, still valid JSON.
+        let small = event(1, 10, 5);
+        assert!(serde_json::from_slice::<serde_json::Value>(&small.payload).is_ok());
+    }
+
+    #[test]
+    fn bad_rates_and_durations_are_refused_with_the_reason() {
+        assert!(parse_rate("0").unwrap_err().contains("greater than 0"));
+        assert!(parse_rate("-5").is_err());
+        assert!(parse_rate("fast").unwrap_err().contains("`fast`"));
+        assert_eq!(parse_rate("1000").unwrap(), 1000.0);
+        assert!(
+            parse_positive_duration("0s")
+                .unwrap_err()
+                .contains("greater than 0")
+        );
+        assert!(parse_positive_duration("soon").is_err());
+        assert_eq!(
+            parse_positive_duration("2m").unwrap(),
+            Duration::from_secs(120)
+        );
+    }
+}

@@ -1,0 +1,552 @@
+//! The scheduler behind [`Lanes`]: a FIFO queue per key, served by `lanes` workers.
+//!
+//! A key is *active* while one of its messages is in a handler or waiting for a retry; only
+//! a key that is not active is *ready*, and workers take the head message of the next ready
+//! key. So one key's messages are handled one at a time, in delivery order; a failed message
+//! goes back to the head of its key's queue after its backoff, and during the backoff the key
+//! holds no worker: other keys keep flowing. At most `max_in_flight` messages are held in
+//! all (a semaphore permit travels with each message until it is settled).
+
+use std::collections::hash_map::Entry;
+use std::collections::{HashMap, VecDeque};
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use futures::FutureExt as _;
+use futures::future::BoxFuture;
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use super::{BoxError, ConsumerReport, Counters, LanePolicy, MessageHandler};
+use crate::InboxMessage;
+
+/// What a broker does with a delivery once the lanes decided its fate. Implemented once per
+/// broker; `Handle` is whatever the broker needs to ack it (the raw message, an entry id...).
+pub(crate) trait Settle: Send + Sync + 'static {
+    /// One delivery as the broker knows it.
+    type Handle: Send + Sync + 'static;
+
+    /// Acknowledges a delivery whose handler committed. An error is logged: the message
+    /// comes back and the inbox reports a duplicate.
+    fn ack(&self, handle: Self::Handle) -> impl Future<Output = Result<(), BoxError>> + Send;
+
+    /// Hands a delivery to the broker's dead-letter mechanism with `reason`, then
+    /// acknowledges it. An error leaves it unacknowledged (redelivered, not lost).
+    fn dead_letter(
+        &self,
+        handle: Self::Handle,
+        message: Option<&InboxMessage>,
+        reason: &str,
+    ) -> impl Future<Output = Result<(), BoxError>> + Send;
+
+    /// Gives a delivery back unhandled (shutdown), for redelivery.
+    fn release(&self, handle: Self::Handle) -> impl Future<Output = ()> + Send;
+
+    /// How often a delivery waiting for a retry must be kept alive; `None`: never.
+    fn keep_alive_every(&self) -> Option<Duration> {
+        None
+    }
+
+    /// Tells the broker a delivery is still being worked on.
+    fn keep_alive(&self, _handle: &Self::Handle) -> impl Future<Output = ()> + Send {
+        async {}
+    }
+}
+
+/// One delivery on its way to the lanes.
+pub(crate) struct Incoming<D> {
+    /// The broker's handle.
+    pub(crate) handle: D,
+    /// The parsed message.
+    pub(crate) message: InboxMessage,
+    /// Deliveries of this message before this one, when the broker counts them.
+    pub(crate) earlier_attempts: u32,
+}
+
+/// The ordering key: `(aggregate_type, aggregate_id)`.
+type Key = (String, String);
+
+type BoxedHandler =
+    Arc<dyn Fn(InboxMessage) -> BoxFuture<'static, Result<(), String>> + Send + Sync>;
+
+/// A message held by the lanes.
+struct Queued<D> {
+    incoming: Incoming<D>,
+    /// Attempts so far, the broker's earlier deliveries included.
+    attempts: u32,
+    _slot: OwnedSemaphorePermit,
+}
+
+/// The queues of every key with messages held, and the keys ready to be served.
+struct Board<D> {
+    queues: HashMap<Key, VecDeque<Queued<D>>>,
+    ready: VecDeque<Key>,
+    closed: bool,
+}
+
+struct Shared<S: Settle> {
+    board: Mutex<Board<S::Handle>>,
+    wake: Notify,
+    settle: Arc<S>,
+    handler: BoxedHandler,
+    counters: Counters,
+    policy: LanePolicy,
+    shutdown: CancellationToken,
+}
+
+/// The running lanes of one consumer loop.
+pub(crate) struct Lanes<S: Settle> {
+    shared: Arc<Shared<S>>,
+    slots: Arc<Semaphore>,
+    workers: Vec<JoinHandle<()>>,
+}
+
+impl<S: Settle> Lanes<S> {
+    /// Starts `policy.lanes` workers calling `handler`. They release what they hold once
+    /// `shutdown` is cancelled.
+    pub(crate) fn start<H: MessageHandler>(
+        policy: &LanePolicy,
+        settle: Arc<S>,
+        handler: H,
+        shutdown: &CancellationToken,
+    ) -> Self {
+        let handler: BoxedHandler = Arc::new(move |m| {
+            let call = handler.call(m);
+            Box::pin(async move { call.await.map_err(|e| e.to_string()) })
+        });
+        let shared = Arc::new(Shared {
+            board: Mutex::new(Board {
+                queues: HashMap::new(),
+                ready: VecDeque::new(),
+                closed: false,
+            }),
+            wake: Notify::new(),
+            settle,
+            handler,
+            counters: Counters::default(),
+            policy: policy.clone(),
+            shutdown: shutdown.clone(),
+        });
+        let workers = (0..policy.lanes.get())
+            .map(|_| {
+                let shared = Arc::clone(&shared);
+                tokio::spawn(async move {
+                    while let Some((key, queued)) = shared.next().await {
+                        shared.process(key, queued).await;
+                    }
+                })
+            })
+            .collect();
+        Self {
+            shared,
+            slots: Arc::new(Semaphore::new(policy.max_in_flight.get())),
+            workers,
+        }
+    }
+
+    /// Queues a delivery behind the others of its key, waiting while `max_in_flight`
+    /// messages are held. Returns `false` (and releases the delivery) when `shutdown` is
+    /// cancelled first.
+    pub(crate) async fn dispatch(
+        &self,
+        incoming: Incoming<S::Handle>,
+        shutdown: &CancellationToken,
+    ) -> bool {
+        let slot = tokio::select! {
+            biased; // after shutdown, never take a delivery in
+            () = shutdown.cancelled() => None,
+            slot = Arc::clone(&self.slots).acquire_owned() => slot.ok(),
+        };
+        let Some(slot) = slot else {
+            self.shared.settle.release(incoming.handle).await;
+            Counters::bump(&self.shared.counters.released);
+            return false;
+        };
+        let key = (
+            incoming.message.aggregate_type.clone(),
+            incoming.message.aggregate_id.clone(),
+        );
+        let queued = Queued {
+            attempts: incoming.earlier_attempts,
+            incoming,
+            _slot: slot,
+        };
+        let mut guard = self.shared.board();
+        let board = &mut *guard;
+        match board.queues.entry(key) {
+            Entry::Occupied(mut queue) => queue.get_mut().push_back(queued),
+            Entry::Vacant(vacant) => {
+                board.ready.push_back(vacant.key().clone());
+                vacant.insert(VecDeque::from([queued]));
+                self.shared.wake.notify_one();
+            }
+        }
+        true
+    }
+
+    /// Dispatches a parsed delivery, or dead-letters one that could not be parsed (`Err`
+    /// with the reason). `false` when `shutdown` came first.
+    pub(crate) async fn offer(
+        &self,
+        handle: S::Handle,
+        parsed: Result<InboxMessage, String>,
+        earlier_attempts: u32,
+        shutdown: &CancellationToken,
+    ) -> bool {
+        match parsed {
+            Ok(message) => {
+                let incoming = Incoming {
+                    handle,
+                    message,
+                    earlier_attempts,
+                };
+                self.dispatch(incoming, shutdown).await
+            }
+            Err(reason) => {
+                self.reject(handle, &reason).await;
+                true
+            }
+        }
+    }
+
+    /// Dead-letters a delivery that can never be processed (it does not follow the
+    /// contract), without a handler attempt.
+    pub(crate) async fn reject(&self, handle: S::Handle, reason: &str) {
+        tracing::error!(
+            reason,
+            "dead-lettering a message that does not follow the contract"
+        );
+        match self.shared.settle.dead_letter(handle, None, reason).await {
+            Ok(()) => Counters::bump(&self.shared.counters.dead_lettered),
+            Err(e) => tracing::warn!(error = %e, "dead-lettering failed; it will be redelivered"),
+        }
+    }
+
+    /// Takes no more deliveries, waits until every held message was settled (acked,
+    /// dead-lettered, or released at shutdown), and returns the report.
+    pub(crate) async fn finish(self) -> ConsumerReport {
+        self.shared.board().closed = true;
+        self.shared.wake.notify_waiters();
+        for worker in self.workers {
+            if let Err(e) = worker.await {
+                tracing::error!(error = %e, "a consumer lane failed");
+            }
+        }
+        self.shared.counters.report()
+    }
+}
+
+impl<S: Settle> Shared<S> {
+    fn board(&self) -> MutexGuard<'_, Board<S::Handle>> {
+        self.board.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The head message of the next ready key (the key becomes active), or `None` once the
+    /// lanes are closed and hold nothing.
+    async fn next(&self) -> Option<(Key, Queued<S::Handle>)> {
+        loop {
+            let notified = self.wake.notified();
+            let mut notified = std::pin::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let mut board = self.board();
+                while let Some(key) = board.ready.pop_front() {
+                    if let Some(queued) = board.queues.get_mut(&key).and_then(VecDeque::pop_front) {
+                        return Some((key, queued));
+                    }
+                }
+                if board.closed && board.queues.is_empty() {
+                    return None;
+                }
+            }
+            notified.await;
+        }
+    }
+
+    /// The active key's message was settled: its next message (if any) becomes ready.
+    fn settled(&self, key: Key) {
+        let mut board = self.board();
+        if board.queues.get(&key).is_some_and(|q| !q.is_empty()) {
+            board.ready.push_back(key);
+            self.wake.notify_one();
+        } else {
+            board.queues.remove(&key);
+            if board.closed && board.queues.is_empty() {
+                self.wake.notify_waiters();
+            }
+        }
+    }
+
+    /// A message back from its backoff: at the head of its key's queue, ready again.
+    fn retry(&self, key: Key, queued: Queued<S::Handle>) {
+        let mut board = self.board();
+        board
+            .queues
+            .entry(key.clone())
+            .or_default()
+            .push_front(queued);
+        board.ready.push_back(key);
+        self.wake.notify_one();
+    }
+
+    /// One attempt at a message: ack, dead-letter, release, or park it for a retry.
+    async fn process(self: &Arc<Self>, key: Key, queued: Queued<S::Handle>) {
+        let Queued {
+            incoming,
+            attempts,
+            _slot,
+        } = queued;
+        let Incoming {
+            handle,
+            message,
+            earlier_attempts,
+        } = incoming;
+        if self.shutdown.is_cancelled() {
+            self.release(key, handle).await;
+            return;
+        }
+        let id = message.id;
+        let attempt = attempts.saturating_add(1);
+        let max = self.policy.max_attempts.get();
+        let error = if attempt > max {
+            format!("delivered {earlier_attempts} times before without success")
+        } else {
+            let call = AssertUnwindSafe((self.handler)(message.clone())).catch_unwind();
+            match call.await {
+                Ok(Ok(())) => {
+                    match self.settle.ack(handle).await {
+                        Ok(()) => Counters::bump(&self.counters.acked),
+                        // Committed but not acked: it comes back, then it is a duplicate.
+                        Err(e) => {
+                            tracing::warn!(%id, error = %e, "ack failed; the message will be redelivered");
+                        }
+                    }
+                    self.settled(key);
+                    return;
+                }
+                Ok(Err(e)) => e,
+                Err(_) => "the handler panicked".to_owned(),
+            }
+        };
+        if attempt >= max {
+            let reason = format!("handler failed {attempt} times; last error: {error}");
+            tracing::error!(%id, attempt, %reason, "dead-lettering");
+            match self
+                .settle
+                .dead_letter(handle, Some(&message), &reason)
+                .await
+            {
+                Ok(()) => Counters::bump(&self.counters.dead_lettered),
+                Err(e) => {
+                    tracing::warn!(%id, error = %e, "dead-lettering failed; the message will be redelivered");
+                }
+            }
+            self.settled(key);
+            return;
+        }
+        Counters::bump(&self.counters.retried);
+        let delay = self.policy.backoff(attempt);
+        tracing::warn!(%id, attempt, ?delay, %error, "handler failed; retrying in place");
+        let me = Arc::clone(self);
+        tokio::spawn(async move {
+            if me.wait(&handle, delay).await {
+                let incoming = Incoming {
+                    handle,
+                    message,
+                    earlier_attempts,
+                };
+                let queued = Queued {
+                    incoming,
+                    attempts: attempt,
+                    _slot,
+                };
+                me.retry(key, queued);
+            } else {
+                me.release(key, handle).await;
+            }
+        });
+    }
+
+    async fn release(&self, key: Key, handle: S::Handle) {
+        self.settle.release(handle).await;
+        Counters::bump(&self.counters.released);
+        self.settled(key);
+    }
+
+    /// Waits `delay`, keeping the delivery alive; `false` when shutdown came first.
+    async fn wait(&self, handle: &S::Handle, delay: Duration) -> bool {
+        let step = self.settle.keep_alive_every().unwrap_or(delay);
+        let deadline = tokio::time::Instant::now() + delay;
+        loop {
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                return true;
+            }
+            let next = deadline.min(now + step);
+            tokio::select! {
+                () = self.shutdown.cancelled() => return false,
+                () = tokio::time::sleep_until(next) => {}
+            }
+            if next < deadline {
+                self.settle.keep_alive(handle).await;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::num::NonZeroUsize;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    /// Records what the lanes did with each delivery (a stand-in for a broker: the logic
+    /// under test is the lanes', the brokers' own tests use real servers).
+    #[derive(Default)]
+    struct Log(Mutex<Vec<String>>);
+
+    impl Settle for Log {
+        type Handle = u32;
+        async fn ack(&self, h: u32) -> Result<(), BoxError> {
+            self.0.lock().expect("lock").push(format!("ack {h}"));
+            Ok(())
+        }
+        async fn dead_letter(
+            &self,
+            h: u32,
+            _: Option<&InboxMessage>,
+            reason: &str,
+        ) -> Result<(), BoxError> {
+            self.0
+                .lock()
+                .expect("lock")
+                .push(format!("dead {h}: {reason}"));
+            Ok(())
+        }
+        async fn release(&self, h: u32) {
+            self.0.lock().expect("lock").push(format!("release {h}"));
+        }
+    }
+
+    fn incoming(h: u32, key: &str, earlier_attempts: u32) -> Incoming<u32> {
+        Incoming {
+            handle: h,
+            message: InboxMessage {
+                id: uuid::Uuid::from_u128(u128::from(h)),
+                event_type: "e".into(),
+                aggregate_type: "A".into(),
+                aggregate_id: key.into(),
+                headers: vec![],
+                payload: bytes::Bytes::new(),
+            },
+            earlier_attempts,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failing_message_is_retried_in_place_before_later_ones_of_its_key() {
+        let log = Arc::new(Log::default());
+        let fails = Arc::new(AtomicU64::new(2));
+        let shutdown = CancellationToken::new();
+        let policy = LanePolicy {
+            lanes: NonZeroUsize::new(1).expect("not zero"),
+            ..LanePolicy::default()
+        };
+        let lanes = Lanes::start(
+            &policy,
+            Arc::clone(&log),
+            {
+                let fails = Arc::clone(&fails);
+                move |m: InboxMessage| {
+                    let fails = Arc::clone(&fails);
+                    async move {
+                        let first_fails =
+                            m.id.as_u128() == 1 && fails.fetch_sub(1, Ordering::SeqCst) > 0;
+                        if first_fails || m.id.as_u128() == 3 {
+                            return Err("boom");
+                        }
+                        Ok(())
+                    }
+                }
+            },
+            &shutdown,
+        );
+        assert!(lanes.dispatch(incoming(1, "k", 0), &shutdown).await);
+        assert!(lanes.dispatch(incoming(2, "k", 0), &shutdown).await);
+        assert!(lanes.dispatch(incoming(3, "k", 9), &shutdown).await);
+        let report = lanes.finish().await;
+        assert_eq!(
+            *log.0.lock().expect("lock"),
+            vec![
+                "ack 1".to_owned(),
+                "ack 2".to_owned(),
+                "dead 3: handler failed 10 times; last error: boom".to_owned()
+            ]
+        );
+        assert_eq!(report.retried, 2);
+        assert_eq!(report.acked, 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_key_waiting_for_a_retry_does_not_hold_up_other_keys() {
+        let log = Arc::new(Log::default());
+        let shutdown = CancellationToken::new();
+        let policy = LanePolicy {
+            lanes: NonZeroUsize::new(1).expect("not zero"),
+            max_attempts: std::num::NonZeroU32::new(3).expect("not zero"),
+            ..LanePolicy::default()
+        };
+        let poison = |m: InboxMessage| async move {
+            if m.aggregate_id == "p" {
+                Err("poison")
+            } else {
+                Ok(())
+            }
+        };
+        let lanes = Lanes::start(&policy, Arc::clone(&log), poison, &shutdown);
+        assert!(lanes.dispatch(incoming(1, "p", 0), &shutdown).await);
+        assert!(lanes.dispatch(incoming(2, "p", 0), &shutdown).await);
+        assert!(lanes.dispatch(incoming(3, "k", 0), &shutdown).await);
+        assert!(lanes.dispatch(incoming(4, "k", 0), &shutdown).await);
+        let report = lanes.finish().await;
+        assert_eq!(
+            *log.0.lock().expect("lock"),
+            vec![
+                "ack 3".to_owned(),
+                "ack 4".to_owned(),
+                "dead 1: handler failed 3 times; last error: poison".to_owned(),
+                "dead 2: handler failed 3 times; last error: poison".to_owned(),
+            ],
+            "k flows while p waits; p keeps its order"
+        );
+        assert_eq!(
+            (report.acked, report.dead_lettered, report.retried),
+            (2, 2, 4)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn shutdown_releases_queued_and_waiting_messages() {
+        let log = Arc::new(Log::default());
+        let shutdown = CancellationToken::new();
+        let policy = LanePolicy {
+            lanes: NonZeroUsize::new(1).expect("not zero"),
+            ..LanePolicy::default()
+        };
+        let failing = |_m: InboxMessage| async { Err::<(), _>("down") };
+        let lanes = Lanes::start(&policy, Arc::clone(&log), failing, &shutdown);
+        assert!(lanes.dispatch(incoming(1, "k", 0), &shutdown).await);
+        assert!(lanes.dispatch(incoming(2, "k", 0), &shutdown).await);
+        tokio::time::sleep(Duration::from_millis(1500)).await; // 1 failed twice, now waiting
+        shutdown.cancel();
+        assert!(!lanes.dispatch(incoming(3, "j", 0), &shutdown).await);
+        let report = lanes.finish().await;
+        assert_eq!(
+            *log.0.lock().expect("lock"),
+            vec!["release 3", "release 1", "release 2"]
+        );
+        assert_eq!((report.acked, report.released, report.retried), (0, 3, 2));
+    }
+}

@@ -1,0 +1,13 @@
+-- 0002: per-attempt error history, for `outbox dead show` and `outbox why`.
+--
+-- `last_error` keeps only the latest failure; an on-call engineer wants to see whether an
+-- event failed ten times for the same reason or for ten different ones. Each failed attempt
+-- appends {"attempt": n, "at": timestamptz, "error": text, "kind": "retry" | "dead"} here,
+-- written by the retry and dead-letter statements only (outbox_schedule_retry.sql,
+-- outbox_dead_letter.sql; `outbox dead retry` adds a "requeued" entry): the delivered path
+-- never touches it, so the happy path costs nothing more. The array keeps the last 10 entries (older ones are dropped as new ones
+-- arrive), so a row stays small however often it failed.
+--
+-- A constant default makes this ADD COLUMN instant on PostgreSQL 11+: no table rewrite, no
+-- long lock, existing rows read the default without being touched.
+ALTER TABLE {{table}} ADD COLUMN attempt_errors jsonb NOT NULL DEFAULT '[]';

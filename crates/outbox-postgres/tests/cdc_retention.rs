@@ -1,0 +1,112 @@
+//! Retention in CDC mode: rows stay `pending` (the stream carries the events), so retention
+//! deletes only rows whose transactions the replication slot has confirmed; never a dead
+//! letter, never an event the relay has not settled.
+
+mod cdc_support;
+
+use std::ops::ControlFlow;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::ensure;
+use cdc_support::CdcHarness;
+use outbox_core::{DeadLetterPolicy, NewEvent, Ordering, SinkErrorKind};
+use outbox_postgres::{PgRetention, RetentionSettings};
+use outbox_testkit::conformance::{Harness, RunningRelay, test_relay_config};
+use outbox_testkit::faults::{ScriptedSink, Times};
+use time::OffsetDateTime;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+fn events(prefix: &str, n: usize) -> Vec<NewEvent> {
+    (0..n)
+        .map(|i| NewEvent::new("Order", format!("{prefix}{i}"), "order.placed", "{}"))
+        .collect()
+}
+
+async fn rows(h: &CdcHarness) -> anyhow::Result<Vec<(String, String)>> {
+    Ok(
+        sqlx::query_as("SELECT aggregate_id, state FROM outbox ORDER BY seq")
+            .fetch_all(&h.pool)
+            .await?,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cdc_retention_deletes_only_rows_the_slot_has_confirmed() -> anyhow::Result<()> {
+    let h = CdcHarness::new().await?;
+    h.write(events("a", 10), true).await?;
+    let retention = PgRetention::new(h.pool.clone(), &h.config);
+    let later = OffsetDateTime::now_utc() + time::Duration::days(2);
+    let settings = |wait| RetentionSettings {
+        keep: Duration::from_secs(86_400),
+        cdc_wait: wait,
+        ..RetentionSettings::default()
+    };
+    let mut go = |_| ControlFlow::Continue(());
+
+    // No relay has streamed anything yet: nothing is known to be delivered.
+    let report = retention
+        .run(later, &settings(Duration::from_millis(500)), &mut go)
+        .await?;
+    ensure!(report.deleted == 0, "{report:?}");
+    ensure!(
+        report.notes.iter().any(|n| n.contains("has not confirmed")),
+        "{report:?}"
+    );
+    ensure!(rows(&h).await?.len() == 10);
+
+    // The relay delivers the ten events and dead-letters a poison one.
+    let sink = Arc::new(ScriptedSink::new());
+    sink.fail_aggregate("poison", SinkErrorKind::Rejected, Times::Forever);
+    sink.fail_aggregate("stuck", SinkErrorKind::Transient, Times::Forever);
+    let relay = RunningRelay::start(
+        test_relay_config(Ordering::PerAggregate, DeadLetterPolicy::Skip, 1_000_000),
+        sink.clone(),
+        vec![h.cdc_source(Ordering::PerAggregate, DeadLetterPolicy::Skip)?],
+    );
+    sink.wait_for_published(10, WAIT).await?;
+    h.write(
+        vec![NewEvent::new("Order", "poison", "order.bad", "{}")],
+        true,
+    )
+    .await?;
+    outbox_testkit::wait::eventually(WAIT, || async {
+        rows(&h)
+            .await
+            .is_ok_and(|r| r.iter().any(|(_, s)| s == "dead"))
+    })
+    .await?;
+    let report = retention.run(later, &settings(WAIT), &mut go).await?;
+    ensure!(
+        report.deleted == 10 && report.notes.is_empty(),
+        "{report:?}"
+    );
+    ensure!(
+        rows(&h).await? == [("poison".to_owned(), "dead".to_owned())],
+        "{:?}",
+        rows(&h).await?
+    );
+
+    // An event that keeps failing holds the slot, so nothing written after it is deleted
+    // either, even once those are published.
+    h.write(
+        vec![NewEvent::new("Order", "stuck", "order.placed", "{}")],
+        true,
+    )
+    .await?;
+    sink.wait_for_attempts(12, WAIT).await?;
+    h.write(events("b", 5), true).await?;
+    sink.wait_for_published(15, WAIT).await?;
+    let report = retention
+        .run(later, &settings(Duration::from_secs(2)), &mut go)
+        .await?;
+    ensure!(report.deleted == 0, "{report:?}");
+    ensure!(
+        report.notes.iter().any(|n| n.contains("has not confirmed")),
+        "{report:?}"
+    );
+    ensure!(rows(&h).await?.len() == 7, "{:?}", rows(&h).await?);
+    relay.stop().await?;
+    Ok(())
+}
