@@ -14,6 +14,7 @@ pub mod event;
 pub mod identifier;
 pub mod message;
 pub mod metrics;
+pub mod migration;
 pub mod policy;
 pub mod relay;
 pub mod sink;

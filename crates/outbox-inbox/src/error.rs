@@ -76,6 +76,26 @@ pub enum MigrateError {
     },
 }
 
+impl MigrateError {
+    /// The error for `table` when the recorded migrations cannot be brought up to date.
+    pub(crate) fn conflict(table: String, c: outbox_core::migration::MigrationConflict) -> Self {
+        use outbox_core::migration::MigrationConflict;
+        match c {
+            MigrationConflict::Newer { found, .. } => Self::Newer { table, found },
+            MigrationConflict::Modified {
+                version,
+                found,
+                expected,
+            } => Self::Modified {
+                table,
+                version,
+                found,
+                expected,
+            },
+        }
+    }
+}
+
 /// What a migration did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MigrationReport {

@@ -11,7 +11,7 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use crate::error::{InboxError, MigrateError, MigrationReport};
-use crate::sql::{self, PG_MIGRATIONS, Queries, SCHEMA_VERSION, render, stmt};
+use crate::sql::{PG_MIGRATIONS, Queries, render, stmt};
 use crate::{DEFAULT_TABLE, Outcome, PURGE_BATCH};
 
 const BOOKKEEPING: &str = "CREATE TABLE IF NOT EXISTS {{qname:_migrations}} (
@@ -122,30 +122,13 @@ impl PgInbox {
         .fetch_all(&mut *tx)
         .await
         .map_err(db)?;
-        if let Some((found, _)) = applied.iter().find(|(v, _)| *v > SCHEMA_VERSION) {
-            return Err(MigrateError::Newer {
-                table: name,
-                found: *found,
-            });
-        }
+        let plan = outbox_core::migration::plan(PG_MIGRATIONS, &applied)
+            .map_err(|c| MigrateError::conflict(name.clone(), c))?;
         let mut report = MigrationReport {
             applied: Vec::new(),
-            version: 0,
+            version: plan.current,
         };
-        for m in PG_MIGRATIONS {
-            let expected = sql::checksum(m.sql);
-            if let Some((_, found)) = applied.iter().find(|(v, _)| *v == m.version) {
-                if *found != expected {
-                    return Err(MigrateError::Modified {
-                        table: name,
-                        version: m.version,
-                        found: found.clone(),
-                        expected,
-                    });
-                }
-                report.version = m.version;
-                continue;
-            }
+        for (m, checksum) in plan.to_apply {
             tx.execute(sqlx::raw_sql(sqlx::AssertSqlSafe(self.render(m.sql))))
                 .await
                 .map_err(db)?;
@@ -154,7 +137,7 @@ impl PgInbox {
             )))
             .bind(m.version)
             .bind(m.name)
-            .bind(&expected)
+            .bind(&checksum)
             .execute(&mut *tx)
             .await
             .map_err(db)?;

@@ -9,6 +9,7 @@
 use std::sync::Arc;
 
 use outbox_core::Identifier;
+use outbox_core::migration::Migration;
 
 /// Fills the placeholders of `template` for `table` in `schema` (`None` for SQLite, which
 /// has no schemas: names stay unqualified and `{{schema}}` is a bug).
@@ -17,58 +18,13 @@ use outbox_core::Identifier;
 /// On an unknown placeholder or a malformed suffix: both are bugs in this crate's `.sql`
 /// files (covered by tests), never caused by input.
 pub(crate) fn render(template: &str, schema: Option<&Identifier>, table: &Identifier) -> String {
-    let qualify = |name: String| match schema {
-        Some(s) => format!("{}.{name}", s.quoted()),
-        None => name,
-    };
-    let mut out = String::with_capacity(template.len() + 64);
-    let mut rest = template;
-    while let Some(start) = rest.find("{{") {
-        out.push_str(&rest[..start]);
-        let after = &rest[start + 2..];
-        let end = after
-            .find("}}")
-            .expect("unterminated placeholder in bundled SQL");
-        let placeholder = &after[..end];
-        match placeholder.split_once(':') {
-            None if placeholder == "table" => out.push_str(&qualify(table.quoted())),
-            None if placeholder == "schema" => match schema {
-                Some(s) => out.push_str(&s.quoted()),
-                None => panic!("`{{{{schema}}}}` in bundled SQL of a dialect without schemas"),
-            },
-            None => panic!("unknown placeholder `{placeholder}` in bundled SQL"),
-            Some((kind, suffix)) => {
-                assert!(
-                    !suffix.is_empty()
-                        && suffix.chars().all(|c| c.is_ascii_lowercase() || c == '_'),
-                    "bad suffix `{suffix}` in bundled SQL"
-                );
-                let name = format!("\"{}{suffix}\"", table.as_str());
-                match kind {
-                    "name" => out.push_str(&name),
-                    "qname" => out.push_str(&qualify(name)),
-                    other => panic!("unknown placeholder kind `{other}` in bundled SQL"),
-                }
-            }
-        }
-        rest = &after[end + 2..];
-    }
-    out.push_str(rest);
-    out
+    outbox_core::migration::render_sql(template, schema, table, &[])
 }
 
 /// A rendered statement, marked as audited for sqlx: its only dynamic parts are validated,
 /// quoted identifiers inserted by [`render`].
 pub(crate) fn stmt(sql: &Arc<str>) -> sqlx::AssertSqlSafe<Arc<str>> {
     sqlx::AssertSqlSafe(Arc::clone(sql))
-}
-
-/// One bundled migration.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Migration {
-    pub(crate) version: i32,
-    pub(crate) name: &'static str,
-    pub(crate) sql: &'static str,
 }
 
 /// PostgreSQL migrations, in order. Append only; never edit one that has shipped.
@@ -87,17 +43,6 @@ pub(crate) const SQLITE_MIGRATIONS: &[Migration] = &[Migration {
 
 /// The schema version this build of the library expects (both dialects).
 pub const SCHEMA_VERSION: i32 = 1;
-
-/// FNV-1a, 64 bit, of a migration's SQL: detects an edited migration; not a security
-/// boundary.
-pub(crate) fn checksum(sql: &str) -> String {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in sql.bytes() {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    format!("{h:016x}")
-}
 
 /// Every query of one dialect, rendered once for one inbox table.
 #[derive(Debug, Clone)]
@@ -163,7 +108,7 @@ mod tests {
     }
 
     #[test]
-    #[should_panic(expected = "without schemas")]
+    #[should_panic(expected = "without a schema")]
     fn a_schema_placeholder_in_sqlite_sql_is_a_bug_caught_by_tests() {
         render("{{schema}}", None, &id("seen"));
     }

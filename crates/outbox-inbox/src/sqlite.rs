@@ -16,7 +16,7 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use crate::error::{InboxError, MigrateError, MigrationReport};
-use crate::sql::{self, Queries, SCHEMA_VERSION, SQLITE_MIGRATIONS, render, stmt};
+use crate::sql::{Queries, SQLITE_MIGRATIONS, render, stmt};
 use crate::{DEFAULT_TABLE, Outcome, PURGE_BATCH};
 
 const BOOKKEEPING: &str = "CREATE TABLE IF NOT EXISTS {{name:_migrations}} (
@@ -83,30 +83,13 @@ impl SqliteInbox {
         .fetch_all(&mut *tx)
         .await
         .map_err(db)?;
-        if let Some((found, _)) = applied.iter().find(|(v, _)| *v > SCHEMA_VERSION) {
-            return Err(MigrateError::Newer {
-                table: name,
-                found: *found,
-            });
-        }
+        let plan = outbox_core::migration::plan(SQLITE_MIGRATIONS, &applied)
+            .map_err(|c| MigrateError::conflict(name.clone(), c))?;
         let mut report = MigrationReport {
             applied: Vec::new(),
-            version: 0,
+            version: plan.current,
         };
-        for m in SQLITE_MIGRATIONS {
-            let expected = sql::checksum(m.sql);
-            if let Some((_, found)) = applied.iter().find(|(v, _)| *v == m.version) {
-                if *found != expected {
-                    return Err(MigrateError::Modified {
-                        table: name,
-                        version: m.version,
-                        found: found.clone(),
-                        expected,
-                    });
-                }
-                report.version = m.version;
-                continue;
-            }
+        for (m, checksum) in plan.to_apply {
             tx.execute(sqlx::raw_sql(sqlx::AssertSqlSafe(self.render(m.sql))))
                 .await
                 .map_err(db)?;
@@ -115,7 +98,7 @@ impl SqliteInbox {
             )))
             .bind(m.version)
             .bind(m.name)
-            .bind(&expected)
+            .bind(&checksum)
             .bind(micros(OffsetDateTime::now_utc()))
             .execute(&mut *tx)
             .await

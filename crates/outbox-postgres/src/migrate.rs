@@ -7,18 +7,11 @@
 //! migration leaves nothing half-done.
 
 use outbox_core::QualifiedTable;
+use outbox_core::migration::{self, Migration, MigrationConflict};
 use sqlx::{Executor, PgPool};
 
 use crate::partition::{self, Layout, Partitioning};
 use crate::sql::render;
-
-/// One bundled migration.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Migration {
-    pub(crate) version: i32,
-    pub(crate) name: &'static str,
-    pub(crate) sql: &'static str,
-}
 
 /// Every migration, in order. Append only; never edit one that has shipped.
 pub(crate) const MIGRATIONS: &[Migration] = &[
@@ -124,14 +117,20 @@ impl MigrateOptions {
     }
 }
 
-fn checksum(sql: &str) -> String {
-    // FNV-1a, 64 bit: detects an edited migration; not a security boundary.
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in sql.bytes() {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+fn conflict(table: String, c: MigrationConflict) -> MigrateError {
+    match c {
+        MigrationConflict::Newer { found, .. } => MigrateError::Newer { table, found },
+        MigrationConflict::Modified {
+            version,
+            found,
+            expected,
+        } => MigrateError::Modified {
+            table,
+            version,
+            found,
+            expected,
+        },
     }
-    format!("{h:016x}")
 }
 
 /// Creates or upgrades the outbox schema for `table`, and installs (`listen_notify = true`)
@@ -186,12 +185,7 @@ pub async fn migrate_with(
     .fetch_all(&mut *tx)
     .await
     .map_err(db)?;
-    if let Some((found, _)) = applied.iter().find(|(v, _)| *v > SCHEMA_VERSION) {
-        return Err(MigrateError::Newer {
-            table: name,
-            found: *found,
-        });
-    }
+    let plan = migration::plan(MIGRATIONS, &applied).map_err(|c| conflict(name.clone(), c))?;
     let layout = partition::layout(&mut tx, table).await.map_err(db)?;
     if layout != Layout::Missing {
         crate::retention::layout_matches(table, options.partitioning, layout)
@@ -199,24 +193,11 @@ pub async fn migrate_with(
     }
     let mut report = MigrationReport {
         applied: Vec::new(),
-        version: 0,
+        version: plan.current,
         wakeup_trigger: listen_notify,
         partitions_created: Vec::new(),
     };
-    for m in MIGRATIONS {
-        let expected = checksum(m.sql);
-        if let Some((_, found)) = applied.iter().find(|(v, _)| *v == m.version) {
-            if *found != expected {
-                return Err(MigrateError::Modified {
-                    table: name,
-                    version: m.version,
-                    found: found.clone(),
-                    expected,
-                });
-            }
-            report.version = m.version;
-            continue;
-        }
+    for (m, checksum) in plan.to_apply {
         let sql = if m.version == 1 && options.partitioning != Partitioning::None {
             render(&partition::partitioned_variant(m.sql), table)
         } else {
@@ -231,7 +212,7 @@ pub async fn migrate_with(
         )))
         .bind(m.version)
         .bind(m.name)
-        .bind(&expected)
+        .bind(&checksum)
         .execute(&mut *tx)
         .await
         .map_err(db)?;

@@ -7,6 +7,7 @@
 
 use std::sync::Arc;
 
+use outbox_core::migration::render_sql;
 use outbox_core::{Identifier, QualifiedTable};
 
 /// Fills the placeholders of `template` for `table`.
@@ -25,48 +26,15 @@ pub(crate) fn render_with(
     table: &QualifiedTable,
     named: &[(&str, &Identifier)],
 ) -> String {
-    let schema = table
-        .schema
-        .as_ref()
-        .map(|s| s.quoted())
-        .unwrap_or_else(|| "\"public\"".to_owned());
-    let mut out = String::with_capacity(template.len() + 64);
-    let mut rest = template;
-    while let Some(start) = rest.find("{{") {
-        out.push_str(&rest[..start]);
-        let after = &rest[start + 2..];
-        let end = after
-            .find("}}")
-            .expect("unterminated placeholder in bundled SQL");
-        let placeholder = &after[..end];
-        match placeholder.split_once(':') {
-            None => match placeholder {
-                "table" => out.push_str(&format!("{schema}.{}", table.table.quoted())),
-                "schema" => out.push_str(&schema),
-                other => match named.iter().find(|(name, _)| *name == other) {
-                    Some((_, id)) => out.push_str(&id.quoted()),
-                    None => panic!("unknown placeholder `{other}` in bundled SQL"),
-                },
-            },
-            Some((kind, suffix)) => {
-                assert!(
-                    !suffix.is_empty()
-                        && suffix.chars().all(|c| c.is_ascii_lowercase() || c == '_'),
-                    "bad suffix `{suffix}` in bundled SQL"
-                );
-                let name = format!("\"{}{suffix}\"", table.table.as_str());
-                match kind {
-                    "name" => out.push_str(&name),
-                    "qname" => out.push_str(&format!("{schema}.{name}")),
-                    "regclass" => out.push_str(&format!("'{schema}.{name}'::regclass")),
-                    other => panic!("unknown placeholder kind `{other}` in bundled SQL"),
-                }
-            }
-        }
-        rest = &after[end + 2..];
+    match &table.schema {
+        Some(schema) => render_sql(template, Some(schema), &table.table, named),
+        None => render_sql(template, Some(&public()), &table.table, named),
     }
-    out.push_str(rest);
-    out
+}
+
+/// The schema of a table configured without one.
+fn public() -> Identifier {
+    Identifier::new("public").expect("a valid identifier")
 }
 
 /// Every query of this crate, rendered once for one outbox table.

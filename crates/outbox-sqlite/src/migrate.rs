@@ -7,17 +7,10 @@
 //! nothing to do. SQLite DDL is transactional, so a failed migration leaves nothing half-done.
 
 use outbox_core::Identifier;
+use outbox_core::migration::{self, Migration, MigrationConflict};
 use sqlx::{Executor, SqlitePool};
 
 use crate::sql::render;
-
-/// One bundled migration.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Migration {
-    pub(crate) version: i32,
-    pub(crate) name: &'static str,
-    pub(crate) sql: &'static str,
-}
 
 /// Every migration, in order. Append only; never edit one that has shipped.
 pub(crate) const MIGRATIONS: &[Migration] = &[Migration {
@@ -84,14 +77,20 @@ pub struct MigrationReport {
     pub version: i32,
 }
 
-fn checksum(sql: &str) -> String {
-    // FNV-1a, 64 bit: detects an edited migration; not a security boundary.
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in sql.bytes() {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+fn conflict(table: String, c: MigrationConflict) -> MigrateError {
+    match c {
+        MigrationConflict::Newer { found, .. } => MigrateError::Newer { table, found },
+        MigrationConflict::Modified {
+            version,
+            found,
+            expected,
+        } => MigrateError::Modified {
+            table,
+            version,
+            found,
+            expected,
+        },
     }
-    format!("{h:016x}")
 }
 
 /// Creates or upgrades the outbox schema for `table` (the outbox table, its indexes, the
@@ -116,30 +115,12 @@ pub async fn migrate(
     .fetch_all(&mut *tx)
     .await
     .map_err(db)?;
-    if let Some((found, _)) = applied.iter().find(|(v, _)| *v > SCHEMA_VERSION) {
-        return Err(MigrateError::Newer {
-            table: name,
-            found: *found,
-        });
-    }
+    let plan = migration::plan(MIGRATIONS, &applied).map_err(|c| conflict(name.clone(), c))?;
     let mut report = MigrationReport {
         applied: Vec::new(),
-        version: 0,
+        version: plan.current,
     };
-    for m in MIGRATIONS {
-        let expected = checksum(m.sql);
-        if let Some((_, found)) = applied.iter().find(|(v, _)| *v == m.version) {
-            if *found != expected {
-                return Err(MigrateError::Modified {
-                    table: name,
-                    version: m.version,
-                    found: found.clone(),
-                    expected,
-                });
-            }
-            report.version = m.version;
-            continue;
-        }
+    for (m, checksum) in plan.to_apply {
         tx.execute(sqlx::raw_sql(sqlx::AssertSqlSafe(render(m.sql, table))))
             .await
             .map_err(db)?;
@@ -149,7 +130,7 @@ pub async fn migrate(
         )))
         .bind(m.version)
         .bind(m.name)
-        .bind(&expected)
+        .bind(&checksum)
         .bind(crate::timestamp::to_micros(time::OffsetDateTime::now_utc()))
         .execute(&mut *tx)
         .await

@@ -15,32 +15,7 @@ use outbox_core::Identifier;
 /// On an unknown placeholder or a malformed suffix: both are bugs in this crate's `.sql`
 /// files (covered by tests), never caused by input.
 pub(crate) fn render(template: &str, table: &Identifier) -> String {
-    let mut out = String::with_capacity(template.len() + 64);
-    let mut rest = template;
-    while let Some(start) = rest.find("{{") {
-        out.push_str(&rest[..start]);
-        let after = &rest[start + 2..];
-        let end = after
-            .find("}}")
-            .expect("unterminated placeholder in bundled SQL");
-        let placeholder = &after[..end];
-        match placeholder.split_once(':') {
-            None if placeholder == "table" => out.push_str(&table.quoted()),
-            None => panic!("unknown placeholder `{placeholder}` in bundled SQL"),
-            Some(("name", suffix)) => {
-                assert!(
-                    !suffix.is_empty()
-                        && suffix.chars().all(|c| c.is_ascii_lowercase() || c == '_'),
-                    "bad suffix `{suffix}` in bundled SQL"
-                );
-                out.push_str(&format!("\"{}{suffix}\"", table.as_str()));
-            }
-            Some((other, _)) => panic!("unknown placeholder kind `{other}` in bundled SQL"),
-        }
-        rest = &after[end + 2..];
-    }
-    out.push_str(rest);
-    out
+    outbox_core::migration::render_sql(template, None, table, &[])
 }
 
 /// Every query of this crate, rendered once for one outbox table.
@@ -107,8 +82,9 @@ mod tests {
     }
 
     #[test]
-    #[should_panic(expected = "unknown placeholder")]
-    fn an_unknown_placeholder_is_a_bug_caught_by_tests() {
+    #[should_panic(expected = "without a schema")]
+    fn a_schema_placeholder_is_a_bug_caught_by_tests() {
+        // SQLite has no schemas.
         render("{{schema}}", &table());
     }
 
