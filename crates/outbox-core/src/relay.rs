@@ -285,7 +285,13 @@ impl<K: Sink> Relay<K> {
                 sink_pause.reset();
                 metrics::gauge!(m::SINK_UP).set(1.0);
                 if !more {
-                    sleep_or_cancel(self.config.poll_interval, &shutdown).await;
+                    // A partial batch: pause up to `poll_interval` before the next fetch. A
+                    // source that knows when events arrive (the CDC stream, LISTEN/NOTIFY)
+                    // ends the pause as soon as there are; a plain poller sleeps it out.
+                    tokio::select! {
+                        () = source.wait_for_events(self.config.poll_interval) => {}
+                        () = shutdown.cancelled() => {}
+                    }
                 }
             }
         }
