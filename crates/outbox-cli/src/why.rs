@@ -46,18 +46,22 @@ pub(crate) async fn run(config: &Config, args: WhyArgs) -> anyhow::Result<()> {
             "Transactions that wrote to {} and have not committed yet (an event becomes visible, and publishable, when its transaction commits):",
             pg.qualified_table()
         );
+        // A producer blocked on its aggregate's ordering lock is a writer too (the insert
+        // started); say who it waits for.
+        let waits = inspector.lock_waits(50).await.map_err(e)?;
         let id = args.id.to_string();
         for w in &writers {
-            let mentions = w.query.as_deref().is_some_and(|q| q.contains(&id));
-            eprintln!(
-                "  {}{}",
-                describe(w),
-                if mentions {
-                    "  <- its last query names this id"
-                } else {
-                    ""
-                }
-            );
+            let mut notes = String::new();
+            if let Some(lock) = waits.iter().find(|l| l.waiting_pid == w.pid) {
+                notes.push_str(&format!(
+                    "  <- waits for the aggregate's ordering lock held by pid {}",
+                    lock.holder_pid
+                ));
+            }
+            if w.query.as_deref().is_some_and(|q| q.contains(&id)) {
+                notes.push_str("  <- its last query names this id");
+            }
+            eprintln!("  {}{notes}", describe(w));
         }
         bail!(
             "no committed event with id {} in outbox table {}; if one of the {} open writer(s) above wrote it, it waits for that commit",
@@ -147,8 +151,7 @@ fn print_story(config: &Config, story: &EventStory, now: OffsetDateTime, kind: K
             format!("being published right now: a relay holds its claim (destination {to})")
         }
         Verdict::Ready { .. } if kind == Kind::Sqlite => format!(
-            "pending, not in backoff: the relay publishes it after the earlier events of {}/{} (`outbox dead list --aggregate {}` shows a dead letter holding them), to {to}",
-            s.aggregate_type, s.aggregate_id, s.aggregate_id
+            "ready: nothing holds it; the relay holding the file's lease publishes it next (to {to}). If it stays here, is `outbox relay` running? (`outbox status`)"
         ),
         Verdict::Streamed | Verdict::Ready { .. } if kind == Kind::Cdc => format!(
             "CDC mode: delivery is not recorded per row; a running relay streams it when its transaction's commit is decoded (to {to}). `outbox status` shows the slot's lag and who streams from it"
@@ -232,7 +235,19 @@ async fn sqlite(config: &Config, args: WhyArgs) -> anyhow::Result<()> {
         ("delivered", _) => Verdict::Delivered,
         ("dead", _) => Verdict::Dead,
         (_, Some(until)) => Verdict::Backoff { until },
-        _ => Verdict::Ready { ahead: 0 },
+        _ => match dead.blocker(&row, now).await.map_err(e)? {
+            Some(b) => Verdict::BlockedByEarlier {
+                blocker: outbox_postgres::Blocker {
+                    id: b.id,
+                    state: b.state,
+                    attempts: b.attempts,
+                    last_error: b.last_error,
+                    backoff_until: b.backoff_until,
+                    created_at: b.created_at,
+                },
+            },
+            None => Verdict::Ready { ahead: 0 },
+        },
     };
     let story = EventStory {
         event: StoredEventDetail {

@@ -299,6 +299,19 @@ async fn sqlite_dead_letters_are_listed_shown_retried_in_order_and_purged() -> a
         why.code == Some(0) && why.stdout.contains("dead-lettered at"),
         "{why:?}"
     );
+    // The event behind it waits for it, and `why` names it.
+    let behind: String = sqlx::query_scalar("SELECT id FROM outbox WHERE payload = '2'")
+        .fetch_one(&pool)
+        .await?;
+    let why = work.run(&["why", &behind, "--config", cfg]).await?;
+    ensure!(
+        why.code == Some(0)
+            && why
+                .stdout
+                .contains("waiting for an earlier event of Order/o1")
+            && why.stdout.contains(&id),
+        "{why:?}"
+    );
 
     hooks.reset_script();
     let retry = work
@@ -429,9 +442,15 @@ async fn cdc_dead_letter_shows_its_reason_and_why_explains_cdc_rows() -> anyhow:
         "{why:?}"
     );
     ensure!(terminate(&mut relay, Duration::from_secs(30)).await? == Some(0));
-    sqlx::query("SELECT pg_drop_replication_slot($1)")
-        .bind(format!("s_{tag}"))
-        .execute(&pool)
-        .await?;
+    // The walsender may still be ending after the relay exited: drop once it let go.
+    outbox_testkit::wait::eventually(Duration::from_secs(30), || async {
+        sqlx::query("SELECT pg_drop_replication_slot($1)")
+            .bind(format!("s_{tag}"))
+            .execute(&pool)
+            .await
+            .is_ok()
+    })
+    .await
+    .context("dropping the test's replication slot")?;
     Ok(())
 }

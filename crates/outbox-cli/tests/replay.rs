@@ -272,9 +272,15 @@ async fn cdc_replay_restreams_the_selected_events_in_order() -> anyhow::Result<(
     ensure!(got[3..] == [ids[0].clone(), ids[2].clone()], "{got:?}");
     ensure!(terminate(&mut relay, Duration::from_secs(30)).await? == Some(0));
     ensure!(published(&work).len() == 5, "{:?}", published(&work));
-    sqlx::query("SELECT pg_drop_replication_slot($1)")
-        .bind(format!("s_{tag}"))
-        .execute(&pool)
-        .await?;
+    // The walsender may still be ending after the relay exited: drop once it let go.
+    outbox_testkit::wait::eventually(Duration::from_secs(30), || async {
+        sqlx::query("SELECT pg_drop_replication_slot($1)")
+            .bind(format!("s_{tag}"))
+            .execute(&pool)
+            .await
+            .is_ok()
+    })
+    .await
+    .context("dropping the test's replication slot")?;
     Ok(())
 }

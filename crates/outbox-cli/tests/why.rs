@@ -179,10 +179,52 @@ url = "{hook}"
         "the open writer is not named: {}",
         out.stderr
     );
+    // A second producer of the same aggregate waits for the first one's ordering lock: its
+    // insert has started, so it is a writer too, and `why` says whom it waits for.
+    let blocked = Uuid::now_v7();
+    let second = {
+        let pool = pool.clone();
+        tokio::spawn(async move {
+            sqlx::query("INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload) VALUES ($1, 'Order', 'o5', 'order.changed', 'y')")
+                .bind(blocked)
+                .execute(&pool)
+                .await
+        })
+    };
+    outbox_testkit::wait::eventually(Duration::from_secs(30), || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
+        )
+        .fetch_one(&pool)
+        .await
+        .is_ok_and(|n| n == 1)
+    })
+    .await
+    .context("the second producer never waited for the lock")?;
+    let out = work
+        .run(&["why", &blocked.to_string(), "--config", cfg])
+        .await?;
+    out.assert_clear_error("no committed event with id")?;
+    ensure!(
+        out.stderr.contains(&format!(
+            "waits for the aggregate's ordering lock held by pid {producer_pid}"
+        )),
+        "the lock wait is not explained: {}",
+        out.stderr
+    );
     producer.rollback().await?;
+    second.await??;
+    let out = work
+        .run(&["why", &blocked.to_string(), "--config", cfg])
+        .await?;
+    ensure!(
+        out.code == Some(0),
+        "visible once the first producer ended: {out:?}"
+    );
 
     // Ready: with no relay running, nothing holds it; the pending events before it that are
-    // not in backoff (`behind`, and `slow`, released by the killed relay) are counted.
+    // not in backoff are counted: `behind`, `slow` (released by the killed relay) and
+    // `blocked` (the relay was still stuck on `slow`'s request, so never published it).
     relay.kill().await?;
     let ready = insert(&pool, "o6", "ready", "{}").await?;
     let out = work
@@ -192,7 +234,7 @@ url = "{hook}"
         out.code == Some(0)
             && out
                 .stdout
-                .contains("ready: nothing holds it; 2 pending event(s) not in backoff are ahead"),
+                .contains("ready: nothing holds it; 3 pending event(s) not in backoff are ahead"),
         "{out:?}"
     );
 

@@ -53,6 +53,23 @@ pub struct SqliteEventDetail {
     pub backoff_until: Option<OffsetDateTime>,
 }
 
+/// The earlier undelivered event of the same aggregate that an event waits for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SqliteBlocker {
+    /// Its id.
+    pub id: Uuid,
+    /// `pending` or `dead`.
+    pub state: String,
+    /// Its failed attempts.
+    pub attempts: i32,
+    /// Its latest error.
+    pub last_error: Option<String>,
+    /// Its next attempt, when that is after `now`.
+    pub backoff_until: Option<OffsetDateTime>,
+    /// When it was written.
+    pub created_at: OffsetDateTime,
+}
+
 /// Which dead letters to retry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SqliteRetrySelection {
@@ -73,6 +90,7 @@ pub struct SqliteDeadLetters {
     show: String,
     retry: String,
     purge: String,
+    blocker: String,
 }
 
 impl SqliteDeadLetters {
@@ -85,6 +103,7 @@ impl SqliteDeadLetters {
             show: render(include_str!("../queries/outbox_dead_show.sql"), table),
             retry: render(include_str!("../queries/outbox_dead_retry.sql"), table),
             purge: render(include_str!("../queries/outbox_dead_purge.sql"), table),
+            blocker: render(include_str!("../queries/outbox_why_blocker.sql"), table),
         }
     }
 
@@ -165,6 +184,35 @@ impl SqliteDeadLetters {
         Ok(Some(detail))
     }
 
+    /// The first earlier undelivered event of `event`'s aggregate (`outbox why`), at `now`.
+    pub async fn blocker(
+        &self,
+        event: &SqliteEventDetail,
+        now: OffsetDateTime,
+    ) -> Result<Option<SqliteBlocker>, SourceError> {
+        // Rendered by `sql::render` from a validated identifier only.
+        let row = sqlx::query(sqlx::AssertSqlSafe(self.blocker.as_str()))
+            .bind(&event.summary.aggregate_type)
+            .bind(&event.summary.aggregate_id)
+            .bind(event.seq)
+            .bind(to_micros(now))
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| self.err("explaining an event", e))?;
+        row.map(|r| {
+            Ok(SqliteBlocker {
+                id: parse_id(r.try_get(0)?)?,
+                state: r.try_get(1)?,
+                attempts: r.try_get(2)?,
+                last_error: r.try_get(3)?,
+                backoff_until: r.try_get::<Option<i64>, _>(4)?.map(from_micros),
+                created_at: from_micros(r.try_get(5)?),
+            })
+        })
+        .transpose()
+        .map_err(|e: sqlx::Error| self.err("explaining an event", e))
+    }
+
     /// Puts the selected dead letters back in line; returns the ids put back.
     pub async fn retry(&self, selection: &SqliteRetrySelection) -> Result<Vec<Uuid>, SourceError> {
         let (ids, event_type, all) = match selection {
@@ -229,6 +277,7 @@ mod tests {
             include_str!("../queries/outbox_dead_show.sql"),
             include_str!("../queries/outbox_dead_retry.sql"),
             include_str!("../queries/outbox_dead_purge.sql"),
+            include_str!("../queries/outbox_why_blocker.sql"),
         ] {
             assert!(!render(sql, &table).contains("{{"));
         }

@@ -41,7 +41,9 @@ mod writer;
 use std::time::Duration;
 
 pub use config::{OnDelivered, SqliteConfig, Synchronous};
-pub use dead::{SqliteDeadLetter, SqliteDeadLetters, SqliteEventDetail, SqliteRetrySelection};
+pub use dead::{
+    SqliteBlocker, SqliteDeadLetter, SqliteDeadLetters, SqliteEventDetail, SqliteRetrySelection,
+};
 pub use error::EnqueueError;
 pub use inspect::{RelayLease, SqliteInspector};
 pub use migrate::{MigrateError, MigrationReport, SCHEMA_VERSION, migrate, schema_version};
