@@ -29,10 +29,14 @@ async fn relay_without_config_publishes_from_outbox_db_to_stdout() -> anyhow::Re
             && first.contains("stdout"),
         "startup line: {first}"
     );
+    // Keep reading stderr: a full pipe would block the relay's logging, and the relay with it.
+    let stderr_drain =
+        tokio::spawn(async move { while let Ok(Some(_)) = stderr.next_line().await {} });
     // A producer in another process writes with plain SQL into the same file.
     let db = work.path().join("outbox.db");
     let pool = outbox_sqlite::connect(&outbox_sqlite::SqliteConfig::new(&db)).await?;
-    outbox_testkit::wait::eventually(Duration::from_secs(20), || async {
+    // Generous: a loaded CI machine can take seconds to start a process.
+    outbox_testkit::wait::eventually(Duration::from_secs(60), || async {
         sqlx::query("SELECT 1 FROM outbox LIMIT 1")
             .fetch_optional(&pool)
             .await
@@ -56,7 +60,8 @@ async fn relay_without_config_publishes_from_outbox_db_to_stdout() -> anyhow::Re
     ensure!(json["payload"]["total_cents"] == 1250, "{line}");
     ensure!(json["destination"] == "outbox.event.Order", "{line}");
     // Close our end of stderr: a relay whose log pipe is gone must still drain and exit 0.
-    drop(stderr);
+    stderr_drain.abort();
+    let _ = stderr_drain.await;
     ensure!(
         terminate(&mut relay, Duration::from_secs(20)).await? == Some(0),
         "relay did not exit 0 on SIGTERM"
