@@ -88,11 +88,11 @@ fn router(handle: PrometheusHandle, readiness: Arc<Readiness>) -> Router {
 /// Refreshes the backlog gauges, runs the stuck-event watchdog and the sink healthcheck
 /// every `refresh_interval`, until `shutdown`.
 ///
-/// The PostgreSQL polling inspector also reports stuck events and the oldest open
-/// transaction; it is recognised by type here so that `relay.rs` stays as it is (the
-/// generic bound is the core's `Inspect`, which has no such method).
+/// `pg`, the PostgreSQL polling inspector, also reports stuck events and the oldest open
+/// transaction.
 pub(crate) async fn watch<I: Inspect>(
     inspector: I,
+    pg: Option<outbox_postgres::PgInspector>,
     sink: Arc<Box<dyn DynSink>>,
     config: MetricsConfig,
     readiness: Arc<Readiness>,
@@ -101,9 +101,6 @@ pub(crate) async fn watch<I: Inspect>(
     let mut tick = tokio::time::interval(config.refresh_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_dead = None;
-    let pg = (&inspector as &dyn std::any::Any)
-        .downcast_ref::<outbox_postgres::PgInspector>()
-        .cloned();
     loop {
         tokio::select! {
             _ = tick.tick() => {}

@@ -114,7 +114,8 @@ pub(crate) async fn run(
                 .map_err(|e| anyhow::anyhow!(crate::chain(&e)))?;
                 let inspector = source.inspector();
                 let closed = source.closed();
-                let result = drive(config, vec![source], inspector, readiness, shutdown).await;
+                let result =
+                    drive(config, vec![source], inspector, None, readiness, shutdown).await;
                 // The final standby status update, so the slot does not replay the last batch.
                 let _ = tokio::time::timeout(Duration::from_secs(5), closed.wait()).await;
                 return result;
@@ -135,7 +136,8 @@ pub(crate) async fn run(
                 })
                 .collect();
             let inspector = outbox_postgres::PgInspector::new(pool.clone(), pg);
-            drive(config, sources, inspector, readiness, shutdown).await
+            let watchdog = Some(inspector.clone());
+            drive(config, sources, inspector, watchdog, readiness, shutdown).await
         }
         SourceConfig::Sqlite(sq) => {
             if matches!(origin, Origin::Defaults) {
@@ -164,7 +166,7 @@ pub(crate) async fn run(
                 config.relay.dead_letter,
             )];
             let inspector = outbox_sqlite::SqliteInspector::new(pool, sq);
-            drive(config, sources, inspector, readiness, shutdown).await
+            drive(config, sources, inspector, None, readiness, shutdown).await
         }
     }
 }
@@ -191,10 +193,13 @@ async fn check_pg_schema(
     }
 }
 
+/// Runs the relay with its watchdog. `pg_watchdog`: the PostgreSQL polling inspector, which
+/// also reports stuck events and the oldest open transaction.
 async fn drive<S: Source, I: Inspect>(
     config: Config,
     sources: Vec<S>,
     inspector: I,
+    pg_watchdog: Option<outbox_postgres::PgInspector>,
     readiness: Arc<Readiness>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
@@ -205,6 +210,7 @@ async fn drive<S: Source, I: Inspect>(
     let sink = Arc::new(sink);
     let watcher = tokio::spawn(observe::watch(
         inspector,
+        pg_watchdog,
         sink.clone(),
         config.metrics.clone(),
         readiness,
