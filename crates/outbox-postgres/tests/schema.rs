@@ -33,14 +33,25 @@ async fn concurrent_migrations_apply_once_and_a_rerun_is_a_no_op() -> anyhow::Re
         applied += r?.applied.len();
     }
     let expected = outbox_postgres::SCHEMA_VERSION as usize;
-    ensure!(applied == expected, "{expected} migrations applied {applied} times");
+    ensure!(
+        applied == expected,
+        "{expected} migrations applied {applied} times"
+    );
     let again = outbox_postgres::migrate(&pool, &t, false).await?;
-    ensure!(again.applied.is_empty() && again.version == outbox_postgres::SCHEMA_VERSION, "{again:?}");
+    ensure!(
+        again.applied.is_empty() && again.version == outbox_postgres::SCHEMA_VERSION,
+        "{again:?}"
+    );
     let recorded: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_migrations")
         .fetch_one(&pool)
         .await?;
-    ensure!(recorded == i64::from(outbox_postgres::SCHEMA_VERSION), "{recorded} bookkeeping rows");
-    ensure!(outbox_postgres::schema_version(&pool, &t).await? == Some(outbox_postgres::SCHEMA_VERSION));
+    ensure!(
+        recorded == i64::from(outbox_postgres::SCHEMA_VERSION),
+        "{recorded} bookkeeping rows"
+    );
+    ensure!(
+        outbox_postgres::schema_version(&pool, &t).await? == Some(outbox_postgres::SCHEMA_VERSION)
+    );
     Ok(())
 }
 
