@@ -71,10 +71,12 @@ impl PgPollSource {
         }
     }
 
-    /// Runs `ANALYZE` on the outbox table when it has no planner statistics yet (a table
-    /// filled before autovacuum's first pass, or a partitioned parent, which autovacuum never
-    /// analyzes): without them the first claims can be planned as full scans. One catalog
-    /// lookup when statistics exist. The relay calls it once at start.
+    /// Runs `ANALYZE` on the outbox table when it has no planner statistics yet and already
+    /// holds a backlog of 1,000 rows or more (a table filled before autovacuum's first pass,
+    /// or a partitioned parent, which autovacuum never analyzes): without them the first
+    /// claims can be planned as full scans. An empty or small table is left alone, so that
+    /// statistics saying "empty" never outlive the table's growth. The relay calls it once
+    /// at start.
     pub async fn analyze_if_never_analyzed(
         pool: &PgPool,
         config: &PostgresConfig,
