@@ -13,7 +13,7 @@
 # Everything runs against a private PostgreSQL 15 and nats-server -js on free ports in a
 # temporary directory removed at exit (as drain.sh). Results: one JSON file with every
 # measurement (scripts/bench/results/scaling-<date>.json); charts from it with
-#   cargo run -p outbox-cli --example bench_charts -- scripts/bench/results/scaling-<date>.json
+#   cargo run -p outbox-cli --example bench_charts -- docs/img scripts/bench/results/scaling-<date>.json
 #
 # Usage: scripts/bench/scaling.sh [options]
 #   --rows N          backlog of the replica runs (default 100000)
@@ -25,7 +25,11 @@
 #   --only LIST       comma-separated subset of: replicas,memory,batches,latency
 #   --quiet-max S     wait up to S s for an idle machine before each measurement (default 30)
 #   --out FILE        results file
-# Environment: OUTBOX_BIN (default target/release/outbox), PGBIN.
+#   --keep            keep the temporary directory (logs of every run, configs)
+# Environment: OUTBOX_BIN (default target/release/outbox), PGBIN, PG_EXTRA_OPTS (more
+# server options, e.g. "-c session_preload_libraries=auto_explain
+# -c auto_explain.log_min_duration=1s -c auto_explain.log_analyze=on" to log slow plans into
+# logs/postgres.log; keep the directory with --keep).
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -40,6 +44,7 @@ RATES="1000 5000"
 SECONDS_LAT=20
 ONLY="replicas,memory,batches,latency"
 QUIET_MAX=30
+KEEP=0
 OUT="$HERE/results/scaling-$(date -u +%Y-%m-%d-%H%M).json"
 
 while [[ $# -gt 0 ]]; do
@@ -53,6 +58,7 @@ while [[ $# -gt 0 ]]; do
         --only) ONLY=$2; shift 2 ;;
         --quiet-max) QUIET_MAX=$2; shift 2 ;;
         --out) OUT=$2; shift 2 ;;
+        --keep) KEEP=1; shift ;;
         -h|--help) sed -n '2,/^set -euo/p' "$0" | sed 's/^# \{0,1\}//; /^set -euo/d'; exit 0 ;;
         *) echo "unknown option: $1 (see --help)" >&2; exit 2 ;;
     esac
@@ -85,7 +91,7 @@ cleanup() {
     set +e
     [[ -f $PG_DATA/postmaster.pid ]] && as_pg "$PGBIN/pg_ctl" -D "$PG_DATA" -m immediate -w stop >/dev/null 2>&1
     [[ -n $NATS_PID ]] && { kill "$NATS_PID" 2>/dev/null; wait "$NATS_PID" 2>/dev/null; }
-    rm -rf "$WORK"
+    if [[ $KEEP == 1 ]]; then log "kept $WORK"; else rm -rf "$WORK"; fi
     exit $rc
 }
 trap cleanup EXIT
@@ -99,7 +105,7 @@ mkdir -p "$PG_DATA"
 touch "$WORK/logs/postgres.log"
 [[ $(id -u) == 0 ]] && chown postgres "$PG_DATA" "$WORK/logs/postgres.log"
 as_pg "$PGBIN/initdb" -D "$PG_DATA" -U postgres -A trust --no-sync >"$WORK/logs/initdb.log" 2>&1
-as_pg "$PGBIN/pg_ctl" -D "$PG_DATA" -l "$WORK/logs/postgres.log" -w -o "-c fsync=on -c synchronous_commit=on -c shared_buffers=256MB -c max_connections=200 -c listen_addresses=127.0.0.1 -p $PG_PORT -k $PG_DATA" start >/dev/null
+as_pg "$PGBIN/pg_ctl" -D "$PG_DATA" -l "$WORK/logs/postgres.log" -w -o "-c fsync=on -c synchronous_commit=on -c shared_buffers=256MB -c max_connections=200 -c listen_addresses=127.0.0.1 -p $PG_PORT -k $PG_DATA ${PG_EXTRA_OPTS:-}" start >/dev/null
 export PGHOST=127.0.0.1 PGPORT=$PG_PORT PGUSER=postgres
 nats-server -js -a 127.0.0.1 -p "$NATS_PORT" -sd "$WORK/nats" >"$WORK/logs/nats.log" 2>&1 &
 NATS_PID=$!

@@ -2,11 +2,12 @@
 //! drain rate by batch size, commit → ack latency CDF, and throughput vs relay replicas.
 //!
 //! ```sh
-//! cargo run -p outbox-cli --example bench_charts -- scripts/bench/results/scaling-X.json [docs/img]
+//! cargo run -p outbox-cli --example bench_charts -- docs/img scripts/bench/results/scaling-X.json [MORE.json ...]
 //! ```
 //!
 //! Writes `drain_by_batch.svg`, `latency_cdf.svg` and `replicas.svg` into the output
-//! directory (default `docs/img`). A chart whose runs are missing from the file is skipped.
+//! directory from the runs of every file given (a later file's run replaces an earlier one of
+//! the same name). A chart whose runs are missing is skipped.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -25,16 +26,27 @@ const COLOURS: [RGBColor; 4] = [
 
 fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
-    let Some(input) = args.next() else {
-        bail!("usage: bench_charts RESULTS.json [OUT_DIR]");
+    let (Some(out), inputs) = (args.next(), args.collect::<Vec<_>>()) else {
+        bail!("usage: bench_charts OUT_DIR RESULTS.json [MORE.json ...]");
     };
-    let out = PathBuf::from(args.next().unwrap_or_else(|| "docs/img".into()));
-    let text = std::fs::read_to_string(&input).with_context(|| format!("reading `{input}`"))?;
-    let doc: Value =
-        serde_json::from_str(&text).with_context(|| format!("`{input}` is not JSON"))?;
-    let runs = doc["runs"]
-        .as_array()
-        .with_context(|| format!("`{input}` has no `runs` array (not a scaling.sh file?)"))?;
+    if inputs.is_empty() {
+        bail!("usage: bench_charts OUT_DIR RESULTS.json [MORE.json ...]");
+    }
+    let out = PathBuf::from(out);
+    let mut by_name: BTreeMap<String, Value> = BTreeMap::new();
+    for input in &inputs {
+        let text = std::fs::read_to_string(input).with_context(|| format!("reading `{input}`"))?;
+        let doc: Value =
+            serde_json::from_str(&text).with_context(|| format!("`{input}` is not JSON"))?;
+        let runs = doc["runs"]
+            .as_array()
+            .with_context(|| format!("`{input}` has no `runs` array (not a scaling.sh file?)"))?;
+        for r in runs {
+            by_name.insert(r["name"].as_str().unwrap_or_default().to_owned(), r.clone());
+        }
+    }
+    let runs: Vec<Value> = by_name.into_values().collect();
+    let runs = &runs;
     std::fs::create_dir_all(&out).with_context(|| format!("creating `{}`", out.display()))?;
 
     // name prefix -> (x, y) points, per series.

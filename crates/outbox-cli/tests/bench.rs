@@ -121,6 +121,50 @@ async fn backlog_bench_drains_every_event_from_postgres_into_the_null_sink() -> 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backlog_bench_drains_every_event_through_postgres_cdc() -> anyhow::Result<()> {
+    let url = Postgres::shared().await?.fresh_database().await?;
+    // Replication slots are per server: a name of this test's own.
+    let tag = uuid::Uuid::now_v7().simple().to_string();
+    let slot = format!("s_{}", &tag[20..]);
+    let work = Workdir::new()?;
+    let config = work.write_config(
+        "outbox.toml",
+        &format!(
+            "[source]\nkind = \"postgres\"\nurl = \"{url}\"\nmode = \"cdc\"\nslot = \"{slot}\"\npublication = \"p_{}\"\n",
+            &tag[20..]
+        ),
+    )?;
+    let config = config.to_str().context("utf-8 path")?;
+    let result = bench_json(
+        &work,
+        config,
+        &["backlog", "--events", "3000", "--sink", "null"],
+    )
+    .await;
+    let pool = sqlx::PgPool::connect(&url).await?;
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox")
+        .fetch_one(&pool)
+        .await?;
+    // The slot retains WAL on the shared server: drop it whatever happened.
+    let _ = sqlx::query("SELECT pg_drop_replication_slot($1)")
+        .bind(&slot)
+        .execute(&pool)
+        .await;
+    let report = result?;
+    ensure!(
+        report["source"] == "postgres-cdc" && report["workers"] == 1,
+        "{report}"
+    );
+    ensure!(
+        report["events"] == 3000 && rows == 3000,
+        "{report}, {rows} rows"
+    );
+    ensure!(report["delivered"] == 3000, "{report}");
+    ensure!(report["pending_after"] == 0, "{report}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn steady_bench_measures_the_latency_of_every_produced_event() -> anyhow::Result<()> {
     let url = Postgres::shared().await?.fresh_database().await?;
     let work = Workdir::new()?;

@@ -756,7 +756,9 @@ async fn producer_loop(
             let mut n: u64 = 0;
             loop {
                 tokio::select! {
-                    t = ticks.tick() => if t >= deadline { break },
+                    // The wall clock, not the tick's schedule: a producer that fell behind stops at
+                    // the deadline instead of catching up past it.
+                    _ = ticks.tick() => if tokio::time::Instant::now() >= deadline { break },
                     () = shutdown.cancelled() => break,
                 }
                 let e = event(n * producers as u64 + p as u64, aggregates, bytes);
