@@ -3,9 +3,9 @@
 //! - `backlog --events N`: writes N events with the producer library (`enqueue_batch`, 1,000 per
 //!   statement), then runs the relay against the configured source and sink until the last one
 //!   is settled as delivered: drain rate.
-//! - `steady --rate R --duration D`: producers commit one event per transaction at R events/s
-//!   for D while the relay runs: commit → ack latency per event, from the row's `created_at`
-//!   to the sink's acknowledgement.
+//! - `steady --rate R --duration D`: producers commit `--per-transaction` events (default 1)
+//!   per transaction at R events/s for D while the relay runs: commit → ack latency per event,
+//!   from the row's `created_at` to the sink's acknowledgement.
 //!
 //! Both report events/s, latency percentiles (steady), the relay's CPU time and the peak RSS,
 //! as a table or `--json`. The relay is the library's [`Relay`] with the configured
@@ -58,9 +58,13 @@ enum BenchMode {
         /// How long the producers run, e.g. `30s`.
         #[arg(long, value_parser = parse_positive_duration)]
         duration: Duration,
-        /// Concurrent producer connections, each committing one event per transaction.
+        /// Concurrent producer connections.
         #[arg(long, default_value = "4")]
         producers: NonZeroUsize,
+        /// Events each producer transaction writes (one `enqueue_batch`). A rate above what
+        /// the database can commit makes the producers run flat out: the machine's ceiling.
+        #[arg(long, default_value = "1", value_name = "K")]
+        per_transaction: NonZeroUsize,
         #[command(flatten)]
         common: Common,
     },
@@ -134,10 +138,16 @@ pub(crate) async fn run(
             rate,
             duration,
             producers,
+            per_transaction,
             common,
         } => {
-            let report =
-                steady(&config, &common, rate, duration, producers.get(), &shutdown).await?;
+            let load = Load {
+                rate,
+                duration,
+                producers: producers.get(),
+                per_transaction: per_transaction.get(),
+            };
+            let report = steady(&config, &common, load, &shutdown).await?;
             (common, report)
         }
     };
@@ -582,12 +592,23 @@ struct Produced {
     cpu: Duration,
 }
 
+/// What the producers of a steady run do.
+#[derive(Debug, Clone, Copy)]
+struct Load {
+    /// Events per second, all producers together.
+    rate: f64,
+    /// How long they produce.
+    duration: Duration,
+    /// Concurrent producer connections.
+    producers: usize,
+    /// Events per transaction.
+    per_transaction: usize,
+}
+
 async fn steady(
     config: &Config,
     common: &Common,
-    target_rate: f64,
-    duration: Duration,
-    producers: usize,
+    load: Load,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<BenchReport> {
     let workers = common
@@ -620,15 +641,7 @@ async fn steady(
         stop.clone(),
     ));
     let t0 = Instant::now();
-    let produced = produce(
-        config.source.clone(),
-        common,
-        target_rate,
-        duration,
-        producers,
-        shutdown.clone(),
-    )
-    .await;
+    let produced = produce(config.source.clone(), common, load, shutdown.clone()).await;
     let produced = match produced {
         Ok(p) => p,
         Err(e) => {
@@ -665,8 +678,9 @@ async fn steady(
         elapsed_seconds: elapsed,
         events_per_second: rate(delivered, elapsed),
         producer: Some(ProducerReport {
-            producers,
-            target_rate,
+            producers: load.producers,
+            events_per_transaction: load.per_transaction,
+            target_rate: load.rate,
             achieved_rate: rate(produced.events, produced.duration.as_secs_f64()),
             duration_seconds: produced.duration.as_secs_f64(),
             cpu_seconds: produced.cpu.as_secs_f64(),
@@ -685,9 +699,7 @@ async fn steady(
 async fn produce(
     source: SourceConfig,
     common: &Common,
-    rate: f64,
-    duration: Duration,
-    producers: usize,
+    load: Load,
     shutdown: CancellationToken,
 ) -> anyhow::Result<Produced> {
     let (aggregates, bytes) = (common.aggregates.get(), common.payload_bytes);
@@ -700,9 +712,7 @@ async fn produce(
                 .build()
                 .context("starting the producers' runtime")
                 .and_then(|rt| {
-                    rt.block_on(producer_loop(
-                        source, aggregates, bytes, rate, duration, producers, shutdown,
-                    ))
+                    rt.block_on(producer_loop(source, aggregates, bytes, load, shutdown))
                 })
                 .map(|(events, duration)| Produced {
                     events,
@@ -719,11 +729,15 @@ async fn producer_loop(
     source: SourceConfig,
     aggregates: u32,
     bytes: usize,
-    rate: f64,
-    duration: Duration,
-    producers: usize,
+    load: Load,
     shutdown: CancellationToken,
 ) -> anyhow::Result<(u64, Duration)> {
+    let Load {
+        rate,
+        duration,
+        producers,
+        per_transaction,
+    } = load;
     enum Writer {
         Postgres(sqlx::PgPool, outbox_postgres::PgOutbox),
         Sqlite(sqlx::SqlitePool, outbox_sqlite::SqliteOutbox),
@@ -742,7 +756,7 @@ async fn producer_loop(
             outbox_sqlite::SqliteOutbox::new(sq.table.clone()),
         ),
     });
-    let period = Duration::from_secs_f64(producers as f64 / rate);
+    let period = Duration::from_secs_f64((producers * per_transaction) as f64 / rate);
     let start = tokio::time::Instant::now();
     let deadline = start + duration;
     let mut tasks = tokio::task::JoinSet::new();
@@ -761,12 +775,14 @@ async fn producer_loop(
                     _ = ticks.tick() => if tokio::time::Instant::now() >= deadline { break },
                     () = shutdown.cancelled() => break,
                 }
-                let e = event(n * producers as u64 + p as u64, aggregates, bytes);
+                let events: Vec<_> = (0..per_transaction as u64)
+                    .map(|i| event((n + i) * producers as u64 + p as u64, aggregates, bytes))
+                    .collect();
                 match &*writer {
                     Writer::Postgres(pool, outbox) => {
                         let mut tx = pool.begin().await?;
                         outbox
-                            .enqueue(&mut *tx, &e)
+                            .enqueue_batch(&mut *tx, &events)
                             .await
                             .map_err(|e| anyhow::anyhow!(crate::chain(&e)))?;
                         tx.commit().await?;
@@ -774,13 +790,13 @@ async fn producer_loop(
                     Writer::Sqlite(pool, outbox) => {
                         let mut tx = pool.begin().await?;
                         outbox
-                            .enqueue(&mut *tx, &e)
+                            .enqueue_batch(&mut *tx, &events)
                             .await
                             .map_err(|e| anyhow::anyhow!(crate::chain(&e)))?;
                         tx.commit().await?;
                     }
                 }
-                n += 1;
+                n += per_transaction as u64;
             }
             anyhow::Ok(n)
         });

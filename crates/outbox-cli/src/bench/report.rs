@@ -51,6 +51,8 @@ pub(crate) struct BenchReport {
 pub(crate) struct ProducerReport {
     /// Concurrent producer connections.
     pub(crate) producers: usize,
+    /// Events per producer transaction.
+    pub(crate) events_per_transaction: usize,
     /// Requested events per second (all producers together).
     pub(crate) target_rate: f64,
     /// Events committed per second over the run's duration.
@@ -149,8 +151,12 @@ impl BenchReport {
                 &mut s,
                 "producers",
                 format!(
-                    "{} at {:.0}/s requested, {:.0}/s achieved over {:.1} s",
-                    p.producers, p.target_rate, p.achieved_rate, p.duration_seconds
+                    "{} x {} event(s)/transaction at {:.0}/s requested, {:.0}/s achieved over {:.1} s",
+                    p.producers,
+                    p.events_per_transaction,
+                    p.target_rate,
+                    p.achieved_rate,
+                    p.duration_seconds
                 ),
             );
         }
