@@ -75,7 +75,7 @@ pub struct RelayConfig {
     #[serde(with = "humantime_serde")]
     pub publish_timeout: Duration,
     /// Concurrent pipelines in this process, each with its own database connection: while
-    /// one publishes, another claims.
+    /// one publishes, another claims. Default 1 (see the default's comment).
     pub workers: NonZeroUsize,
 }
 
@@ -90,7 +90,11 @@ impl Default for RelayConfig {
             poll_interval: Duration::from_millis(5),
             idle_interval: Duration::from_millis(50),
             publish_timeout: Duration::from_secs(30),
-            workers: NonZeroUsize::new(2).expect("nonzero"),
+            // One: measured, a second pipeline adds nothing to a backlog drain (77k vs 75k
+            // events/s, null sink) and, under producers at the database's ceiling, the two
+            // claim the same head of the queue and fall behind (12k vs 35k events/s):
+            // docs/benchmarks.md, "Workers under concurrent producers".
+            workers: NonZeroUsize::MIN,
         }
     }
 }
