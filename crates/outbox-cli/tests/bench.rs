@@ -193,8 +193,14 @@ async fn steady_bench_measures_the_latency_of_every_produced_event() -> anyhow::
     .await?;
     ensure!(report["mode"] == "steady", "{report}");
     let events = report["events"].as_u64().context("events")?;
-    ensure!(events > 0 && events % 3 == 0, "3 events per transaction: {report}");
-    ensure!(report["producer"]["events_per_transaction"] == 3, "{report}");
+    ensure!(
+        events > 0 && events % 3 == 0,
+        "3 events per transaction: {report}"
+    );
+    ensure!(
+        report["producer"]["events_per_transaction"] == 3,
+        "{report}"
+    );
     ensure!(report["delivered"] == events, "{report}");
     ensure!(report["pending_after"] == 0, "{report}");
     ensure!(report["producer"]["producers"] == 2, "{report}");
