@@ -208,7 +208,7 @@ pub(crate) fn load(
     }
     let config: Config = figment
         .extract()
-        .map_err(|e| anyhow::anyhow!(describe(e)))
+        .map_err(|e| anyhow::anyhow!(describe(section_error(&figment, e))))
         .with_context(|| format!("invalid configuration in {origin}"))?;
     config.validate()?;
     Ok((config, origin))
@@ -243,9 +243,54 @@ impl Config {
     }
 }
 
+/// `[source]` and `[sink]` are chosen by their `kind`, and serde reports an error inside them
+/// at the section only (`source: invalid value ...`). For such an error, the section is read
+/// again as the chosen kind's own type, whose error names the key (`source.claim_timeout`).
+fn section_error(figment: &Figment, e: figment::Error) -> Vec<figment::Error> {
+    let Some(section) = e.path.first().cloned() else {
+        return e.into_iter().collect();
+    };
+    if e.path.len() != 1 || !matches!(section.as_str(), "source" | "sink") {
+        return e.into_iter().collect();
+    }
+    let Ok(figment::value::Value::Dict(_, mut keys)) = figment.find_value(&section) else {
+        return e.into_iter().collect();
+    };
+    let Some(kind) = keys.remove("kind").and_then(|k| k.into_string()) else {
+        return e.into_iter().collect();
+    };
+    let inner = Figment::from(Serialized::defaults(keys));
+    let found = match (section.as_str(), kind.as_str()) {
+        ("source", "postgres") => inner.extract::<PostgresConfig>().err(),
+        ("source", "sqlite") => inner.extract::<SqliteConfig>().err(),
+        ("sink", "nats") => inner.extract::<NatsConfig>().err(),
+        ("sink", "http") => inner.extract::<HttpConfig>().err(),
+        ("sink", "stdout") => inner.extract::<StdoutConfig>().err(),
+        ("sink", "file") => inner.extract::<FileConfig>().err(),
+        #[cfg(feature = "kafka")]
+        ("sink", "kafka") => inner.extract::<KafkaConfig>().err(),
+        #[cfg(feature = "redis")]
+        ("sink", "redis") => inner.extract::<RedisConfig>().err(),
+        #[cfg(feature = "rabbitmq")]
+        ("sink", "rabbitmq") => inner.extract::<RabbitMqConfig>().err(),
+        _ => None,
+    };
+    match found {
+        Some(precise) => precise
+            .into_iter()
+            .map(|mut error| {
+                error.path.insert(0, section.clone());
+                error
+            })
+            .collect(),
+        None => e.into_iter().collect(),
+    }
+}
+
 /// One line per figment error, with the key path but without figment's profile prefix.
-fn describe(e: figment::Error) -> String {
-    e.into_iter()
+fn describe(errors: Vec<figment::Error>) -> String {
+    errors
+        .into_iter()
         .map(|e| {
             use figment::error::Kind;
             let path = e.path.join(".");

@@ -40,6 +40,36 @@ async fn unknown_key_is_refused_with_its_path() -> anyhow::Result<()> {
 }
 
 #[tokio::test]
+async fn a_bad_value_inside_source_or_sink_names_its_key() -> anyhow::Result<()> {
+    // [source] and [sink] are chosen by `kind`; the error must still name the key inside.
+    let work = Workdir::new()?;
+    for (toml, key) in [
+        (
+            "[source]\nkind = \"postgres\"\nurl = \"postgres://a@127.0.0.1/b\"\nclaim_timeout = \"banana\"\n",
+            "source.claim_timeout",
+        ),
+        (
+            "[source]\nkind = \"postgres\"\nurl = \"postgres://a@127.0.0.1/b\"\nmode = \"cdcx\"\n",
+            "source.mode",
+        ),
+        (
+            "[sink]\nkind = \"nats\"\nack_timeout = \"banana\"\n",
+            "sink.ack_timeout",
+        ),
+        (
+            "[sink]\nkind = \"http\"\nurl = \"http://127.0.0.1:1/\"\nmax_concurrency = 0\n",
+            "sink.max_concurrency",
+        ),
+    ] {
+        let c = cfg(&work, toml)?;
+        work.run(&["check-config", "--config", &c])
+            .await?
+            .assert_clear_error(key)?;
+    }
+    Ok(())
+}
+
+#[tokio::test]
 async fn unknown_sink_kind_is_refused() -> anyhow::Result<()> {
     let work = Workdir::new()?;
     let c = cfg(&work, "[sink]\nkind = \"kafak\"\n")?;

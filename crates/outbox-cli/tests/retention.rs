@@ -357,9 +357,10 @@ async fn bad_retention_input_gets_a_clear_error() -> anyhow::Result<()> {
     let out = work
         .run(&["migrate", "--config", cfg.to_str().context("path")?])
         .await?;
-    // The tagged `[source]` table hides the key's name from serde; the value and the choices
-    // still say what is wrong.
-    out.assert_clear_error("source: unknown value `monthly` (expected one of: none, hourly")?;
+    // The key inside the tagged `[source]` table is named too.
+    out.assert_clear_error(
+        "source.partitioning: unknown value `monthly` (expected one of: none, hourly",
+    )?;
     Ok(())
 }
 
