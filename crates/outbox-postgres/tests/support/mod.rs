@@ -4,7 +4,9 @@
 #![allow(dead_code, unreachable_pub, missing_docs)]
 
 use outbox_core::{DeadLetterPolicy, NewEvent, Ordering};
-use outbox_postgres::{OnDelivered, PgOutbox, PgPollSource, PostgresConfig};
+use outbox_postgres::{
+    MigrateOptions, OnDelivered, Partitioning, PgOutbox, PgPollSource, PostgresConfig,
+};
 use outbox_testkit::conformance::{Harness, StoredEvent};
 use outbox_testkit::services::Postgres;
 use sqlx::PgPool;
@@ -18,13 +20,27 @@ pub struct PgHarness {
 
 impl PgHarness {
     pub async fn new(on_delivered: OnDelivered) -> anyhow::Result<Self> {
+        Self::with_partitioning(on_delivered, Partitioning::None).await
+    }
+
+    /// A fresh outbox created with the given table layout (`source.partitioning`).
+    pub async fn with_partitioning(
+        on_delivered: OnDelivered,
+        partitioning: Partitioning,
+    ) -> anyhow::Result<Self> {
         outbox_testkit::init_tracing();
         let pg = Postgres::shared().await?;
         let url = pg.fresh_database().await?;
         let mut config = PostgresConfig::new(url);
         config.on_delivered = on_delivered;
+        config.partitioning = partitioning;
         let pool = outbox_postgres::connect(&config, 20).await?;
-        outbox_postgres::migrate(&pool, &config.qualified_table(), false).await?;
+        outbox_postgres::migrate_with(
+            &pool,
+            &config.qualified_table(),
+            MigrateOptions::from_config(&config),
+        )
+        .await?;
         let outbox = PgOutbox::new(config.qualified_table());
         Ok(Self {
             pool,
