@@ -1,173 +1,58 @@
-//! `outbox migrate` and `outbox status`.
+//! `outbox migrate` and `outbox status`, and opening the configured backend for every
+//! operator command.
 
-use anyhow::Context;
-use outbox_core::source::Inspect;
-use serde::Serialize;
+use std::sync::Arc;
+
+use outbox_core::admin::when;
+use outbox_core::backend::{Backend, OpenOptions};
+use outbox_runtime::Config;
 use time::OffsetDateTime;
 
-use crate::config::{Config, SourceConfig};
+/// Opens the configured database with `connections` connections.
+pub(crate) async fn open(config: &Config, connections: u32) -> anyhow::Result<Arc<dyn Backend>> {
+    config
+        .source
+        .open(OpenOptions { connections })
+        .await
+        .map_err(|e| anyhow::anyhow!(crate::chain(&e)))
+}
+
+/// A source error with its causes, as one line.
+pub(crate) fn source_error(e: outbox_core::SourceError) -> anyhow::Error {
+    anyhow::anyhow!(crate::chain(&e))
+}
 
 /// Creates or upgrades the outbox schema.
 pub(crate) async fn migrate(config: &Config) -> anyhow::Result<()> {
-    match &config.source {
-        SourceConfig::Postgres(pg) => {
-            let pool = outbox_postgres::connect(pg, 1)
-                .await
-                .with_context(|| format!("cannot connect to {}", pg.url))?;
-            let options = outbox_postgres::MigrateOptions::from_config(pg);
-            let report = outbox_postgres::migrate_with(&pool, &pg.qualified_table(), options)
-                .await
-                .map_err(|e| anyhow::anyhow!(crate::chain(&e)))?;
-            for p in &report.partitions_created {
-                println!("created partition {p} of {}", pg.qualified_table());
-            }
-            if report.applied.is_empty() {
-                println!(
-                    "outbox table {} is up to date (schema version {})",
-                    pg.qualified_table(),
-                    report.version
-                );
-            } else {
-                for (v, name) in &report.applied {
-                    println!("applied migration {v} ({name}) to {}", pg.qualified_table());
-                }
-            }
-            println!(
-                "LISTEN/NOTIFY wake-up trigger: {}",
-                if report.wakeup_trigger {
-                    "installed (source.listen_notify = true)"
-                } else {
-                    "not installed"
-                }
-            );
-            if pg.mode == outbox_postgres::Mode::Cdc {
-                let cdc = outbox_postgres::setup_cdc(&pool, pg)
-                    .await
-                    .map_err(|e| anyhow::anyhow!(crate::chain(&e)))?;
-                println!(
-                    "CDC publication `{}`: {} (inserts of {})",
-                    pg.publication,
-                    match (cdc.publication_created, cdc.publication_table_added) {
-                        (true, _) => "created",
-                        (_, true) => "table added",
-                        _ => "exists",
-                    },
-                    pg.qualified_table()
-                );
-                println!(
-                    "CDC replication slot `{}` (pgoutput): {}, streams from {}",
-                    pg.slot,
-                    if cdc.slot_created {
-                        "created"
-                    } else {
-                        "exists"
-                    },
-                    cdc.slot_lsn.as_deref().unwrap_or("?")
-                );
-            }
-        }
-        SourceConfig::Sqlite(sq) => {
-            let pool = outbox_sqlite::connect(sq)
-                .await
-                .with_context(|| format!("cannot open SQLite database `{}`", sq.path.display()))?;
-            outbox_sqlite::migrate(&pool, &sq.table)
-                .await
-                .map_err(|e| anyhow::anyhow!(crate::chain(&e)))?;
-            println!(
-                "outbox table {} in `{}` is up to date",
-                sq.table,
-                sq.path.display()
-            );
-        }
+    let backend = open(config, 1).await?;
+    for line in backend.migrate().await.map_err(source_error)? {
+        println!("{line}");
     }
     Ok(())
 }
 
-#[derive(Debug, Serialize)]
-struct Status {
-    database: String,
-    table: String,
-    #[serde(flatten)]
-    backlog: outbox_core::source::Backlog,
-    held_aggregates: Vec<outbox_postgres::HeldAggregate>,
-    producer_lock_waits: Vec<outbox_postgres::LockWait>,
-    /// PostgreSQL: pending events older than `metrics.stuck_after`, and the oldest open
-    /// transaction (the xmin horizon's holder).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    watchdog: Option<outbox_postgres::Watchdog>,
-    /// CDC mode: the replication slot (pending events are WAL, not row state).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    replication_slot: Option<outbox_postgres::SlotStatus>,
-}
-
 /// Prints the backlog and what holds delivery back.
 pub(crate) async fn status(config: &Config, json: bool) -> anyhow::Result<()> {
+    let backend = open(config, 1).await?;
     let now = OffsetDateTime::now_utc();
-    let status = match &config.source {
-        SourceConfig::Postgres(pg) if pg.mode == outbox_postgres::Mode::Cdc => {
-            cdc_status(pg, now, json).await?
-        }
-        SourceConfig::Postgres(pg) => {
-            let pool = outbox_postgres::connect(pg, 1)
-                .await
-                .with_context(|| format!("cannot connect to {}", pg.url))?;
-            let inspector = outbox_postgres::PgInspector::new(pool, pg);
-            let ctx = || format!("reading outbox table {}", pg.qualified_table());
-            Status {
-                database: pg.url.redacted(),
-                table: pg.qualified_table().to_string(),
-                backlog: inspector
-                    .backlog_at(now)
-                    .await
-                    .map_err(|e| anyhow::anyhow!(crate::chain(&e)))
-                    .with_context(ctx)?,
-                held_aggregates: inspector
-                    .held_aggregates(now, 20)
-                    .await
-                    .map_err(|e| anyhow::anyhow!(crate::chain(&e)))
-                    .with_context(ctx)?,
-                producer_lock_waits: inspector
-                    .lock_waits(20)
-                    .await
-                    .map_err(|e| anyhow::anyhow!(crate::chain(&e)))
-                    .with_context(ctx)?,
-                watchdog: Some(
-                    inspector
-                        .watchdog(now, config.metrics.stuck_after)
-                        .await
-                        .map_err(|e| anyhow::anyhow!(crate::chain(&e)))
-                        .with_context(ctx)?,
-                ),
-                replication_slot: None,
-            }
-        }
-        SourceConfig::Sqlite(sq) => {
-            let pool = outbox_sqlite::connect(sq)
-                .await
-                .with_context(|| format!("cannot open SQLite database `{}`", sq.path.display()))?;
-            let inspector = outbox_sqlite::SqliteInspector::new(pool, sq);
-            Status {
-                database: sq.path.display().to_string(),
-                table: sq.table.to_string(),
-                backlog: inspector
-                    .backlog()
-                    .await
-                    .map_err(|e| anyhow::anyhow!(crate::chain(&e)))?,
-                held_aggregates: Vec::new(),
-                producer_lock_waits: Vec::new(),
-                watchdog: None,
-                replication_slot: None,
-            }
-        }
-    };
+    let status = backend
+        .status(now, config.metrics.stuck_after)
+        .await
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "reading outbox table {}: {}",
+                backend.table(),
+                crate::chain(&e)
+            )
+        })?;
     if json {
         println!("{}", serde_json::to_string_pretty(&status)?);
         return Ok(());
     }
     let b = &status.backlog;
     println!("outbox {} in {}", status.table, status.database);
-    if let Some(slot) = &status.replication_slot {
-        print_slot(slot);
+    for line in &status.head_lines {
+        println!("  {line}");
     }
     println!("  pending            {}", b.pending);
     println!("  retrying           {}", b.retrying);
@@ -180,18 +65,10 @@ pub(crate) async fn status(config: &Config, json: bool) -> anyhow::Result<()> {
         Some(n) => println!("  published (1 min)  {n}"),
         None => println!("  published (1 min)  n/a (delivered rows are not kept)"),
     }
-    if let Some(w) = &status.watchdog {
-        println!(
-            "  stuck              {} event(s) pending longer than {} (metrics.stuck_after)",
-            w.stuck_events,
-            humantime::format_duration(config.metrics.stuck_after)
-        );
-        match &w.oldest_transaction {
-            Some(t) => println!("  horizon held by    {}", crate::why::describe(t)),
-            None => println!("  horizon held by    no open transaction"),
-        }
+    for line in &status.detail_lines {
+        println!("  {line}");
     }
-    if status.held_aggregates.is_empty() && status.producer_lock_waits.is_empty() {
+    if status.held_aggregates.is_empty() && status.blocking_lines.is_empty() {
         println!("  blocked            nothing holds delivery back");
     }
     for h in &status.held_aggregates {
@@ -202,7 +79,7 @@ pub(crate) async fn status(config: &Config, json: bool) -> anyhow::Result<()> {
                 Some(t) => format!(
                     "retrying (attempt {} failed; next at {})",
                     h.attempts,
-                    crate::dead::when(t)
+                    when(t)
                 ),
                 None => format!("retrying (attempt {} failed; due now)", h.attempts),
             }
@@ -216,101 +93,8 @@ pub(crate) async fn status(config: &Config, json: bool) -> anyhow::Result<()> {
             h.last_error.as_deref().unwrap_or("-")
         );
     }
-    for w in &status.producer_lock_waits {
-        println!(
-            "  producer waits     pid {} waits for the aggregate lock held by pid {} (transaction age {:.1}s, {}): {}",
-            w.waiting_pid,
-            w.holder_pid,
-            w.holder_xact_age_seconds.unwrap_or(0.0),
-            w.holder_state.as_deref().unwrap_or("?"),
-            w.holder_query.as_deref().unwrap_or("")
-        );
+    for line in &status.blocking_lines {
+        println!("  {line}");
     }
     Ok(())
-}
-
-/// The CDC status: the slot, dead letters, and a note on what `pending` means there.
-async fn cdc_status(
-    pg: &outbox_postgres::PostgresConfig,
-    now: OffsetDateTime,
-    json: bool,
-) -> anyhow::Result<Status> {
-    let pool = outbox_postgres::connect(pg, 1)
-        .await
-        .with_context(|| format!("cannot connect to {}", pg.url))?;
-    let ctx = || format!("reading outbox table {}", pg.qualified_table());
-    let cdc = outbox_postgres::PgCdcInspector::new(pool, pg);
-    let slot = cdc
-        .slot()
-        .await
-        .map_err(|e| anyhow::anyhow!(crate::chain(&e)))
-        .with_context(ctx)?;
-    cdc_status_note(pg, slot.as_ref(), json);
-    Ok(Status {
-        database: pg.url.redacted(),
-        table: pg.qualified_table().to_string(),
-        backlog: cdc
-            .backlog_at(now)
-            .await
-            .map_err(|e| anyhow::anyhow!(crate::chain(&e)))
-            .with_context(ctx)?,
-        held_aggregates: Vec::new(),
-        producer_lock_waits: Vec::new(),
-        watchdog: None,
-        replication_slot: slot,
-    })
-}
-
-/// CDC `status` lines about the slot that the backlog counters cannot show.
-fn cdc_status_note(
-    pg: &outbox_postgres::PostgresConfig,
-    slot: Option<&outbox_postgres::SlotStatus>,
-    json: bool,
-) {
-    if json {
-        return;
-    }
-    if slot.is_none() {
-        println!(
-            "  replication slot   `{}` does not exist: run `outbox migrate` (docs/cdc.md)",
-            pg.slot
-        );
-    }
-    println!(
-        "  (CDC: undelivered events are WAL held by the slot, not row state; `pending` counts only a running relay's memory)"
-    );
-}
-
-fn print_slot(slot: &outbox_postgres::SlotStatus) {
-    let mib = |b: Option<i64>| {
-        b.map_or("?".to_owned(), |b| {
-            format!("{:.1} MiB", b as f64 / 1048576.0)
-        })
-    };
-    println!(
-        "  replication slot   `{}`: {} (wal_status {}), confirmed up to {}",
-        slot.slot,
-        match slot.active_pid {
-            Some(pid) if slot.active => format!("streaming to pid {pid}"),
-            _ => "no relay streaming".to_owned(),
-        },
-        slot.wal_status.as_deref().unwrap_or("?"),
-        slot.confirmed_flush_lsn.as_deref().unwrap_or("?")
-    );
-    println!(
-        "  slot lag           {} not yet confirmed; {} kept on disk{}",
-        mib(slot.retained_wal_bytes),
-        mib(slot.restart_lag_bytes),
-        slot.safe_wal_size
-            .map(|b| format!(
-                "; {} until max_slot_wal_keep_size invalidates it",
-                mib(Some(b))
-            ))
-            .unwrap_or_default()
-    );
-    if slot.is_lost() {
-        println!(
-            "  SLOT LOST          the server invalidated it: see docs/cdc.md#recovering-a-lost-slot"
-        );
-    }
 }

@@ -1,17 +1,15 @@
-//! `outbox dead list|show|retry|purge`: inspect and act on dead letters, on PostgreSQL
-//! (with every attempt's error) and SQLite (the latest error only).
+//! `outbox dead list|show|retry|purge`: inspect and act on dead letters, through the
+//! backend's dead-letter store (with every attempt's error where the backend keeps them).
 
 use std::io::{BufRead, IsTerminal, Write};
 
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
 use outbox_core::SourceError;
-use outbox_postgres::{DeadLetter, PgDeadLetters, RetrySelection, StoredEventDetail};
-use outbox_sqlite::SqliteRetrySelection;
+use outbox_core::admin::{RetrySelection, StoredEventDetail};
+use outbox_runtime::Config;
 use time::OffsetDateTime;
 use uuid::Uuid;
-
-use crate::config::{Config, SourceConfig};
 
 /// `outbox dead` subcommands.
 #[derive(Debug, Subcommand)]
@@ -70,112 +68,7 @@ pub(crate) struct RetryArgs {
     all: bool,
 }
 
-/// The table's dead-letter operations, for either source.
-enum Store {
-    Postgres(PgDeadLetters),
-    Sqlite(outbox_sqlite::SqliteDeadLetters),
-}
-
-impl Store {
-    async fn open(config: &Config) -> anyhow::Result<Self> {
-        Ok(match &config.source {
-            SourceConfig::Postgres(pg) => {
-                let pool = outbox_postgres::connect(pg, 1)
-                    .await
-                    .with_context(|| format!("cannot connect to {}", pg.url))?;
-                Self::Postgres(PgDeadLetters::new(pool, pg))
-            }
-            SourceConfig::Sqlite(sq) => {
-                let pool = outbox_sqlite::connect(sq).await.with_context(|| {
-                    format!("cannot open SQLite database `{}`", sq.path.display())
-                })?;
-                Self::Sqlite(outbox_sqlite::SqliteDeadLetters::new(pool, &sq.table))
-            }
-        })
-    }
-
-    async fn list(
-        &self,
-        event_type: Option<&str>,
-        aggregate: Option<&str>,
-        limit: i64,
-    ) -> Result<Vec<DeadLetter>, SourceError> {
-        match self {
-            Self::Postgres(d) => d.list(event_type, aggregate, limit).await,
-            Self::Sqlite(d) => Ok(d
-                .list(event_type, aggregate, limit)
-                .await?
-                .into_iter()
-                .map(from_sqlite)
-                .collect()),
-        }
-    }
-
-    async fn show(&self, id: Uuid) -> Result<Option<StoredEventDetail>, SourceError> {
-        match self {
-            Self::Postgres(d) => d.show(id).await,
-            Self::Sqlite(d) => {
-                Ok(d.show(id, OffsetDateTime::now_utc())
-                    .await?
-                    .map(|e| StoredEventDetail {
-                        summary: from_sqlite(e.summary),
-                        state: e.state,
-                        payload: e.payload,
-                        headers: e.headers,
-                        delivered_at: e.delivered_at,
-                        seq: e.seq,
-                        attempt_errors: Vec::new(),
-                        backoff_until: e.backoff_until,
-                    }))
-            }
-        }
-    }
-
-    async fn retry(&self, selection: &RetrySelection) -> Result<Vec<Uuid>, SourceError> {
-        match self {
-            Self::Postgres(d) => d.retry(selection).await,
-            Self::Sqlite(d) => {
-                let selection = match selection {
-                    RetrySelection::Ids(ids) => SqliteRetrySelection::Ids(ids.clone()),
-                    RetrySelection::EventType(t) => SqliteRetrySelection::EventType(t.clone()),
-                    RetrySelection::All => SqliteRetrySelection::All,
-                };
-                d.retry(&selection).await
-            }
-        }
-    }
-
-    async fn purge(
-        &self,
-        before: OffsetDateTime,
-        event_type: Option<&str>,
-    ) -> Result<Vec<Uuid>, SourceError> {
-        match self {
-            Self::Postgres(d) => d.purge(before, event_type).await,
-            Self::Sqlite(d) => d.purge(before, event_type).await,
-        }
-    }
-}
-
-fn from_sqlite(d: outbox_sqlite::SqliteDeadLetter) -> DeadLetter {
-    DeadLetter {
-        id: d.id,
-        aggregate_type: d.aggregate_type,
-        aggregate_id: d.aggregate_id,
-        event_type: d.event_type,
-        attempts: d.attempts,
-        reason: d.reason,
-        created_at: d.created_at,
-        dead_lettered_at: d.dead_lettered_at,
-    }
-}
-
-/// A time for people: RFC 3339, UTC (`2026-11-22T07:35:01.696251Z`).
-pub(crate) fn when(t: OffsetDateTime) -> String {
-    t.to_offset(time::UtcOffset::UTC)
-        .format(&time::format_description::well_known::Rfc3339)
-        .unwrap_or_else(|_| t.to_string())
-}
+pub(crate) use outbox_core::admin::when;
 
 /// The event as JSON: its fields, with the payload as text (or a note when not UTF-8).
 pub(crate) fn event_json(detail: &StoredEventDetail) -> anyhow::Result<serde_json::Value> {
@@ -238,7 +131,8 @@ pub(crate) fn print_body(detail: &StoredEventDetail) {
 }
 
 pub(crate) async fn run(config: &Config, command: DeadCommand) -> anyhow::Result<()> {
-    let dead = Store::open(config).await?;
+    let backend = crate::admin::open(config, 1).await?;
+    let dead = backend.dead_letters()?;
     let e = |e: SourceError| anyhow::anyhow!(crate::chain(&e));
     match command {
         DeadCommand::List {

@@ -1,16 +1,14 @@
 //! The `outbox` command: migrate, relay, status, demo.
 //!
-//! Thin on purpose: each command parses its flags, loads the config, and calls the library
-//! crates. Errors reach the user as one line (plus its causes), with a non-zero exit code.
+//! Thin on purpose: each command parses its flags, loads the config, and calls the runtime
+//! (`outbox-runtime`) and the backend it opens; no command names a database. Errors reach
+//! the user as one line (plus its causes), with a non-zero exit code.
 
 mod admin;
 mod bench;
-mod config;
 mod dead;
 mod demo;
 mod doctor;
-mod observe;
-mod relay;
 mod replay;
 mod retention;
 mod why;
@@ -112,15 +110,23 @@ fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
-    let load = || config::load(cli.config.as_deref(), cli.database_url.as_deref());
+    let load = || -> anyhow::Result<(outbox_runtime::Config, outbox_runtime::Origin)> {
+        Ok(outbox_runtime::config::load(
+            cli.config.as_deref(),
+            cli.database_url.as_deref(),
+        )?)
+    };
     match cli.command {
         Command::Demo(args) => demo::run(args).await.map(|_| ()),
         Command::Migrate => admin::migrate(&load()?.0).await,
         Command::Relay => {
             // Signals first: SIGTERM during start-up still means "stop cleanly".
-            let shutdown = relay::cancel_on_signal()?;
+            let shutdown = outbox_runtime::relay::cancel_on_signal()?;
             let (config, origin) = load()?;
-            relay::run(config, origin, shutdown).await
+            outbox_runtime::relay::run(config, &origin, shutdown)
+                .await
+                .map(drop)
+                .map_err(|e| anyhow::anyhow!(chain(&e)))
         }
         Command::Status { json } => admin::status(&load()?.0, json).await,
         Command::Dead(command) => dead::run(&load()?.0, command).await,
@@ -129,7 +135,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Why(args) => why::run(&load()?.0, args).await,
         Command::Doctor(args) => doctor::run(load(), args).await,
         Command::Bench(args) => {
-            let shutdown = relay::cancel_on_signal()?;
+            let shutdown = outbox_runtime::relay::cancel_on_signal()?;
             bench::run(args, load()?.0, shutdown).await
         }
         Command::CheckConfig => {

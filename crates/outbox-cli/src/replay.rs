@@ -2,17 +2,17 @@
 //!
 //! The selection is counted first; `--dry-run` stops there and shows the first few. Then
 //! the events are put back in line in batches (a progress bar for large selections) and the
-//! running relay publishes them. See `outbox_postgres::PgReplay` for how, per mode.
+//! running relay publishes them. How depends on the backend (`outbox_core::backend::Replay`).
 
 use std::io::{BufRead, IsTerminal, Write};
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use clap::Args;
-use outbox_postgres::{PgReplay, ReplayError, ReplaySelection};
+use outbox_core::admin::ReplaySelection;
+use outbox_runtime::Config;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
-use crate::config::{Config, SourceConfig};
 use crate::dead::when;
 
 /// Events per batch: one short transaction each, and one progress-bar step.
@@ -58,11 +58,6 @@ pub(crate) fn parse_time(text: &str) -> Result<OffsetDateTime, String> {
 }
 
 pub(crate) async fn run(config: &Config, args: ReplayArgs) -> anyhow::Result<()> {
-    let SourceConfig::Postgres(pg) = &config.source else {
-        bail!(
-            "`outbox replay` needs the PostgreSQL source; with SQLite, set `state = 'pending', attempts = 0, next_attempt_at = 0` on the rows to publish again"
-        );
-    };
     if let Some(until) = args.until
         && until <= args.since
     {
@@ -72,17 +67,15 @@ pub(crate) async fn run(config: &Config, args: ReplayArgs) -> anyhow::Result<()>
             when(args.since)
         );
     }
-    let pool = outbox_postgres::connect(pg, 1)
-        .await
-        .with_context(|| format!("cannot connect to {}", pg.url))?;
-    let replay = PgReplay::new(pool, pg);
+    let backend = crate::admin::open(config, 1).await?;
+    let replay = backend.replay()?;
     let selection = ReplaySelection {
         since: args.since,
         until: args.until,
         aggregate_id: args.aggregate.clone(),
         event_type: args.event_type.clone(),
     };
-    let e = |e: ReplayError| anyhow::anyhow!(crate::chain(&e));
+    let e = crate::admin::source_error;
     let plan = replay.plan(&selection, 5).await.map_err(e)?;
     let window = format!(
         "written from {} to {}{}{}",
@@ -102,15 +95,11 @@ pub(crate) async fn run(config: &Config, args: ReplayArgs) -> anyhow::Result<()>
             .map(|t| format!(", type {t}"))
             .unwrap_or_default()
     );
-    let what = if pg.mode == outbox_postgres::Mode::Cdc {
-        "event(s)"
-    } else {
-        "delivered event(s)"
-    };
+    let what = plan.noun;
     if plan.total == 0 {
         println!(
             "no {what} {window} in {}; nothing to replay (delivered rows older than the retention window are deleted)",
-            pg.qualified_table()
+            backend.table()
         );
         return Ok(());
     }

@@ -9,6 +9,8 @@
 //! sink returned an acknowledgement for it, so a crash between publish and settle republishes
 //! the event. Consumers deduplicate by [`Event::id`].
 
+pub mod admin;
+pub mod backend;
 pub mod destination;
 pub mod event;
 pub mod identifier;
@@ -20,12 +22,15 @@ pub mod relay;
 pub mod sink;
 pub mod source;
 
+pub use backend::{
+    Backend, BackendConfig, BoxedSource, DynSource, OpenError, OpenOptions, Pipelines, Unsupported,
+};
 pub use destination::{Destination, DestinationError};
 pub use event::{Event, NewEvent, Position};
 pub use identifier::{Identifier, IdentifierError, QualifiedTable};
 pub use policy::{Backoff, FailureAction, RetryPolicy};
 pub use relay::{DeadLetterPolicy, Ordering, Relay, RelayConfig, RelayError, RelayReport};
-pub use sink::{DynSink, Sink, SinkError, SinkErrorKind};
+pub use sink::{BuildSink, DynSink, Sink, SinkError, SinkErrorKind};
 pub use source::{
     Backlog, Fetched, Inspect, Outcome, Settlement, Source, SourceError, SourceErrorKind,
 };

@@ -183,3 +183,19 @@ impl<T: Sink> Sink for Arc<T> {
         (**self).healthcheck()
     }
 }
+
+/// The `[sink]` section of one broker kind: validated, then built into a sink. The runtime's
+/// registry lists one line per implementation (`docs/architecture.md`).
+pub trait BuildSink:
+    serde::de::DeserializeOwned + std::fmt::Debug + Clone + Send + Sync + 'static
+{
+    /// The `kind` value that selects it.
+    const KIND: &'static str;
+    /// Checks what serde cannot; the message names the key (`sink.url: ...`).
+    fn validate(&self) -> Result<(), String>;
+    /// Connects. An unreachable broker is [`SinkErrorKind::Unavailable`] (the relay waits and
+    /// tries again); a configuration mistake is any other kind.
+    fn build(&self) -> BoxFuture<'_, Result<Box<dyn DynSink>, SinkError>>;
+    /// Where `event` goes, for people: `NATS subject outbox.event.Order`.
+    fn describe_destination(&self, event: &Event) -> String;
+}

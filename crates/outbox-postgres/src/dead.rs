@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use outbox_core::SourceError;
+use outbox_core::admin::{AttemptError, DeadLetter, RetrySelection, StoredEventDetail};
 use sqlx::types::Json;
 use sqlx::{PgPool, Row};
 use time::OffsetDateTime;
@@ -11,80 +12,6 @@ use uuid::Uuid;
 use crate::config::PostgresConfig;
 use crate::error::source_error;
 use crate::sql::{Queries, stmt};
-
-/// A dead letter as `outbox dead list` shows it.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct DeadLetter {
-    /// Event id.
-    pub id: Uuid,
-    /// Aggregate type.
-    pub aggregate_type: String,
-    /// Aggregate id.
-    pub aggregate_id: String,
-    /// Event type.
-    pub event_type: String,
-    /// Failed attempts.
-    pub attempts: i32,
-    /// Why it was dead-lettered.
-    pub reason: Option<String>,
-    /// When the producer wrote it.
-    #[serde(with = "time::serde::rfc3339")]
-    pub created_at: OffsetDateTime,
-    /// When it was dead-lettered.
-    #[serde(with = "time::serde::rfc3339::option")]
-    pub dead_lettered_at: Option<OffsetDateTime>,
-}
-
-/// Everything the table holds about one event (`outbox dead show`).
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct StoredEventDetail {
-    /// The list fields.
-    #[serde(flatten)]
-    pub summary: DeadLetter,
-    /// `pending`, `delivered` or `dead`.
-    pub state: String,
-    /// Payload bytes.
-    #[serde(skip)]
-    pub payload: Vec<u8>,
-    /// The row's headers.
-    pub headers: serde_json::Value,
-    /// When it was delivered, if it was.
-    #[serde(with = "time::serde::rfc3339::option")]
-    pub delivered_at: Option<OffsetDateTime>,
-    /// Commit-order position.
-    pub seq: i64,
-    /// Every recorded failed attempt, oldest first (the last 10 are kept).
-    pub attempt_errors: Vec<AttemptError>,
-    /// When a retrying event is tried again, if that is in the future (backoff).
-    #[serde(with = "time::serde::rfc3339::option")]
-    pub backoff_until: Option<OffsetDateTime>,
-}
-
-/// One failed publish attempt, as recorded in `attempt_errors` (migration 0002).
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct AttemptError {
-    /// Attempt number (1 = the first publish).
-    pub attempt: i32,
-    /// When the failure was recorded.
-    #[serde(with = "time::serde::rfc3339")]
-    pub at: OffsetDateTime,
-    /// The broker's or the relay's error.
-    pub error: String,
-    /// `retry` (tried again later), `dead` (the attempt that dead-lettered it) or `requeued`
-    /// (put back in line by `outbox dead retry`; not a failure).
-    pub kind: String,
-}
-
-/// Which dead letters to retry.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RetrySelection {
-    /// These ids.
-    Ids(Vec<Uuid>),
-    /// Every dead letter of this event type.
-    EventType(String),
-    /// Every dead letter.
-    All,
-}
 
 /// Dead-letter operations on one outbox table.
 #[derive(Debug, Clone)]

@@ -6,74 +6,13 @@
 
 use std::time::Duration;
 
+use outbox_core::admin::{DoctorCheck, DoctorThresholds};
 use sqlx::{PgPool, Row};
 use time::OffsetDateTime;
 
 use crate::config::{Mode, PostgresConfig};
 use crate::inspect::{OpenTransaction, PgInspector, open_transactions};
 use crate::sql::render;
-
-/// How bad a finding is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Health {
-    /// Nothing to do.
-    Ok,
-    /// Works now, but will hurt: worth a look.
-    Warn,
-    /// Broken, or about to break: fix it (`outbox doctor` exits non-zero).
-    Red,
-}
-
-/// One check's verdict.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct DoctorCheck {
-    /// Short name (`schema`, `indexes`, ...).
-    pub name: &'static str,
-    /// The verdict.
-    pub health: Health,
-    /// What was found.
-    pub detail: String,
-    /// What to do about it (warn and red only).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub fix: Option<String>,
-}
-
-impl DoctorCheck {
-    fn ok(name: &'static str, detail: impl Into<String>) -> Self {
-        Self {
-            name,
-            health: Health::Ok,
-            detail: detail.into(),
-            fix: None,
-        }
-    }
-    fn warn(name: &'static str, detail: impl Into<String>, fix: impl Into<String>) -> Self {
-        Self {
-            name,
-            health: Health::Warn,
-            detail: detail.into(),
-            fix: Some(fix.into()),
-        }
-    }
-    fn red(name: &'static str, detail: impl Into<String>, fix: impl Into<String>) -> Self {
-        Self {
-            name,
-            health: Health::Red,
-            detail: detail.into(),
-            fix: Some(fix.into()),
-        }
-    }
-}
-
-/// Thresholds of the checks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DoctorThresholds {
-    /// The oldest ready pending event may be this old (`metrics.stuck_after`).
-    pub stuck_after: Duration,
-    /// An idle-in-transaction session holding a snapshot for longer than this is red.
-    pub stale_transaction: Duration,
-}
 
 /// The indexes migration 0001 creates: suffix, and the statement that recreates one (the
 /// fix shown to the user; never executed by this crate).

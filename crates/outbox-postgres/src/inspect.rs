@@ -5,37 +5,18 @@
 use std::sync::Arc;
 
 use outbox_core::SourceError;
+use outbox_core::admin::{
+    Blocker, DeliveryModel, EventStory, HeldAggregate, StoredEventDetail, Verdict,
+};
 use outbox_core::source::{Backlog, Inspect};
 use sqlx::{PgPool, Row};
 use time::OffsetDateTime;
 use uuid::Uuid;
 
 use crate::config::PostgresConfig;
-use crate::dead::{PgDeadLetters, StoredEventDetail};
+use crate::dead::PgDeadLetters;
 use crate::error::source_error;
 use crate::sql::{Queries, render, stmt};
-
-/// An aggregate whose oldest undelivered event is retrying or dead-lettered.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct HeldAggregate {
-    /// Aggregate type.
-    pub aggregate_type: String,
-    /// Aggregate id.
-    pub aggregate_id: String,
-    /// The event at the head of the aggregate.
-    pub head_id: Uuid,
-    /// `pending` (retrying) or `dead`.
-    pub state: String,
-    /// Failed attempts of the head event.
-    pub attempts: i32,
-    /// When the head event is tried again (retrying only).
-    #[serde(with = "time::serde::rfc3339::option")]
-    pub next_attempt_at: Option<OffsetDateTime>,
-    /// The head event's latest error.
-    pub last_error: Option<String>,
-    /// Pending events of the aggregate waiting behind the head.
-    pub waiting: i64,
-}
 
 /// A producer transaction holding an aggregate's ordering lock while others wait for it.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -87,65 +68,6 @@ pub struct Watchdog {
     pub stuck_events: i64,
     /// The oldest open transaction of the database, if any (the xmin horizon's holder).
     pub oldest_transaction: Option<OpenTransaction>,
-}
-
-/// Why an event is where it is, as `outbox why` tells it.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
-#[serde(tag = "verdict", rename_all = "snake_case")]
-pub enum Verdict {
-    /// The broker acknowledged it (`delivered_at` says when).
-    Delivered,
-    /// It is a dead letter (`last_error` says why); `outbox dead retry` puts it back.
-    Dead,
-    /// It failed and waits for its next attempt.
-    Backoff {
-        /// Next attempt.
-        #[serde(with = "time::serde::rfc3339")]
-        until: OffsetDateTime,
-    },
-    /// An earlier undelivered event of its aggregate must go first.
-    BlockedByEarlier {
-        /// That event.
-        blocker: Blocker,
-    },
-    /// A relay holds it right now: it is being published.
-    Claimed,
-    /// CDC mode: delivery is not recorded per row (the replication slot's confirmed position
-    /// is); a running relay streams the event when its transaction's commit is decoded.
-    Streamed,
-    /// Nothing holds it: the next relay poll takes it (`ahead` ready events come first).
-    Ready {
-        /// Pending events not in backoff before it in claim order (capped at 100,000).
-        ahead: i64,
-    },
-}
-
-/// The earlier event of the same aggregate that holds an event back.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct Blocker {
-    /// Its id.
-    pub id: Uuid,
-    /// `pending` or `dead`.
-    pub state: String,
-    /// Its failed attempts.
-    pub attempts: i32,
-    /// Its latest error.
-    pub last_error: Option<String>,
-    /// Its next attempt, when it is in backoff.
-    #[serde(with = "time::serde::rfc3339::option")]
-    pub backoff_until: Option<OffsetDateTime>,
-    /// When it was written.
-    #[serde(with = "time::serde::rfc3339")]
-    pub created_at: OffsetDateTime,
-}
-
-/// The story of one event (`outbox why`).
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct EventStory {
-    /// The row, with its attempt history.
-    pub event: StoredEventDetail,
-    /// Where it stands and why.
-    pub verdict: Verdict,
 }
 
 /// Reads backlog and blockers of one outbox table.
@@ -307,7 +229,16 @@ impl PgInspector {
             _ if self.cdc => Verdict::Streamed,
             _ => self.pending_verdict(&event, now).await?,
         };
-        Ok(Some(EventStory { event, verdict }))
+        let model = if self.cdc {
+            DeliveryModel::Stream
+        } else {
+            DeliveryModel::Claims
+        };
+        Ok(Some(EventStory {
+            event,
+            verdict,
+            model,
+        }))
     }
 
     async fn pending_verdict(

@@ -6,6 +6,7 @@
 //! `migrations/*.sql`; a configured schema or table name reaches SQL only through
 //! validated identifiers (see `sql.rs`).
 
+mod backend;
 mod cdc;
 mod config;
 mod dead;
@@ -22,18 +23,17 @@ mod sql;
 
 use std::time::Duration;
 
+pub use backend::PgBackend;
 pub use cdc::{
     CdcClosed, CdcSetupError, CdcSetupReport, DEFAULT_MESSAGE_PREFIX, DecodedMessage,
     MESSAGE_VERSION, MessageDecodeError, PgCdcInspector, PgCdcSource, STANDBY_RETRY, SlotStatus,
     decode_message, emit_message, emit_message_with_prefix, encode_message, setup_cdc, slot_status,
 };
 pub use config::{DatabaseUrl, Mode, OnDelivered, PostgresConfig, redact};
-pub use dead::{AttemptError, DeadLetter, PgDeadLetters, RetrySelection, StoredEventDetail};
-pub use doctor::{DoctorCheck, DoctorThresholds, Health, doctor};
+pub use dead::PgDeadLetters;
+pub use doctor::doctor;
 pub use error::EnqueueError;
-pub use inspect::{
-    Blocker, EventStory, HeldAggregate, LockWait, OpenTransaction, PgInspector, Verdict, Watchdog,
-};
+pub use inspect::{LockWait, OpenTransaction, PgInspector, Watchdog};
 pub use migrate::{
     MigrateError, MigrateOptions, MigrationReport, SCHEMA_VERSION, migrate, migrate_with,
     schema_version,
@@ -41,10 +41,13 @@ pub use migrate::{
 pub use partition::{PARTITIONS_AHEAD, Partitioning};
 pub use poll::PgPollSource;
 pub use producer::{PgOutbox, enqueue, enqueue_batch};
-pub use replay::{PgReplay, ReplayError, ReplayPlan, ReplayPreview, ReplaySelection};
-pub use retention::{
-    KeptPartition, PgRetention, RetentionError, RetentionPreview, RetentionReport,
-    RetentionSettings,
+pub use replay::{PgReplay, ReplayError};
+pub use retention::{PgRetention, RetentionError};
+// The database-neutral admin records, re-exported under their old paths.
+pub use outbox_core::admin::{
+    AttemptError, Blocker, DeadLetter, DoctorCheck, DoctorThresholds, EventStory, Health,
+    HeldAggregate, KeptPartition, ReplayPlan, ReplayPreview, ReplaySelection, RetentionPreview,
+    RetentionReport, RetentionSettings, RetrySelection, StoredEventDetail, Verdict,
 };
 
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};

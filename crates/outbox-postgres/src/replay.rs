@@ -9,54 +9,13 @@
 //! per-aggregate order across batches, and the caller can show progress between batches.
 
 use outbox_core::SourceError;
+use outbox_core::admin::{ReplayPlan, ReplayPreview, ReplaySelection};
 use sqlx::{PgPool, Row};
-use time::OffsetDateTime;
 use uuid::Uuid;
 
 use crate::config::{Mode, OnDelivered, PostgresConfig};
 use crate::error::source_error;
 use crate::sql::render;
-
-/// Which events to replay. Times compare with `created_at` (when the producer wrote them).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ReplaySelection {
-    /// Written at or after this time.
-    pub since: OffsetDateTime,
-    /// Written before this time (`None`: up to now).
-    pub until: Option<OffsetDateTime>,
-    /// Only this aggregate id.
-    pub aggregate_id: Option<String>,
-    /// Only this event type.
-    pub event_type: Option<String>,
-}
-
-/// One selected event, for `--dry-run`.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct ReplayPreview {
-    /// Event id.
-    pub id: Uuid,
-    /// Aggregate type.
-    pub aggregate_type: String,
-    /// Aggregate id.
-    pub aggregate_id: String,
-    /// Event type.
-    pub event_type: String,
-    /// When the producer wrote it.
-    #[serde(with = "time::serde::rfc3339")]
-    pub created_at: OffsetDateTime,
-    /// When it was delivered (polling mode with `on_delivered = "mark"`).
-    #[serde(with = "time::serde::rfc3339::option")]
-    pub delivered_at: Option<OffsetDateTime>,
-}
-
-/// What a selection holds, read once before replaying.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ReplayPlan {
-    /// Events selected.
-    pub total: u64,
-    /// The first few, in `seq` order.
-    pub preview: Vec<ReplayPreview>,
-}
 
 /// Why replay cannot run.
 #[derive(Debug, thiserror::Error)]
@@ -137,6 +96,11 @@ impl PgReplay {
         let mut plan = ReplayPlan {
             total: 0,
             preview: Vec::new(),
+            noun: if self.cdc {
+                "event(s)"
+            } else {
+                "delivered event(s)"
+            },
         };
         for r in &rows {
             let mut read = || -> Result<Option<ReplayPreview>, sqlx::Error> {

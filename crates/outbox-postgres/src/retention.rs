@@ -25,6 +25,7 @@ use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use outbox_core::admin::{KeptPartition, RetentionPreview, RetentionReport, RetentionSettings};
 use outbox_core::{Identifier, QualifiedTable};
 use sqlx::{Connection, PgPool};
 use time::OffsetDateTime;
@@ -32,80 +33,6 @@ use time::OffsetDateTime;
 use crate::config::{Mode, PostgresConfig};
 use crate::partition::{self, Layout, Partition, Partitioning};
 use crate::sql::render;
-
-/// How a retention run behaves.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RetentionSettings {
-    /// Delivered events younger than this are kept.
-    pub keep: Duration,
-    /// Rows deleted per statement (one short transaction each).
-    pub batch: u32,
-    /// Pause between two batches.
-    pub pause: Duration,
-    /// CDC mode: how long to wait for the slot to confirm the observed horizon.
-    pub cdc_wait: Duration,
-}
-
-impl Default for RetentionSettings {
-    fn default() -> Self {
-        Self {
-            keep: Duration::from_secs(7 * 86_400),
-            batch: 5_000,
-            pause: Duration::from_millis(20),
-            cdc_wait: Duration::from_secs(30),
-        }
-    }
-}
-
-/// A partition a run did not drop, and why.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KeptPartition {
-    /// Partition name.
-    pub name: String,
-    /// Why it was kept, for the operator.
-    pub reason: String,
-}
-
-/// What a run did.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct RetentionReport {
-    /// Rows deleted by the batched delete.
-    pub deleted: u64,
-    /// Delete statements run.
-    pub batches: u64,
-    /// Partitions created ahead (partitioned mode).
-    pub partitions_created: Vec<String>,
-    /// Partitions dropped, with the rows they held (partitioned mode).
-    pub partitions_dropped: Vec<(String, u64)>,
-    /// Partitions older than the window that were kept, and why.
-    pub partitions_kept: Vec<KeptPartition>,
-    /// Anything the operator should know (e.g. the CDC slot did not confirm in time).
-    pub notes: Vec<String>,
-    /// The progress callback asked to stop before the end.
-    pub stopped: bool,
-}
-
-impl RetentionReport {
-    /// Rows removed in total: deleted rows plus the rows of dropped partitions.
-    pub fn removed(&self) -> u64 {
-        self.deleted + self.partitions_dropped.iter().map(|(_, n)| n).sum::<u64>()
-    }
-}
-
-/// What a run would do (`--dry-run`).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct RetentionPreview {
-    /// Rows the batched delete would remove.
-    pub rows: u64,
-    /// The oldest of them (delivery time; creation time in CDC mode).
-    pub oldest: Option<OffsetDateTime>,
-    /// Partitions older than the window that would be dropped, with their rows.
-    pub partitions_dropped: Vec<(String, u64)>,
-    /// Partitions older than the window that would be kept, and why.
-    pub partitions_kept: Vec<KeptPartition>,
-    /// Anything the operator should know.
-    pub notes: Vec<String>,
-}
 
 /// Why a retention run failed.
 #[derive(Debug, thiserror::Error)]

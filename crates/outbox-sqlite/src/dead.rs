@@ -4,6 +4,7 @@
 //! so it goes out before the later events of its aggregate that waited behind it. SQLite
 //! keeps only the latest error per event (`last_error`), not a per-attempt history.
 
+use outbox_core::admin::{Blocker, DeadLetter, RetrySelection, StoredEventDetail};
 use outbox_core::{Identifier, SourceError};
 use sqlx::{Row, SqlitePool};
 use time::OffsetDateTime;
@@ -12,74 +13,6 @@ use uuid::Uuid;
 use crate::error::source_error;
 use crate::sql::render;
 use crate::timestamp::{from_micros, to_micros};
-
-/// A dead letter as `outbox dead list` shows it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SqliteDeadLetter {
-    /// Event id.
-    pub id: Uuid,
-    /// Aggregate type.
-    pub aggregate_type: String,
-    /// Aggregate id.
-    pub aggregate_id: String,
-    /// Event type.
-    pub event_type: String,
-    /// Failed attempts.
-    pub attempts: i32,
-    /// Why it was dead-lettered.
-    pub reason: Option<String>,
-    /// When the producer wrote it.
-    pub created_at: OffsetDateTime,
-    /// When it was dead-lettered.
-    pub dead_lettered_at: Option<OffsetDateTime>,
-}
-
-/// Everything the table holds about one event (`outbox dead show`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SqliteEventDetail {
-    /// The list fields.
-    pub summary: SqliteDeadLetter,
-    /// `pending`, `delivered` or `dead`.
-    pub state: String,
-    /// Payload bytes.
-    pub payload: Vec<u8>,
-    /// The row's headers (a JSON object).
-    pub headers: serde_json::Value,
-    /// When it was delivered, if it was.
-    pub delivered_at: Option<OffsetDateTime>,
-    /// Commit-order position.
-    pub seq: i64,
-    /// When a retrying event is tried again, if that is after `now`.
-    pub backoff_until: Option<OffsetDateTime>,
-}
-
-/// The earlier undelivered event of the same aggregate that an event waits for.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SqliteBlocker {
-    /// Its id.
-    pub id: Uuid,
-    /// `pending` or `dead`.
-    pub state: String,
-    /// Its failed attempts.
-    pub attempts: i32,
-    /// Its latest error.
-    pub last_error: Option<String>,
-    /// Its next attempt, when that is after `now`.
-    pub backoff_until: Option<OffsetDateTime>,
-    /// When it was written.
-    pub created_at: OffsetDateTime,
-}
-
-/// Which dead letters to retry.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SqliteRetrySelection {
-    /// These ids.
-    Ids(Vec<Uuid>),
-    /// Every dead letter of this event type.
-    EventType(String),
-    /// Every dead letter.
-    All,
-}
 
 /// Dead-letter operations on one SQLite outbox table.
 #[derive(Debug, Clone)]
@@ -117,7 +50,7 @@ impl SqliteDeadLetters {
         event_type: Option<&str>,
         aggregate_id: Option<&str>,
         limit: i64,
-    ) -> Result<Vec<SqliteDeadLetter>, SourceError> {
+    ) -> Result<Vec<DeadLetter>, SourceError> {
         // Rendered by `sql::render` from a validated identifier only.
         let rows = sqlx::query(sqlx::AssertSqlSafe(self.list.as_str()))
             .bind(event_type)
@@ -128,7 +61,7 @@ impl SqliteDeadLetters {
             .map_err(|e| self.err("listing dead letters", e))?;
         rows.iter()
             .map(|r| {
-                Ok(SqliteDeadLetter {
+                Ok(DeadLetter {
                     id: parse_id(r.try_get(0)?)?,
                     aggregate_type: r.try_get(1)?,
                     aggregate_id: r.try_get(2)?,
@@ -148,7 +81,7 @@ impl SqliteDeadLetters {
         &self,
         id: Uuid,
         now: OffsetDateTime,
-    ) -> Result<Option<SqliteEventDetail>, SourceError> {
+    ) -> Result<Option<StoredEventDetail>, SourceError> {
         // Rendered by `sql::render` from a validated identifier only.
         let row = sqlx::query(sqlx::AssertSqlSafe(self.show.as_str()))
             .bind(id.to_string())
@@ -156,11 +89,11 @@ impl SqliteDeadLetters {
             .await
             .map_err(|e| self.err("reading an event", e))?;
         let Some(r) = row else { return Ok(None) };
-        let detail = (|| -> Result<SqliteEventDetail, sqlx::Error> {
+        let detail = (|| -> Result<StoredEventDetail, sqlx::Error> {
             let headers: String = r.try_get(5)?;
             let next_attempt_at: i64 = r.try_get(13)?;
-            Ok(SqliteEventDetail {
-                summary: SqliteDeadLetter {
+            Ok(StoredEventDetail {
+                summary: DeadLetter {
                     id: parse_id(r.try_get(0)?)?,
                     aggregate_type: r.try_get(1)?,
                     aggregate_id: r.try_get(2)?,
@@ -176,6 +109,7 @@ impl SqliteDeadLetters {
                     .unwrap_or(serde_json::Value::String(headers)),
                 delivered_at: r.try_get::<Option<i64>, _>(10)?.map(from_micros),
                 seq: r.try_get(12)?,
+                attempt_errors: Vec::new(),
                 backoff_until: (next_attempt_at > to_micros(now))
                     .then(|| from_micros(next_attempt_at)),
             })
@@ -187,9 +121,9 @@ impl SqliteDeadLetters {
     /// The first earlier undelivered event of `event`'s aggregate (`outbox why`), at `now`.
     pub async fn blocker(
         &self,
-        event: &SqliteEventDetail,
+        event: &StoredEventDetail,
         now: OffsetDateTime,
-    ) -> Result<Option<SqliteBlocker>, SourceError> {
+    ) -> Result<Option<Blocker>, SourceError> {
         // Rendered by `sql::render` from a validated identifier only.
         let row = sqlx::query(sqlx::AssertSqlSafe(self.blocker.as_str()))
             .bind(&event.summary.aggregate_type)
@@ -200,7 +134,7 @@ impl SqliteDeadLetters {
             .await
             .map_err(|e| self.err("explaining an event", e))?;
         row.map(|r| {
-            Ok(SqliteBlocker {
+            Ok(Blocker {
                 id: parse_id(r.try_get(0)?)?,
                 state: r.try_get(1)?,
                 attempts: r.try_get(2)?,
@@ -214,9 +148,9 @@ impl SqliteDeadLetters {
     }
 
     /// Puts the selected dead letters back in line; returns the ids put back.
-    pub async fn retry(&self, selection: &SqliteRetrySelection) -> Result<Vec<Uuid>, SourceError> {
+    pub async fn retry(&self, selection: &RetrySelection) -> Result<Vec<Uuid>, SourceError> {
         let (ids, event_type, all) = match selection {
-            SqliteRetrySelection::Ids(ids) => (
+            RetrySelection::Ids(ids) => (
                 Some(
                     serde_json::Value::from(ids.iter().map(Uuid::to_string).collect::<Vec<_>>())
                         .to_string(),
@@ -224,8 +158,8 @@ impl SqliteDeadLetters {
                 None,
                 false,
             ),
-            SqliteRetrySelection::EventType(t) => (None, Some(t.clone()), false),
-            SqliteRetrySelection::All => (None, None, true),
+            RetrySelection::EventType(t) => (None, Some(t.clone()), false),
+            RetrySelection::All => (None, None, true),
         };
         // Rendered by `sql::render` from a validated identifier only.
         let ids: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(self.retry.as_str()))

@@ -25,6 +25,7 @@
 //!   [`SqlitePollSource`]): a second relay is a standby that takes over when the first stops.
 //! - **Durability** follows `PRAGMA synchronous` ([`Synchronous`]; `normal` by default).
 
+mod backend;
 mod config;
 mod dead;
 mod error;
@@ -40,16 +41,15 @@ mod writer;
 
 use std::time::Duration;
 
+pub use backend::SqliteBackend;
 pub use config::{OnDelivered, SqliteConfig, Synchronous};
-pub use dead::{
-    SqliteBlocker, SqliteDeadLetter, SqliteDeadLetters, SqliteEventDetail, SqliteRetrySelection,
-};
+pub use dead::SqliteDeadLetters;
 pub use error::EnqueueError;
 pub use inspect::{RelayLease, SqliteInspector};
 pub use migrate::{MigrateError, MigrationReport, SCHEMA_VERSION, migrate, schema_version};
 pub use poll::SqlitePollSource;
 pub use producer::{SqliteOutbox, enqueue, enqueue_batch};
-pub use retention::{SqliteRetention, SqliteRetentionError, SqliteRetentionReport};
+pub use retention::{SqliteRetention, SqliteRetentionError};
 
 use sqlx::SqlitePool;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};

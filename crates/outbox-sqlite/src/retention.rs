@@ -8,22 +8,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use outbox_core::Identifier;
+use outbox_core::admin::RetentionReport;
 use sqlx::SqlitePool;
 use time::OffsetDateTime;
 
 use crate::sql::{render, stmt};
 use crate::timestamp::{from_micros, to_micros};
-
-/// What a run did.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct SqliteRetentionReport {
-    /// Rows deleted.
-    pub deleted: u64,
-    /// Delete statements run.
-    pub batches: u64,
-    /// The progress callback asked to stop before the end.
-    pub stopped: bool,
-}
 
 /// Why a retention run failed.
 #[derive(Debug, thiserror::Error)]
@@ -89,10 +79,10 @@ impl SqliteRetention {
         batch: u32,
         pause: Duration,
         progress: &mut (dyn FnMut(u64) -> ControlFlow<()> + Send),
-    ) -> Result<SqliteRetentionReport, SqliteRetentionError> {
+    ) -> Result<RetentionReport, SqliteRetentionError> {
         let cutoff = to_micros(now - keep);
         let batch = batch.max(1);
-        let mut report = SqliteRetentionReport::default();
+        let mut report = RetentionReport::default();
         loop {
             let n = sqlx::query(stmt(&self.delete_batch))
                 .bind(cutoff)

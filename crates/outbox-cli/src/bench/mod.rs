@@ -23,15 +23,12 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use outbox_core::source::Inspect as _;
+use outbox_core::backend::{Backend, OpenOptions};
 use outbox_core::{DynSink, NewEvent, Relay, RelayConfig, RelayReport, Source};
-use outbox_postgres::{Mode, PostgresConfig};
-use outbox_sqlite::SqliteConfig;
-use tokio_util::sync::CancellationToken;
-
-use crate::config::{Config, SinkConfig, SourceConfig};
+use outbox_runtime::{Config, SinkConfig, SourceConfig};
 use probe::{CountedSource, NullSink, Progress, TimedSink};
 use report::{BenchReport, Latency, ProducerReport};
+use tokio_util::sync::CancellationToken;
 
 /// `outbox bench` arguments.
 #[derive(Debug, Args)]
@@ -171,116 +168,56 @@ pub(crate) async fn run(
 
 /// The database the bench writes to and the relay reads from.
 #[derive(Clone)]
-enum Target {
-    Postgres {
-        pool: sqlx::PgPool,
-        config: PostgresConfig,
-    },
-    Sqlite {
-        pool: sqlx::SqlitePool,
-        config: SqliteConfig,
-    },
+struct Target {
+    backend: Arc<dyn Backend>,
 }
 
 impl Target {
     /// Connects and installs (or checks) the schema, as `outbox migrate` would.
     async fn open(source: &SourceConfig, workers: usize) -> anyhow::Result<Self> {
-        match source {
-            SourceConfig::Postgres(pg) => {
-                let pool = outbox_postgres::connect(pg, workers as u32 + 2)
-                    .await
-                    .with_context(|| format!("cannot connect to {}", pg.url))?;
-                outbox_postgres::migrate(&pool, &pg.qualified_table(), pg.listen_notify)
-                    .await
-                    .map_err(|e| anyhow::anyhow!(crate::chain(&e)))
-                    .with_context(|| format!("preparing outbox table {}", pg.qualified_table()))?;
-                if pg.mode == Mode::Cdc {
-                    outbox_postgres::setup_cdc(&pool, pg)
-                        .await
-                        .map_err(|e| anyhow::anyhow!(crate::chain(&e)))
-                        .context("setting up the CDC publication and slot")?;
-                }
-                Ok(Self::Postgres {
-                    pool,
-                    config: pg.clone(),
-                })
-            }
-            SourceConfig::Sqlite(sq) => {
-                let pool = outbox_sqlite::connect(sq).await.with_context(|| {
-                    format!("cannot open SQLite database `{}`", sq.path.display())
-                })?;
-                outbox_sqlite::migrate(&pool, &sq.table)
-                    .await
-                    .map_err(|e| anyhow::anyhow!(crate::chain(&e)))
-                    .with_context(|| format!("preparing the outbox in `{}`", sq.path.display()))?;
-                Ok(Self::Sqlite {
-                    pool,
-                    config: sq.clone(),
-                })
-            }
-        }
+        let connections = u32::try_from(workers).unwrap_or(u32::MAX).saturating_add(2);
+        let backend = source
+            .open(OpenOptions { connections })
+            .await
+            .map_err(|e| anyhow::anyhow!(crate::chain(&e)))?;
+        backend
+            .migrate()
+            .await
+            .map_err(|e| anyhow::anyhow!(crate::chain(&e)))
+            .with_context(|| format!("preparing outbox table {}", backend.table()))?;
+        Ok(Self { backend })
     }
 
-    fn label(&self) -> &'static str {
-        match self {
-            Self::Postgres { config, .. } if config.mode == Mode::Cdc => "postgres-cdc",
-            Self::Postgres { .. } => "postgres-poll",
-            Self::Sqlite { .. } => "sqlite",
-        }
+    fn label(&self) -> String {
+        self.backend.label()
     }
 
-    /// SQLite (one writer, a lease) and CDC (one slot) run a single pipeline.
+    /// A lease or a replication slot: a single pipeline.
     fn single_pipeline(&self) -> bool {
-        !matches!(self, Self::Postgres { config, .. } if config.mode == Mode::Poll)
+        self.backend.single_pipeline()
     }
 
     fn table(&self) -> String {
-        match self {
-            Self::Postgres { config, .. } => config.qualified_table().to_string(),
-            Self::Sqlite { config, .. } => {
-                format!("{} in `{}`", config.table, config.path.display())
-            }
-        }
+        self.backend.table()
     }
 
-    /// Pending events by row state (`None` for CDC, whose backlog is WAL).
+    /// Pending events by row state (`None` for a stream, whose backlog is not row state).
     async fn pending(&self) -> anyhow::Result<Option<u64>> {
-        let backlog = match self {
-            Self::Postgres { config, .. } if config.mode == Mode::Cdc => return Ok(None),
-            Self::Postgres { pool, config } => {
-                outbox_postgres::PgInspector::new(pool.clone(), config)
-                    .backlog()
-                    .await
-            }
-            Self::Sqlite { pool, config } => {
-                outbox_sqlite::SqliteInspector::new(pool.clone(), config)
-                    .backlog()
-                    .await
-            }
-        };
-        let backlog = backlog
+        self.backend
+            .pending()
+            .await
             .map_err(|e| anyhow::anyhow!(crate::chain(&e)))
-            .with_context(|| format!("counting pending events in {}", self.table()))?;
-        Ok(Some(backlog.pending))
+            .with_context(|| format!("counting pending events in {}", self.table()))
     }
 
-    /// Writes `events` in one statement (PostgreSQL) or one transaction (SQLite).
+    /// Writes `events` in one statement where the database allows (else one transaction).
     async fn fill(&self, events: &[NewEvent]) -> anyhow::Result<()> {
-        match self {
-            Self::Postgres { pool, config } => {
-                outbox_postgres::PgOutbox::new(config.qualified_table())
-                    .enqueue_batch(pool, events)
-                    .await
-                    .map(drop)
-                    .map_err(|e| anyhow::anyhow!(crate::chain(&e)))
-            }
-            Self::Sqlite { pool, config } => outbox_sqlite::SqliteOutbox::new(config.table.clone())
-                .enqueue_batch(pool, events)
-                .await
-                .map(drop)
-                .map_err(|e| anyhow::anyhow!(crate::chain(&e))),
-        }
-        .with_context(|| format!("writing the backlog into {}", self.table()))
+        self.backend
+            .producer()?
+            .fill(events)
+            .await
+            .map_err(|e| anyhow::anyhow!(crate::chain(&e)))
+            .with_context(|| format!("writing the backlog into {}", self.table()))
     }
 
     /// Runs the relay until `stop`, counting settled deliveries into `progress`.
@@ -291,50 +228,17 @@ impl Target {
         progress: Arc<Progress>,
         stop: CancellationToken,
     ) -> anyhow::Result<RelayReport> {
-        match self {
-            Self::Postgres { pool, config } if config.mode == Mode::Cdc => {
-                let source = outbox_postgres::PgCdcSource::new(
-                    pool,
-                    &config,
-                    relay.ordering,
-                    relay.dead_letter,
-                )
-                .map_err(|e| anyhow::anyhow!(crate::chain(&e)))?;
-                let closed = source.closed();
-                let result = drive(relay, sink, vec![source], progress, stop).await;
-                // Let the source send its final standby status update (see `outbox relay`).
-                let _ = tokio::time::timeout(Duration::from_secs(5), closed.wait()).await;
-                result
-            }
-            Self::Postgres { pool, config } => {
-                // As `outbox relay` does at start: a bulk-filled table has no statistics yet.
-                if let Err(e) =
-                    outbox_postgres::PgPollSource::analyze_if_never_analyzed(&pool, &config).await
-                {
-                    tracing::warn!(error = %crate::chain(&e), "could not collect planner statistics; the first claims may be slow");
-                }
-                let sources = (0..relay.workers.get())
-                    .map(|_| {
-                        outbox_postgres::PgPollSource::new(
-                            pool.clone(),
-                            &config,
-                            relay.ordering,
-                            relay.dead_letter,
-                        )
-                    })
-                    .collect();
-                drive(relay, sink, sources, progress, stop).await
-            }
-            Self::Sqlite { pool, config } => {
-                let source = outbox_sqlite::SqlitePollSource::new(
-                    pool,
-                    &config,
-                    relay.ordering,
-                    relay.dead_letter,
-                );
-                drive(relay, sink, vec![source], progress, stop).await
-            }
+        let pipelines = self
+            .backend
+            .start_relay(&relay)
+            .await
+            .map_err(|e| anyhow::anyhow!(crate::chain(&e)))?;
+        let result = drive(relay, sink, pipelines.sources, progress, stop).await;
+        if let Some(closed) = pipelines.closed {
+            // Let the source send its final acknowledgement (see `outbox relay`).
+            let _ = tokio::time::timeout(Duration::from_secs(5), closed).await;
         }
+        result
     }
 }
 
@@ -386,7 +290,7 @@ async fn sink(
                     "the configured sink is `stdout`, which would print every event into the report; pass `--sink null` or configure a broker in [sink]"
                 );
             }
-            match crate::relay::build_sink(config.sink.clone(), shutdown).await? {
+            match outbox_runtime::relay::build_sink(&config.sink, shutdown).await? {
                 Some(s) => s,
                 None => return Ok(None),
             }
@@ -738,24 +642,13 @@ async fn producer_loop(
         producers,
         per_transaction,
     } = load;
-    enum Writer {
-        Postgres(sqlx::PgPool, outbox_postgres::PgOutbox),
-        Sqlite(sqlx::SqlitePool, outbox_sqlite::SqliteOutbox),
-    }
-    let writer = Arc::new(match &source {
-        SourceConfig::Postgres(pg) => Writer::Postgres(
-            outbox_postgres::connect(pg, producers as u32)
-                .await
-                .with_context(|| format!("producers: cannot connect to {}", pg.url))?,
-            outbox_postgres::PgOutbox::new(pg.qualified_table()),
-        ),
-        SourceConfig::Sqlite(sq) => Writer::Sqlite(
-            outbox_sqlite::connect(sq).await.with_context(|| {
-                format!("producers: cannot open SQLite `{}`", sq.path.display())
-            })?,
-            outbox_sqlite::SqliteOutbox::new(sq.table.clone()),
-        ),
-    });
+    let writer = source
+        .open(OpenOptions {
+            connections: u32::try_from(producers).unwrap_or(u32::MAX),
+        })
+        .await
+        .map_err(|e| anyhow::anyhow!("producers: {}", crate::chain(&e)))?;
+    writer.producer()?;
     let period = Duration::from_secs_f64((producers * per_transaction) as f64 / rate);
     let start = tokio::time::Instant::now();
     let deadline = start + duration;
@@ -778,24 +671,11 @@ async fn producer_loop(
                 let events: Vec<_> = (0..per_transaction as u64)
                     .map(|i| event((n + i) * producers as u64 + p as u64, aggregates, bytes))
                     .collect();
-                match &*writer {
-                    Writer::Postgres(pool, outbox) => {
-                        let mut tx = pool.begin().await?;
-                        outbox
-                            .enqueue_batch(&mut *tx, &events)
-                            .await
-                            .map_err(|e| anyhow::anyhow!(crate::chain(&e)))?;
-                        tx.commit().await?;
-                    }
-                    Writer::Sqlite(pool, outbox) => {
-                        let mut tx = pool.begin().await?;
-                        outbox
-                            .enqueue_batch(&mut *tx, &events)
-                            .await
-                            .map_err(|e| anyhow::anyhow!(crate::chain(&e)))?;
-                        tx.commit().await?;
-                    }
-                }
+                writer
+                    .producer()?
+                    .commit(&events)
+                    .await
+                    .map_err(|e| anyhow::anyhow!(crate::chain(&e)))?;
                 n += per_transaction as u64;
             }
             anyhow::Ok(n)

@@ -10,7 +10,7 @@ pub(crate) struct BenchReport {
     /// `backlog` or `steady`.
     pub(crate) mode: &'static str,
     /// `postgres-poll`, `postgres-cdc` or `sqlite`.
-    pub(crate) source: &'static str,
+    pub(crate) source: String,
     /// The sink's name (`null`, `nats`, ...).
     pub(crate) sink: &'static str,
     /// The relay's batch size.

@@ -6,22 +6,22 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use anyhow::Context;
 use axum::Router;
 use axum::http::StatusCode;
 use axum::routing::get;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use outbox_core::backend::{DynInspect, Watchdog};
 use outbox_core::metrics as m;
-use outbox_core::source::Inspect;
 use outbox_core::{DynSink, Sink};
 use tokio_util::sync::CancellationToken;
 
+use crate::RuntimeError;
 use crate::config::MetricsConfig;
 
 /// What `/readyz` reports: the database answered the last backlog query and the broker
 /// passed the last healthcheck.
 #[derive(Debug, Default)]
-pub(crate) struct Readiness {
+pub struct Readiness {
     database: AtomicBool,
     sink: AtomicBool,
 }
@@ -33,11 +33,11 @@ impl Readiness {
 }
 
 /// Installs the Prometheus recorder and serves the endpoint until `shutdown`.
-pub(crate) async fn serve(
+pub async fn serve(
     listen: SocketAddr,
     readiness: Arc<Readiness>,
     shutdown: CancellationToken,
-) -> anyhow::Result<()> {
+) -> Result<(), RuntimeError> {
     let handle = PrometheusBuilder::new()
         .set_buckets_for_metric(
             metrics_exporter_prometheus::Matcher::Full(m::COMMIT_TO_ACK_SECONDS.to_owned()),
@@ -46,13 +46,13 @@ pub(crate) async fn serve(
                 60.0,
             ],
         )
-        .context("configuring histogram buckets")?
+        .map_err(|e| RuntimeError::Metrics(format!("configuring histogram buckets: {e}")))?
         .install_recorder()
-        .context("installing the metrics recorder")?;
+        .map_err(|e| RuntimeError::Metrics(format!("installing the metrics recorder: {e}")))?;
     m::describe();
-    let listener = tokio::net::TcpListener::bind(listen)
-        .await
-        .with_context(|| format!("metrics.listen: cannot listen on {listen}"))?;
+    let listener = tokio::net::TcpListener::bind(listen).await.map_err(|e| {
+        RuntimeError::Metrics(format!("metrics.listen: cannot listen on {listen}: {e}"))
+    })?;
     tracing::info!(%listen, "serving /metrics, /healthz and /readyz");
     let app = router(handle, readiness);
     tokio::spawn(async move {
@@ -88,11 +88,11 @@ fn router(handle: PrometheusHandle, readiness: Arc<Readiness>) -> Router {
 /// Refreshes the backlog gauges, runs the stuck-event watchdog and the sink healthcheck
 /// every `refresh_interval`, until `shutdown`.
 ///
-/// `pg`, the PostgreSQL polling inspector, also reports stuck events and the oldest open
-/// transaction.
-pub(crate) async fn watch<I: Inspect>(
-    inspector: I,
-    pg: Option<outbox_postgres::PgInspector>,
+/// `watchdog`: the backend's own extra checks (PostgreSQL: stuck events and the oldest open
+/// transaction).
+pub async fn watch(
+    inspector: Arc<dyn DynInspect>,
+    watchdog: Option<Arc<dyn Watchdog>>,
     sink: Arc<Box<dyn DynSink>>,
     config: MetricsConfig,
     readiness: Arc<Readiness>,
@@ -106,7 +106,7 @@ pub(crate) async fn watch<I: Inspect>(
             _ = tick.tick() => {}
             () = shutdown.cancelled() => return,
         }
-        match inspector.backlog().await {
+        match inspector.dyn_backlog().await {
             Ok(b) => {
                 readiness.database.store(true, Ordering::Relaxed);
                 metrics::gauge!(m::PENDING).set(b.pending as f64);
@@ -136,8 +136,8 @@ pub(crate) async fn watch<I: Inspect>(
                 tracing::warn!(error = %outbox_core::relay::ErrorChain(&e), "could not read the backlog");
             }
         }
-        if let Some(pg) = &pg {
-            pg_watchdog(pg, &config).await;
+        if let Some(watchdog) = &watchdog {
+            watchdog.check(config.stuck_after).await;
         }
         match sink.healthcheck().await {
             Ok(()) => readiness.sink.store(true, Ordering::Relaxed),
@@ -146,43 +146,5 @@ pub(crate) async fn watch<I: Inspect>(
                 tracing::warn!(sink = sink.name(), error = %e.report(), "sink healthcheck failed");
             }
         }
-    }
-}
-
-/// The PostgreSQL part of the watchdog: stuck events and the horizon's holder.
-async fn pg_watchdog(pg: &outbox_postgres::PgInspector, config: &MetricsConfig) {
-    let now = time::OffsetDateTime::now_utc();
-    let w = match pg.watchdog(now, config.stuck_after).await {
-        Ok(w) => w,
-        Err(e) => {
-            tracing::warn!(error = %outbox_core::relay::ErrorChain(&e), "watchdog: could not read stuck events and open transactions");
-            return;
-        }
-    };
-    metrics::gauge!(m::STUCK_EVENTS).set(w.stuck_events as f64);
-    if w.stuck_events > 0 {
-        tracing::warn!(
-            stuck_events = w.stuck_events,
-            stuck_after = ?config.stuck_after,
-            "events pending longer than metrics.stuck_after; `outbox status` shows what holds them, `outbox why ID` explains one"
-        );
-    }
-    let (age, pid) = w
-        .oldest_transaction
-        .as_ref()
-        .map_or((0.0, 0.0), |t| (t.xact_age_seconds, f64::from(t.pid)));
-    metrics::gauge!(m::OLDEST_TRANSACTION_AGE_SECONDS).set(age);
-    metrics::gauge!(m::OLDEST_TRANSACTION_PID).set(pid);
-    if let Some(t) = w.oldest_transaction
-        && t.xact_age_seconds > config.stuck_after.as_secs_f64()
-    {
-        tracing::warn!(
-            pid = t.pid,
-            transaction_age_seconds = t.xact_age_seconds,
-            state = t.state.as_deref().unwrap_or("?"),
-            query_start = ?t.query_start,
-            query = t.query.as_deref().unwrap_or(""),
-            "a long transaction holds the xmin horizon (vacuum cannot clean the outbox table); end it with pg_terminate_backend(pid) if it is stuck"
-        );
     }
 }

@@ -1,0 +1,76 @@
+//! The outbox relay as a library: everything `outbox relay` does, for a Rust service that
+//! wants to run the relay inside its own tokio runtime.
+//!
+//! - [`config`]: the `outbox.toml` tree (`[source]`, `[relay]`, `[sink]`, `[metrics]`,
+//!   `[retention]`), unknown keys refused, environment overrides;
+//! - [`registry`]: the one file that names the databases and the brokers;
+//! - [`relay`]: builds the backend's pipelines and the sink, runs the relay with the
+//!   watchdog, the metrics endpoint and the retention schedule, and drains on shutdown.
+//!
+//! ```no_run
+//! use tokio_util::sync::CancellationToken;
+//!
+//! # async fn service() -> Result<(), outbox_runtime::RuntimeError> {
+//! let config = outbox_runtime::Config::from_toml(
+//!     r#"
+//!     [source]
+//!     kind = "postgres"
+//!     url = "postgres://app@127.0.0.1:5432/app"
+//!
+//!     [sink]
+//!     kind = "nats"
+//!     url = "nats://127.0.0.1:4222"
+//!     "#,
+//! )?;
+//! let shutdown = CancellationToken::new(); // cancel it when your service stops
+//! let report = outbox_runtime::run_relay(config, shutdown).await?;
+//! println!("delivered {} events", report.delivered);
+//! # Ok(())
+//! # }
+//! ```
+
+pub mod config;
+pub mod observe;
+pub mod registry;
+pub mod relay;
+pub mod retention;
+
+pub use config::{Config, ConfigError, MetricsConfig, Origin, SinkConfig, SourceConfig};
+pub use outbox_core::RelayReport;
+pub use retention::RetentionConfig;
+pub use tokio_util::sync::CancellationToken;
+
+/// Why the relay could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    /// The configuration is invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The database could not be opened.
+    #[error(transparent)]
+    Open(outbox_core::OpenError),
+    /// The database refused what the relay needs (schema missing, permissions).
+    #[error(transparent)]
+    Source(outbox_core::SourceError),
+    /// The sink is misconfigured.
+    #[error("{0}")]
+    Sink(String),
+    /// The metrics endpoint could not start.
+    #[error("{0}")]
+    Metrics(String),
+    /// A signal handler could not be installed.
+    #[error("{0}")]
+    Signal(String),
+    /// The relay stopped with an error.
+    #[error("relay stopped: {0}")]
+    Relay(String),
+}
+
+/// Runs the relay of `config` until `shutdown` is cancelled, then drains the batch in flight.
+/// See [`relay::run`].
+pub async fn run_relay(
+    config: Config,
+    shutdown: CancellationToken,
+) -> Result<RelayReport, RuntimeError> {
+    relay::run(config, &Origin::Code, shutdown).await
+}

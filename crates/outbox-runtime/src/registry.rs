@@ -1,0 +1,145 @@
+//! The one place that names the databases and the brokers.
+//!
+//! Adding a database is its crate (a [`BackendConfig`] implementation) plus one line in
+//! `backends!` below; adding a sink is its folder in `outbox-sinks` (a [`BuildSink`]
+//! implementation) plus one line in `sinks!`. Nothing else in the runtime or the CLI names a
+//! database or a broker. `docs/architecture.md` walks through both.
+
+use std::sync::Arc;
+
+use figment::Figment;
+use outbox_core::backend::{Backend, BackendConfig, OpenError, OpenOptions};
+use outbox_core::{BuildSink, DynSink, Event, RelayConfig, SinkError};
+use serde::Deserialize;
+
+/// Generates [`SourceConfig`]: the `[source]` section, tagged by `kind`.
+macro_rules! backends {
+    ($( $(#[$attr:meta])* $variant:ident($config:ty) ),+ $(,)?) => {
+        /// `[source]`: the database holding the outbox, chosen by `kind`.
+        #[derive(Debug, Clone, Deserialize)]
+        #[serde(tag = "kind", rename_all = "lowercase")]
+        pub enum SourceConfig {
+            $( $(#[$attr])* $variant($config), )+
+        }
+
+        impl SourceConfig {
+            /// Every `kind` this build knows, in registry order.
+            pub const KINDS: &'static [&'static str] = &[$(<$config as BackendConfig>::KIND),+];
+
+            /// The `kind`.
+            pub fn kind(&self) -> &'static str {
+                match self { $( Self::$variant(_) => <$config as BackendConfig>::KIND, )+ }
+            }
+            /// Checks what serde cannot, against the relay settings.
+            pub fn validate(&self, relay: &RelayConfig) -> Result<(), String> {
+                match self { $( Self::$variant(c) => BackendConfig::validate(c, relay), )+ }
+            }
+            /// The database for messages, secrets redacted.
+            pub fn describe(&self) -> String {
+                match self { $( Self::$variant(c) => BackendConfig::describe(c), )+ }
+            }
+            /// Connects.
+            pub async fn open(&self, options: OpenOptions) -> Result<Arc<dyn Backend>, OpenError> {
+                match self { $( Self::$variant(c) => BackendConfig::open(c, options).await, )+ }
+            }
+            /// The `kind` a `--database-url` without `[source] kind` means, if any.
+            pub fn kind_of_url(url: &str) -> Option<&'static str> {
+                $( if <$config as BackendConfig>::claims_url(url) {
+                    return Some(<$config as BackendConfig>::KIND);
+                } )+
+                None
+            }
+            /// The precise error of a `[source]` section read as `kind`'s own type (serde
+            /// reports errors inside a tagged enum at the section only).
+            pub(crate) fn extract_error(kind: &str, section: &Figment) -> Option<figment::Error> {
+                $( if kind == <$config as BackendConfig>::KIND {
+                    return section.extract::<$config>().err();
+                } )+
+                None
+            }
+        }
+    };
+}
+
+/// Generates [`SinkConfig`]: the `[sink]` section, tagged by `kind`.
+macro_rules! sinks {
+    ($( #[doc = $doc:literal] $(#[cfg($cfg:meta)])? $variant:ident($config:ty) ),+ $(,)?) => {
+        /// `[sink]`: the broker, chosen by `kind`.
+        #[derive(Debug, Clone, Deserialize)]
+        #[serde(tag = "kind", rename_all = "lowercase")]
+        pub enum SinkConfig {
+            $( #[doc = $doc] $(#[cfg($cfg)])? $variant($config), )+
+        }
+
+        impl SinkConfig {
+            /// The `kind`.
+            pub fn kind(&self) -> &'static str {
+                match self { $( $(#[cfg($cfg)])? Self::$variant(_) => <$config as BuildSink>::KIND, )+ }
+            }
+            /// Checks what serde cannot.
+            pub fn validate(&self) -> Result<(), String> {
+                match self { $( $(#[cfg($cfg)])? Self::$variant(c) => BuildSink::validate(c), )+ }
+            }
+            /// Connects to the broker.
+            pub async fn build(&self) -> Result<Box<dyn DynSink>, SinkError> {
+                match self { $( $(#[cfg($cfg)])? Self::$variant(c) => BuildSink::build(c).await, )+ }
+            }
+            /// Where `event` goes, for people.
+            pub fn describe_destination(&self, event: &Event) -> String {
+                match self { $( $(#[cfg($cfg)])? Self::$variant(c) => BuildSink::describe_destination(c, event), )+ }
+            }
+            /// See [`SourceConfig::extract_error`].
+            pub(crate) fn extract_error(kind: &str, section: &Figment) -> Option<figment::Error> {
+                $( $(#[cfg($cfg)])? {
+                    if kind == <$config as BuildSink>::KIND {
+                        return section.extract::<$config>().err();
+                    }
+                } )+
+                None
+            }
+        }
+    };
+}
+
+backends! {
+    /// PostgreSQL: polling (`FOR UPDATE SKIP LOCKED`) or CDC (logical replication).
+    Postgres(outbox_postgres::PostgresConfig),
+    /// SQLite, the embedded default.
+    Sqlite(outbox_sqlite::SqliteConfig),
+}
+
+sinks! {
+    /// NATS JetStream.
+    #[cfg(feature = "nats")]
+    Nats(outbox_sinks::NatsConfig),
+    /// HTTP webhooks.
+    #[cfg(feature = "http")]
+    Http(outbox_sinks::HttpConfig),
+    /// JSON lines on standard output.
+    Stdout(outbox_sinks::StdoutConfig),
+    /// JSON lines appended to a file.
+    File(outbox_sinks::FileConfig),
+    /// Kafka (idempotent producer).
+    #[cfg(feature = "kafka")]
+    Kafka(outbox_sinks::KafkaConfig),
+    /// Redis Streams (`XADD`).
+    #[cfg(feature = "redis")]
+    Redis(outbox_sinks::RedisConfig),
+    /// RabbitMQ (publisher confirms, mandatory routing).
+    #[cfg(feature = "rabbitmq")]
+    Rabbitmq(outbox_sinks::RabbitMqConfig),
+}
+
+impl Default for SourceConfig {
+    /// The embedded default: SQLite `outbox.db`.
+    fn default() -> Self {
+        Self::Sqlite(outbox_sqlite::SqliteConfig::default())
+    }
+}
+
+impl Default for SinkConfig {
+    /// The embedded default: JSON lines on stdout.
+    fn default() -> Self {
+        Self::Stdout(outbox_sinks::StdoutConfig::default())
+    }
+}

@@ -1,0 +1,162 @@
+//! Running the relay: build the backend's pipelines and the sink from config, serve metrics,
+//! run the retention schedule and the watchdog beside the relay, and drain on shutdown.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use outbox_core::backend::{Backend, OpenOptions, Pipelines};
+use outbox_core::relay::ErrorChain;
+use outbox_core::{DynSink, Relay, RelayReport, SinkErrorKind};
+use tokio_util::sync::CancellationToken;
+
+use crate::RuntimeError;
+use crate::config::{Config, Origin, SinkConfig};
+use crate::observe::{self, Readiness};
+
+/// Builds the sink from config, waiting out an unreachable broker (with backoff) until
+/// `shutdown` (then `Ok(None)`); a configuration mistake fails at once.
+pub async fn build_sink(
+    config: &SinkConfig,
+    shutdown: &CancellationToken,
+) -> Result<Option<Box<dyn DynSink>>, RuntimeError> {
+    let mut pause = Duration::from_millis(200);
+    loop {
+        match config.build().await {
+            Ok(sink) => return Ok(Some(sink)),
+            Err(e) if e.kind() == SinkErrorKind::Unavailable => {
+                tracing::warn!(sink = config.kind(), error = %e.report(), retry_in = ?pause, "broker unreachable; retrying");
+                tokio::select! {
+                    () = tokio::time::sleep(pause) => {}
+                    () = shutdown.cancelled() => return Ok(None),
+                }
+                pause = (pause * 2).min(Duration::from_secs(10));
+            }
+            Err(e) => {
+                return Err(RuntimeError::Sink(format!(
+                    "sink `{}`: {}",
+                    config.kind(),
+                    e.report()
+                )));
+            }
+        }
+    }
+}
+
+/// A token cancelled on the first SIGTERM or SIGINT; a second signal exits the process at
+/// once. Call it before anything else, so a signal during start-up still drains.
+pub fn cancel_on_signal() -> Result<CancellationToken, RuntimeError> {
+    use tokio::signal::unix::{SignalKind, signal};
+    // Registered here, synchronously, before anything else runs: a signal that arrives while
+    // the relay is still starting must reach this handler, not the default "terminate".
+    let mut term = signal(SignalKind::terminate())
+        .map_err(|e| RuntimeError::Signal(format!("installing the SIGTERM handler: {e}")))?;
+    let mut int = signal(SignalKind::interrupt())
+        .map_err(|e| RuntimeError::Signal(format!("installing the SIGINT handler: {e}")))?;
+    let token = CancellationToken::new();
+    let cancel = token.clone();
+    tokio::spawn(async move {
+        let mut first = true;
+        loop {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+            if first {
+                // Cancel before logging: nothing may stand between a signal and the drain.
+                cancel.cancel();
+                tracing::info!(
+                    "shutdown requested: finishing the batch in flight (signal again to exit at once)"
+                );
+                first = false;
+            } else {
+                tracing::warn!(
+                    "second signal: exiting without draining (unsettled events will be published again)"
+                );
+                std::process::exit(130);
+            }
+        }
+    });
+    Ok(token)
+}
+
+/// Runs the relay described by `config` until `shutdown` is cancelled, then finishes the
+/// batch in flight and returns what it did.
+///
+/// Everything the `outbox relay` command does: the metrics endpoint (`[metrics] listen`),
+/// the retention schedule, the watchdog and the broker healthcheck run beside the relay.
+pub async fn run(
+    config: Config,
+    origin: &Origin,
+    shutdown: CancellationToken,
+) -> Result<RelayReport, RuntimeError> {
+    let readiness = Arc::new(Readiness::default());
+    if let Some(listen) = config.metrics.listen {
+        observe::serve(listen, readiness.clone(), shutdown.clone()).await?;
+    }
+    let workers = config.relay.workers.get();
+    let connections = u32::try_from(workers).unwrap_or(u32::MAX).saturating_add(2);
+    let backend = config
+        .source
+        .open(OpenOptions { connections })
+        .await
+        .map_err(RuntimeError::Open)?;
+    if matches!(origin, Origin::Defaults) {
+        eprintln!(
+            "outbox: no config file; using the embedded default: {} -> {}",
+            config.source.describe(),
+            config.sink.kind()
+        );
+    }
+    tracing::info!(config = %origin, source = backend.kind(), database = %backend.database(), table = %backend.table(), sink = config.sink.kind(), ordering = ?config.relay.ordering, workers, "starting relay");
+    let pipelines = backend
+        .start_relay(&config.relay)
+        .await
+        .map_err(RuntimeError::Source)?;
+    crate::retention::spawn(&config.retention, backend.clone(), shutdown.clone());
+    drive(config, backend, pipelines, readiness, shutdown).await
+}
+
+/// Runs the relay over `pipelines` with the watchdog beside it.
+async fn drive(
+    config: Config,
+    _backend: Arc<dyn Backend>,
+    pipelines: Pipelines,
+    readiness: Arc<Readiness>,
+    shutdown: CancellationToken,
+) -> Result<RelayReport, RuntimeError> {
+    let Pipelines {
+        sources,
+        inspector,
+        watchdog,
+        closed,
+    } = pipelines;
+    let Some(sink) = build_sink(&config.sink, &shutdown).await? else {
+        tracing::info!("stopped before the broker became reachable");
+        return Ok(RelayReport::default());
+    };
+    let sink = Arc::new(sink);
+    let watcher = tokio::spawn(observe::watch(
+        inspector,
+        watchdog,
+        sink.clone(),
+        config.metrics.clone(),
+        readiness,
+        shutdown.clone(),
+    ));
+    let relay = Relay::new(config.relay.clone(), sink);
+    let result = relay.run(sources, shutdown.clone()).await;
+    shutdown.cancel();
+    let _ = watcher.await;
+    if let Some(closed) = closed {
+        // E.g. the final standby status update, so a slot does not replay the last batch.
+        let _ = tokio::time::timeout(Duration::from_secs(5), closed).await;
+    }
+    let report = result.map_err(|e| RuntimeError::Relay(ErrorChain(&e).to_string()))?;
+    tracing::info!(
+        delivered = report.delivered,
+        retried = report.retried,
+        dead_lettered = report.dead_lettered,
+        "relay stopped after draining"
+    );
+    Ok(report)
+}

@@ -1,0 +1,416 @@
+//! SQLite behind the core's backend seam: [`SqliteConfig`] opens a [`SqliteBackend`], which
+//! builds the relay's single pipeline (one writer, a lease) and answers the operator commands.
+//! Replay is not offered: `outbox replay` says so and how to do it by hand.
+
+use std::ops::ControlFlow;
+use std::sync::Arc;
+use std::time::Duration;
+
+use outbox_core::admin::{
+    DeadLetter, DeliveryModel, DoctorCheck, DoctorThresholds, EventStory, Explanation,
+    RetentionPreview, RetentionReport, RetentionSettings, RetrySelection, StatusReport,
+    StoredEventDetail, Verdict,
+};
+use outbox_core::backend::{
+    Backend, BackendConfig, BoxedSource, DeadLetterStore, Explain, OpenError, OpenOptions,
+    Pipelines, Producer, Retention, RetentionProgress,
+};
+use outbox_core::sink::BoxFuture;
+use outbox_core::source::Inspect;
+use outbox_core::{NewEvent, RelayConfig, SourceError, SourceErrorKind, Unsupported};
+use sqlx::SqlitePool;
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+use crate::config::SqliteConfig;
+use crate::dead::SqliteDeadLetters;
+use crate::inspect::SqliteInspector;
+use crate::migrate::{SCHEMA_VERSION, migrate, schema_version};
+use crate::poll::SqlitePollSource;
+use crate::producer::SqliteOutbox;
+use crate::retention::{SqliteRetention, SqliteRetentionError};
+
+impl BackendConfig for SqliteConfig {
+    const KIND: &'static str = "sqlite";
+
+    fn claims_url(url: &str) -> bool {
+        url.starts_with("sqlite:") || url.ends_with(".db")
+    }
+
+    fn validate(&self, _relay: &RelayConfig) -> Result<(), String> {
+        SqliteConfig::validate(self)
+    }
+
+    fn describe(&self) -> String {
+        format!("SQLite `{}`", self.path.display())
+    }
+
+    fn open(&self, _options: OpenOptions) -> BoxFuture<'_, Result<Arc<dyn Backend>, OpenError>> {
+        Box::pin(async move {
+            let pool = crate::connect(self).await.map_err(|e| {
+                OpenError::new(
+                    format!("cannot open SQLite database `{}`", self.path.display()),
+                    "check source.path and the directory's permissions",
+                    e,
+                )
+            })?;
+            Ok(Arc::new(SqliteBackend::new(pool, self.clone())) as Arc<dyn Backend>)
+        })
+    }
+}
+
+/// An opened SQLite outbox.
+#[derive(Debug)]
+pub struct SqliteBackend {
+    pool: SqlitePool,
+    config: SqliteConfig,
+    dead: SqliteDeadLetters,
+    inspector: SqliteInspector,
+    retention: SqliteRetention,
+    producer: SqliteProducer,
+}
+
+impl SqliteBackend {
+    /// The backend over `pool` (see [`crate::connect`]).
+    pub fn new(pool: SqlitePool, config: SqliteConfig) -> Self {
+        Self {
+            dead: SqliteDeadLetters::new(pool.clone(), &config.table),
+            inspector: SqliteInspector::new(pool.clone(), &config),
+            retention: SqliteRetention::new(pool.clone(), &config.table),
+            producer: SqliteProducer {
+                pool: pool.clone(),
+                outbox: SqliteOutbox::new(config.table.clone()),
+            },
+            pool,
+            config,
+        }
+    }
+
+    async fn install(&self) -> Result<(), SourceError> {
+        migrate(&self.pool, &self.config.table)
+            .await
+            .map_err(|e| {
+                SourceError::fatal(format!(
+                    "preparing the outbox in `{}`: {}",
+                    self.config.path.display(),
+                    outbox_core::relay::ErrorChain(&e)
+                ))
+            })
+            .map(drop)
+    }
+
+    async fn story(&self, id: Uuid, now: OffsetDateTime) -> Result<Explanation, SourceError> {
+        let Some(event) = self.dead.show(id, now).await? else {
+            return Ok(Explanation::NotFound {
+                message: format!(
+                    "no event with id {id} in outbox table {} of `{}`",
+                    self.config.table,
+                    self.config.path.display()
+                ),
+                notes: Vec::new(),
+            });
+        };
+        // One relay per file and no row locks: nothing else can hold an event back but an
+        // earlier dead or retrying one.
+        let verdict = match (event.state.as_str(), event.backoff_until) {
+            ("delivered", _) => Verdict::Delivered,
+            ("dead", _) => Verdict::Dead,
+            (_, Some(until)) => Verdict::Backoff { until },
+            _ => match self.dead.blocker(&event, now).await? {
+                Some(blocker) => Verdict::BlockedByEarlier { blocker },
+                None => Verdict::Ready { ahead: 0 },
+            },
+        };
+        Ok(Explanation::Found(Box::new(EventStory {
+            event,
+            verdict,
+            model: DeliveryModel::Lease,
+        })))
+    }
+
+    async fn checks(&self, thresholds: DoctorThresholds) -> Vec<DoctorCheck> {
+        let table = &self.config.table;
+        let mut out = Vec::new();
+        match schema_version(&self.pool, table).await {
+            Ok(Some(v)) if v >= SCHEMA_VERSION => {
+                out.push(DoctorCheck::ok("schema", format!("version {v}")));
+            }
+            Ok(found) => {
+                out.push(DoctorCheck::red(
+                    "schema",
+                    format!(
+                        "outbox table {table} has schema version {}, this build expects {SCHEMA_VERSION}",
+                        found.map_or("none".to_owned(), |v| v.to_string()),
+                    ),
+                    "run `outbox migrate` (the relay also migrates SQLite when it starts)",
+                ));
+                return out;
+            }
+            Err(e) => {
+                out.push(DoctorCheck::red(
+                    "schema",
+                    format!("cannot read the schema version: {e}"),
+                    "check that source.path is an outbox database",
+                ));
+                return out;
+            }
+        }
+        match self.inspector.backlog().await {
+            Ok(b) => {
+                let stuck = thresholds.stuck_after.as_secs_f64();
+                out.push(if b.oldest_pending_age_seconds > stuck {
+                    DoctorCheck::red(
+                        "oldest_pending",
+                        format!(
+                            "the oldest ready event has waited {:.0}s (metrics.stuck_after = {stuck:.0}s; {} pending)",
+                            b.oldest_pending_age_seconds, b.pending
+                        ),
+                        "is `outbox relay` running on this file? `outbox status` shows the relay lease",
+                    )
+                } else {
+                    DoctorCheck::ok(
+                        "oldest_pending",
+                        format!("{:.1}s ({} pending)", b.oldest_pending_age_seconds, b.pending),
+                    )
+                });
+                out.push(if b.dead > 0 {
+                    DoctorCheck::warn(
+                        "dead_letters",
+                        format!("{} dead-lettered event(s)", b.dead),
+                        "`outbox dead list` shows why; `outbox dead retry` puts them back in line",
+                    )
+                } else {
+                    DoctorCheck::ok("dead_letters", "none")
+                });
+            }
+            Err(e) => out.push(DoctorCheck::red(
+                "oldest_pending",
+                format!(
+                    "cannot read the backlog: {}",
+                    outbox_core::relay::ErrorChain(&e)
+                ),
+                "run `outbox migrate`",
+            )),
+        }
+        out
+    }
+}
+
+impl Backend for SqliteBackend {
+    fn kind(&self) -> &'static str {
+        SqliteConfig::KIND
+    }
+    fn database(&self) -> String {
+        self.config.path.display().to_string()
+    }
+    fn table(&self) -> String {
+        format!("{} in `{}`", self.config.table, self.config.path.display())
+    }
+    fn single_pipeline(&self) -> bool {
+        true
+    }
+    fn migrate(&self) -> BoxFuture<'_, Result<Vec<String>, SourceError>> {
+        Box::pin(async move {
+            self.install().await?;
+            Ok(vec![format!(
+                "outbox table {} in `{}` is up to date",
+                self.config.table,
+                self.config.path.display()
+            )])
+        })
+    }
+    fn start_relay<'a>(
+        &'a self,
+        relay: &'a RelayConfig,
+    ) -> BoxFuture<'a, Result<Pipelines, SourceError>> {
+        Box::pin(async move {
+            // Embedded: the relay installs its own schema.
+            self.install().await?;
+            // SQLite has one writer: one pipeline, guarded by a lease against a second relay.
+            let source = SqlitePollSource::new(
+                self.pool.clone(),
+                &self.config,
+                relay.ordering,
+                relay.dead_letter,
+            );
+            Ok(Pipelines {
+                sources: vec![BoxedSource::new(source)],
+                inspector: Arc::new(self.inspector.clone()),
+                watchdog: None,
+                closed: None,
+            })
+        })
+    }
+    fn pending(&self) -> BoxFuture<'_, Result<Option<u64>, SourceError>> {
+        Box::pin(async move { Ok(Some(self.inspector.backlog().await?.pending)) })
+    }
+    fn status(
+        &self,
+        now: OffsetDateTime,
+        _stuck_after: Duration,
+    ) -> BoxFuture<'_, Result<StatusReport, SourceError>> {
+        Box::pin(async move {
+            let backlog = self.inspector.backlog_at(now).await?;
+            let mut status =
+                StatusReport::new(self.database(), self.config.table.to_string(), backlog);
+            status.sections.insert(
+                "producer_lock_waits".into(),
+                serde_json::Value::Array(Vec::new()),
+            );
+            if let Some(lease) = self.inspector.relay_lease().await? {
+                status.head_lines.push(format!(
+                    "relay lease        held by {} until {}",
+                    lease.holder,
+                    outbox_core::admin::when(lease.expires_at)
+                ));
+                status.sections.insert(
+                    "relay_lease".into(),
+                    serde_json::to_value(&lease).unwrap_or_default(),
+                );
+            }
+            Ok(status)
+        })
+    }
+    fn doctor(&self, thresholds: DoctorThresholds) -> BoxFuture<'_, Vec<DoctorCheck>> {
+        Box::pin(self.checks(thresholds))
+    }
+    fn dead_letters(&self) -> Result<&dyn DeadLetterStore, Unsupported> {
+        Ok(&self.dead)
+    }
+    fn explain(&self) -> Result<&dyn Explain, Unsupported> {
+        Ok(self)
+    }
+    fn replay(&self) -> Result<&dyn outbox_core::backend::Replay, Unsupported> {
+        Err(Unsupported::new(self.kind(), "replay").with_hint(
+            "set `state = 'pending', attempts = 0, next_attempt_at = 0` on the rows to publish again",
+        ))
+    }
+    fn retention(&self) -> Result<&dyn Retention, Unsupported> {
+        Ok(&self.retention)
+    }
+    fn producer(&self) -> Result<&dyn Producer, Unsupported> {
+        Ok(&self.producer)
+    }
+}
+
+impl Explain for SqliteBackend {
+    fn explain(
+        &self,
+        id: Uuid,
+        now: OffsetDateTime,
+    ) -> BoxFuture<'_, Result<Explanation, SourceError>> {
+        Box::pin(self.story(id, now))
+    }
+}
+
+impl DeadLetterStore for SqliteDeadLetters {
+    fn list<'a>(
+        &'a self,
+        event_type: Option<&'a str>,
+        aggregate_id: Option<&'a str>,
+        limit: i64,
+    ) -> BoxFuture<'a, Result<Vec<DeadLetter>, SourceError>> {
+        Box::pin(SqliteDeadLetters::list(
+            self,
+            event_type,
+            aggregate_id,
+            limit,
+        ))
+    }
+    fn show(&self, id: Uuid) -> BoxFuture<'_, Result<Option<StoredEventDetail>, SourceError>> {
+        Box::pin(SqliteDeadLetters::show(self, id, OffsetDateTime::now_utc()))
+    }
+    fn retry<'a>(
+        &'a self,
+        selection: &'a RetrySelection,
+    ) -> BoxFuture<'a, Result<Vec<Uuid>, SourceError>> {
+        Box::pin(SqliteDeadLetters::retry(self, selection))
+    }
+    fn purge<'a>(
+        &'a self,
+        before: OffsetDateTime,
+        event_type: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Vec<Uuid>, SourceError>> {
+        Box::pin(SqliteDeadLetters::purge(self, before, event_type))
+    }
+}
+
+fn retention_error(e: SqliteRetentionError) -> SourceError {
+    SourceError::new(
+        SourceErrorKind::Unavailable,
+        outbox_core::relay::ErrorChain(&e).to_string(),
+    )
+}
+
+impl Retention for SqliteRetention {
+    fn preview(
+        &self,
+        now: OffsetDateTime,
+        keep: Duration,
+    ) -> BoxFuture<'_, Result<RetentionPreview, SourceError>> {
+        Box::pin(async move {
+            let (rows, oldest) = SqliteRetention::preview(self, now, keep)
+                .await
+                .map_err(retention_error)?;
+            Ok(RetentionPreview {
+                rows,
+                oldest,
+                ..RetentionPreview::default()
+            })
+        })
+    }
+    fn run<'a>(
+        &'a self,
+        now: OffsetDateTime,
+        settings: &'a RetentionSettings,
+        progress: &'a mut RetentionProgress<'_>,
+    ) -> BoxFuture<'a, Result<RetentionReport, SourceError>> {
+        Box::pin(async move {
+            let mut step = |n: u64| -> ControlFlow<()> { progress(n) };
+            SqliteRetention::run(
+                self,
+                now,
+                settings.keep,
+                settings.batch,
+                settings.pause,
+                &mut step,
+            )
+            .await
+            .map_err(retention_error)
+        })
+    }
+}
+
+/// The producer library on the backend's own pool (`outbox bench`).
+#[derive(Debug)]
+struct SqliteProducer {
+    pool: SqlitePool,
+    outbox: SqliteOutbox,
+}
+
+impl Producer for SqliteProducer {
+    fn fill<'a>(&'a self, events: &'a [NewEvent]) -> BoxFuture<'a, Result<(), SourceError>> {
+        Box::pin(async move {
+            self.outbox
+                .enqueue_batch(&self.pool, events)
+                .await
+                .map(drop)
+                .map_err(|e| unavailable(&e))
+        })
+    }
+    fn commit<'a>(&'a self, events: &'a [NewEvent]) -> BoxFuture<'a, Result<(), SourceError>> {
+        Box::pin(async move {
+            let mut tx = self.pool.begin().await.map_err(|e| unavailable(&e))?;
+            self.outbox
+                .enqueue_batch(&mut *tx, events)
+                .await
+                .map_err(|e| unavailable(&e))?;
+            tx.commit().await.map_err(|e| unavailable(&e))
+        })
+    }
+}
+
+/// A producer error as a retryable source error with its causes.
+fn unavailable(e: &(dyn std::error::Error + 'static)) -> SourceError {
+    SourceError::unavailable(outbox_core::relay::ErrorChain(e).to_string())
+}
