@@ -40,6 +40,14 @@ pub use outbox_core::RelayReport;
 pub use retention::RetentionConfig;
 pub use tokio_util::sync::CancellationToken;
 
+#[doc(hidden)]
+/// What the registry macros expand to; not an API.
+pub mod __private {
+    pub use figment::{Error as FigmentError, Figment};
+    pub use outbox_core::RelayConfig;
+    pub use outbox_core::backend::{Backend, BackendConfig, OpenError, OpenOptions};
+}
+
 /// Why the relay could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {

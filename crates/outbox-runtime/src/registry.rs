@@ -1,58 +1,78 @@
 //! The one place that names the databases and the brokers.
 //!
-//! Adding a database is its crate (a [`BackendConfig`] implementation) plus one line in
-//! `backends!` below; adding a sink is its folder in `outbox-sinks` (a [`BuildSink`]
+//! Adding a database is its crate (a [`outbox_core::BackendConfig`] implementation) plus one line in
+//! `source_registry!` below; adding a sink is its folder in `outbox-sinks` (a [`BuildSink`]
 //! implementation) plus one line in `sinks!`. Nothing else in the runtime or the CLI names a
 //! database or a broker. `docs/architecture.md` walks through both.
 
-use std::sync::Arc;
-
 use figment::Figment;
-use outbox_core::backend::{Backend, BackendConfig, OpenError, OpenOptions};
-use outbox_core::{BuildSink, DynSink, Event, RelayConfig, SinkError};
-use serde::Deserialize;
+use outbox_core::{BuildSink, DynSink, Event, SinkError};
 
-/// Generates [`SourceConfig`]: the `[source]` section, tagged by `kind`.
-macro_rules! backends {
-    ($( $(#[$attr:meta])* $variant:ident($config:ty) ),+ $(,)?) => {
-        /// `[source]`: the database holding the outbox, chosen by `kind`.
-        #[derive(Debug, Clone, Deserialize)]
+/// Generates a `[source]` registry: an enum tagged by `kind` with one variant per
+/// [`BackendConfig`], and the methods the runtime calls on it (`kind`, `validate`,
+/// `describe`, `open`, `kind_of_url`). The runtime's own registry is [`SourceConfig`] below;
+/// a test or an application with a database of its own can build another one (the caller
+/// depends on `serde`):
+///
+/// ```ignore
+/// outbox_runtime::source_registry! {
+///     /// My sources.
+///     pub enum MySources {
+///         /// An in-house store.
+///         Mine(my_store::MyConfig),
+///         /// SQLite.
+///         Sqlite(outbox_sqlite::SqliteConfig),
+///     }
+/// }
+/// ```
+#[macro_export]
+macro_rules! source_registry {
+    ($(#[$meta:meta])* $vis:vis enum $name:ident { $( #[doc = $doc:literal] $variant:ident($config:ty) ),+ $(,)? }) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, ::serde::Deserialize)]
         #[serde(tag = "kind", rename_all = "lowercase")]
-        pub enum SourceConfig {
-            $( $(#[$attr])* $variant($config), )+
+        $vis enum $name {
+            $( #[doc = $doc] $variant($config), )+
         }
 
-        impl SourceConfig {
-            /// Every `kind` this build knows, in registry order.
-            pub const KINDS: &'static [&'static str] = &[$(<$config as BackendConfig>::KIND),+];
+        impl $name {
+            /// Every `kind` this registry knows, in registry order.
+            pub const KINDS: &'static [&'static str] =
+                &[$(<$config as $crate::__private::BackendConfig>::KIND),+];
 
             /// The `kind`.
             pub fn kind(&self) -> &'static str {
-                match self { $( Self::$variant(_) => <$config as BackendConfig>::KIND, )+ }
+                match self { $( Self::$variant(_) => <$config as $crate::__private::BackendConfig>::KIND, )+ }
             }
             /// Checks what serde cannot, against the relay settings.
-            pub fn validate(&self, relay: &RelayConfig) -> Result<(), String> {
-                match self { $( Self::$variant(c) => BackendConfig::validate(c, relay), )+ }
+            pub fn validate(&self, relay: &$crate::__private::RelayConfig) -> Result<(), String> {
+                match self { $( Self::$variant(c) => $crate::__private::BackendConfig::validate(c, relay), )+ }
             }
             /// The database for messages, secrets redacted.
             pub fn describe(&self) -> String {
-                match self { $( Self::$variant(c) => BackendConfig::describe(c), )+ }
+                match self { $( Self::$variant(c) => $crate::__private::BackendConfig::describe(c), )+ }
             }
             /// Connects.
-            pub async fn open(&self, options: OpenOptions) -> Result<Arc<dyn Backend>, OpenError> {
-                match self { $( Self::$variant(c) => BackendConfig::open(c, options).await, )+ }
+            pub async fn open(
+                &self,
+                options: $crate::__private::OpenOptions,
+            ) -> Result<::std::sync::Arc<dyn $crate::__private::Backend>, $crate::__private::OpenError> {
+                match self { $( Self::$variant(c) => $crate::__private::BackendConfig::open(c, options).await, )+ }
             }
             /// The `kind` a `--database-url` without `[source] kind` means, if any.
             pub fn kind_of_url(url: &str) -> Option<&'static str> {
-                $( if <$config as BackendConfig>::claims_url(url) {
-                    return Some(<$config as BackendConfig>::KIND);
+                $( if <$config as $crate::__private::BackendConfig>::claims_url(url) {
+                    return Some(<$config as $crate::__private::BackendConfig>::KIND);
                 } )+
                 None
             }
             /// The precise error of a `[source]` section read as `kind`'s own type (serde
             /// reports errors inside a tagged enum at the section only).
-            pub(crate) fn extract_error(kind: &str, section: &Figment) -> Option<figment::Error> {
-                $( if kind == <$config as BackendConfig>::KIND {
+            pub fn extract_error(
+                kind: &str,
+                section: &$crate::__private::Figment,
+            ) -> Option<$crate::__private::FigmentError> {
+                $( if kind == <$config as $crate::__private::BackendConfig>::KIND {
                     return section.extract::<$config>().err();
                 } )+
                 None
@@ -65,7 +85,7 @@ macro_rules! backends {
 macro_rules! sinks {
     ($( #[doc = $doc:literal] $(#[cfg($cfg:meta)])? $variant:ident($config:ty) ),+ $(,)?) => {
         /// `[sink]`: the broker, chosen by `kind`.
-        #[derive(Debug, Clone, Deserialize)]
+        #[derive(Debug, Clone, serde::Deserialize)]
         #[serde(tag = "kind", rename_all = "lowercase")]
         pub enum SinkConfig {
             $( #[doc = $doc] $(#[cfg($cfg)])? $variant($config), )+
@@ -89,7 +109,7 @@ macro_rules! sinks {
                 match self { $( $(#[cfg($cfg)])? Self::$variant(c) => BuildSink::describe_destination(c, event), )+ }
             }
             /// See [`SourceConfig::extract_error`].
-            pub(crate) fn extract_error(kind: &str, section: &Figment) -> Option<figment::Error> {
+            pub fn extract_error(kind: &str, section: &Figment) -> Option<figment::Error> {
                 $( $(#[cfg($cfg)])? {
                     if kind == <$config as BuildSink>::KIND {
                         return section.extract::<$config>().err();
@@ -101,11 +121,14 @@ macro_rules! sinks {
     };
 }
 
-backends! {
-    /// PostgreSQL: polling (`FOR UPDATE SKIP LOCKED`) or CDC (logical replication).
-    Postgres(outbox_postgres::PostgresConfig),
-    /// SQLite, the embedded default.
-    Sqlite(outbox_sqlite::SqliteConfig),
+source_registry! {
+    /// `[source]`: the database holding the outbox, chosen by `kind`.
+    pub enum SourceConfig {
+        /// PostgreSQL: polling (`FOR UPDATE SKIP LOCKED`) or CDC (logical replication).
+        Postgres(outbox_postgres::PostgresConfig),
+        /// SQLite, the embedded default.
+        Sqlite(outbox_sqlite::SqliteConfig),
+    }
 }
 
 sinks! {
