@@ -25,6 +25,37 @@
 //! | `rabbitmq` | [`rabbitmq`] | RabbitMQ (AMQP 0-9-1) with publisher confirms and mandatory routing |
 //! | `kafka` | [`kafka`] | Kafka, idempotent producer with `acks=all` (librdkafka, bundled) |
 
+/// Implements [`outbox_core::BuildSink`] for a sink's config type: its `kind`, and how to
+/// describe where an event goes (`|config, event| ...`). `validate` and `build` are the
+/// config's own inherent methods.
+macro_rules! build_sink {
+    ($config:ty, $kind:literal, |$c:ident, $event:ident| $describe:expr) => {
+        impl outbox_core::BuildSink for $config {
+            const KIND: &'static str = $kind;
+            fn validate(&self) -> Result<(), String> {
+                <$config>::validate(self).map_err(|e| e.to_string())
+            }
+            fn build(
+                &self,
+            ) -> outbox_core::sink::BoxFuture<
+                '_,
+                Result<Box<dyn outbox_core::DynSink>, outbox_core::SinkError>,
+            > {
+                Box::pin(async move {
+                    <$config>::build(self.clone())
+                        .await
+                        .map(|s| Box::new(s) as Box<dyn outbox_core::DynSink>)
+                })
+            }
+            fn describe_destination(&self, $event: &outbox_core::Event) -> String {
+                let $c = self;
+                $describe
+            }
+        }
+    };
+}
+pub(crate) use build_sink;
+
 mod error;
 mod secret;
 

@@ -305,32 +305,12 @@ impl Sink for HttpSink {
     }
 }
 
-impl outbox_core::BuildSink for HttpConfig {
-    const KIND: &'static str = "http";
-    fn validate(&self) -> Result<(), String> {
-        HttpConfig::validate(self).map_err(|e| e.to_string())
-    }
-    fn build(
-        &self,
-    ) -> outbox_core::sink::BoxFuture<
-        '_,
-        Result<Box<dyn outbox_core::DynSink>, outbox_core::SinkError>,
-    > {
-        Box::pin(async move {
-            HttpConfig::build(self.clone())
-                .await
-                .map(|s| Box::new(s) as Box<dyn outbox_core::DynSink>)
-        })
-    }
-    fn describe_destination(&self, event: &outbox_core::Event) -> String {
-        format!(
-            "HTTP POST {}",
-            outbox_core::Destination::parse(&self.url)
-                .map(|d| d.render(event))
-                .unwrap_or_else(|_| self.url.clone())
-        )
-    }
-}
+crate::build_sink!(HttpConfig, "http", |config, event| format!(
+    "HTTP POST {}",
+    outbox_core::Destination::parse(&config.url)
+        .map(|d| d.render(event))
+        .unwrap_or_else(|_| config.url.clone())
+));
 
 #[cfg(test)]
 mod tests {

@@ -527,27 +527,10 @@ impl Sink for KafkaSink {
     }
 }
 
-impl outbox_core::BuildSink for KafkaConfig {
-    const KIND: &'static str = "kafka";
-    fn validate(&self) -> Result<(), String> {
-        KafkaConfig::validate(self).map_err(|e| e.to_string())
-    }
-    fn build(
-        &self,
-    ) -> outbox_core::sink::BoxFuture<
-        '_,
-        Result<Box<dyn outbox_core::DynSink>, outbox_core::SinkError>,
-    > {
-        Box::pin(async move {
-            KafkaConfig::build(self.clone())
-                .await
-                .map(|s| Box::new(s) as Box<dyn outbox_core::DynSink>)
-        })
-    }
-    fn describe_destination(&self, event: &outbox_core::Event) -> String {
-        format!("Kafka topic {}", self.destination.render(event))
-    }
-}
+crate::build_sink!(KafkaConfig, "kafka", |config, event| format!(
+    "Kafka topic {}",
+    config.destination.render(event)
+));
 
 #[cfg(test)]
 mod tests {

@@ -387,24 +387,7 @@ impl Sink for NatsSink {
     }
 }
 
-impl outbox_core::BuildSink for NatsConfig {
-    const KIND: &'static str = "nats";
-    fn validate(&self) -> Result<(), String> {
-        NatsConfig::validate(self).map_err(|e| e.to_string())
-    }
-    fn build(
-        &self,
-    ) -> outbox_core::sink::BoxFuture<
-        '_,
-        Result<Box<dyn outbox_core::DynSink>, outbox_core::SinkError>,
-    > {
-        Box::pin(async move {
-            NatsConfig::build(self.clone())
-                .await
-                .map(|s| Box::new(s) as Box<dyn outbox_core::DynSink>)
-        })
-    }
-    fn describe_destination(&self, event: &outbox_core::Event) -> String {
-        format!("NATS subject {}", self.destination.render(event))
-    }
-}
+crate::build_sink!(NatsConfig, "nats", |config, event| format!(
+    "NATS subject {}",
+    config.destination.render(event)
+));

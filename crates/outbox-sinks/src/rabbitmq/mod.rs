@@ -348,27 +348,10 @@ impl Sink for RabbitMqSink {
     }
 }
 
-impl outbox_core::BuildSink for RabbitMqConfig {
-    const KIND: &'static str = "rabbitmq";
-    fn validate(&self) -> Result<(), String> {
-        RabbitMqConfig::validate(self).map_err(|e| e.to_string())
-    }
-    fn build(
-        &self,
-    ) -> outbox_core::sink::BoxFuture<
-        '_,
-        Result<Box<dyn outbox_core::DynSink>, outbox_core::SinkError>,
-    > {
-        Box::pin(async move {
-            RabbitMqConfig::build(self.clone())
-                .await
-                .map(|s| Box::new(s) as Box<dyn outbox_core::DynSink>)
-        })
-    }
-    fn describe_destination(&self, event: &outbox_core::Event) -> String {
-        format!("RabbitMQ routing key {}", self.destination.render(event))
-    }
-}
+crate::build_sink!(RabbitMqConfig, "rabbitmq", |config, event| format!(
+    "RabbitMQ routing key {}",
+    config.destination.render(event)
+));
 
 #[cfg(test)]
 mod tests {

@@ -320,27 +320,10 @@ impl Sink for RedisSink {
     }
 }
 
-impl outbox_core::BuildSink for RedisConfig {
-    const KIND: &'static str = "redis";
-    fn validate(&self) -> Result<(), String> {
-        RedisConfig::validate(self).map_err(|e| e.to_string())
-    }
-    fn build(
-        &self,
-    ) -> outbox_core::sink::BoxFuture<
-        '_,
-        Result<Box<dyn outbox_core::DynSink>, outbox_core::SinkError>,
-    > {
-        Box::pin(async move {
-            RedisConfig::build(self.clone())
-                .await
-                .map(|s| Box::new(s) as Box<dyn outbox_core::DynSink>)
-        })
-    }
-    fn describe_destination(&self, event: &outbox_core::Event) -> String {
-        format!("Redis stream {}", self.destination.render(event))
-    }
-}
+crate::build_sink!(RedisConfig, "redis", |config, event| format!(
+    "Redis stream {}",
+    config.destination.render(event)
+));
 
 #[cfg(test)]
 mod tests {

@@ -345,49 +345,15 @@ impl Sink for FileSink {
     }
 }
 
-impl outbox_core::BuildSink for StdoutConfig {
-    const KIND: &'static str = "stdout";
-    fn validate(&self) -> Result<(), String> {
-        StdoutConfig::validate(self).map_err(|e| e.to_string())
-    }
-    fn build(
-        &self,
-    ) -> outbox_core::sink::BoxFuture<
-        '_,
-        Result<Box<dyn outbox_core::DynSink>, outbox_core::SinkError>,
-    > {
-        Box::pin(async move {
-            StdoutConfig::build(self.clone())
-                .await
-                .map(|s| Box::new(s) as Box<dyn outbox_core::DynSink>)
-        })
-    }
-    fn describe_destination(&self, event: &outbox_core::Event) -> String {
-        format!("stdout ({})", self.destination.render(event))
-    }
-}
+crate::build_sink!(StdoutConfig, "stdout", |config, event| format!(
+    "stdout ({})",
+    config.destination.render(event)
+));
 
-impl outbox_core::BuildSink for FileConfig {
-    const KIND: &'static str = "file";
-    fn validate(&self) -> Result<(), String> {
-        FileConfig::validate(self).map_err(|e| e.to_string())
-    }
-    fn build(
-        &self,
-    ) -> outbox_core::sink::BoxFuture<
-        '_,
-        Result<Box<dyn outbox_core::DynSink>, outbox_core::SinkError>,
-    > {
-        Box::pin(async move {
-            FileConfig::build(self.clone())
-                .await
-                .map(|s| Box::new(s) as Box<dyn outbox_core::DynSink>)
-        })
-    }
-    fn describe_destination(&self, event: &outbox_core::Event) -> String {
-        format!("file ({})", self.destination.render(event))
-    }
-}
+crate::build_sink!(FileConfig, "file", |config, event| format!(
+    "file ({})",
+    config.destination.render(event)
+));
 
 #[cfg(test)]
 mod tests {
