@@ -18,6 +18,7 @@ pub mod message;
 pub mod metrics;
 pub mod migration;
 pub mod policy;
+pub mod redact;
 pub mod relay;
 pub mod sink;
 pub mod source;

@@ -50,15 +50,10 @@ impl DatabaseUrl {
     }
 }
 
-/// Replaces the password of a `scheme://user:password@host` URL with `***`.
+/// The URL with its password and secret parameters (`?password=`, `?sslpassword=`) replaced
+/// by `***`: the workspace's one redaction function, [`outbox_core::redact::redact_url`].
 pub fn redact(url: &str) -> String {
-    if let Some((scheme, rest)) = url.split_once("://")
-        && let Some((userinfo, host)) = rest.split_once('@')
-        && let Some((user, _)) = userinfo.split_once(':')
-    {
-        return format!("{scheme}://{user}:***@{host}");
-    }
-    url.to_owned()
+    outbox_core::redact::redact_url(url)
 }
 
 impl fmt::Debug for DatabaseUrl {

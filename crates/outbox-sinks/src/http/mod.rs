@@ -219,15 +219,9 @@ async fn read_prefix(mut response: reqwest::Response, limit: usize) -> Vec<u8> {
     out
 }
 
-/// The URL without user info (which may hold a password), for messages.
+/// The URL for messages, its password and secret query parameters masked.
 fn redact(url: &Url) -> String {
-    if url.password().is_none() && url.username().is_empty() {
-        return url.to_string();
-    }
-    let mut shown = url.clone();
-    let _ = shown.set_username("");
-    let _ = shown.set_password(None);
-    shown.to_string()
+    outbox_core::redact::redact_url(url.as_str())
 }
 
 /// Renders the URL template for `event`, percent-encoding the placeholder values so that an
@@ -354,6 +348,6 @@ mod tests {
     #[test]
     fn passwords_in_urls_are_not_repeated() {
         let url = Url::parse("https://user:pa55@h/x").expect("valid");
-        assert_eq!(redact(&url), "https://h/x");
+        assert_eq!(redact(&url), "https://user:***@h/x");
     }
 }
