@@ -12,6 +12,7 @@
 pub mod admin;
 pub mod backend;
 pub mod destination;
+pub mod enqueue;
 pub mod event;
 pub mod identifier;
 pub mod message;
@@ -27,6 +28,7 @@ pub use backend::{
     Backend, BackendConfig, BoxedSource, DynSource, OpenError, OpenOptions, Pipelines, Unsupported,
 };
 pub use destination::{Destination, DestinationError};
+pub use enqueue::EnqueueError;
 pub use event::{Event, NewEvent, Position};
 pub use identifier::{Identifier, IdentifierError, QualifiedTable};
 pub use policy::{Backoff, FailureAction, RetryPolicy};

@@ -219,14 +219,7 @@ fn decode(row: &PgRow) -> Result<(Event, Option<i64>), sqlx::Error> {
         aggregate_id: row.try_get(3)?,
         event_type: row.try_get(4)?,
         payload: Bytes::from(payload),
-        headers: headers
-            .0
-            .into_iter()
-            .map(|(k, v)| match v {
-                serde_json::Value::String(s) => (k, s),
-                other => (k, other.to_string()),
-            })
-            .collect(),
+        headers: outbox_core::enqueue::decode_headers(headers.0),
         created_at: row.try_get(7)?,
         attempts: u32::try_from(attempts).unwrap_or(0),
     };

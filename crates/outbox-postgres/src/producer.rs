@@ -60,7 +60,7 @@ impl PgOutbox {
         executor: E,
         event: &NewEvent,
     ) -> Result<Uuid, EnqueueError> {
-        validate(event)?;
+        outbox_core::enqueue::validate(event)?;
         let id = event.id.unwrap_or_else(Uuid::now_v7);
         sqlx::query(stmt(&self.queries.insert))
             .bind(id)
@@ -68,10 +68,10 @@ impl PgOutbox {
             .bind(&event.aggregate_id)
             .bind(&event.event_type)
             .bind(&event.payload[..])
-            .bind(Json(headers_object(event)))
+            .bind(Json(outbox_core::enqueue::headers_object(event)))
             .execute(executor)
             .await
-            .map_err(EnqueueError::Database)?;
+            .map_err(EnqueueError::database)?;
         Ok(id)
     }
 
@@ -95,13 +95,13 @@ impl PgOutbox {
             Vec::with_capacity(n),
         );
         for e in events {
-            validate(e)?;
+            outbox_core::enqueue::validate(e)?;
             ids.push(e.id.unwrap_or_else(Uuid::now_v7));
             types.push(e.aggregate_type.as_str());
             agg_ids.push(e.aggregate_id.as_str());
             event_types.push(e.event_type.as_str());
             payloads.push(&e.payload[..]);
-            headers.push(Json(headers_object(e)));
+            headers.push(Json(outbox_core::enqueue::headers_object(e)));
         }
         sqlx::query(stmt(&self.queries.insert_batch))
             .bind(&ids)
@@ -112,7 +112,7 @@ impl PgOutbox {
             .bind(&headers)
             .execute(executor)
             .await
-            .map_err(EnqueueError::Database)?;
+            .map_err(EnqueueError::database)?;
         Ok(ids)
     }
 }
@@ -136,24 +136,4 @@ pub async fn enqueue_batch<'e, E: PgExecutor<'e>>(
 fn default_outbox() -> &'static PgOutbox {
     static DEFAULT: OnceLock<PgOutbox> = OnceLock::new();
     DEFAULT.get_or_init(PgOutbox::default)
-}
-
-fn validate(e: &NewEvent) -> Result<(), EnqueueError> {
-    if e.aggregate_type.is_empty() {
-        return Err(EnqueueError::Invalid("aggregate_type is empty"));
-    }
-    if e.aggregate_id.is_empty() {
-        return Err(EnqueueError::Invalid("aggregate_id is empty"));
-    }
-    if e.event_type.is_empty() {
-        return Err(EnqueueError::Invalid("event_type is empty"));
-    }
-    Ok(())
-}
-
-fn headers_object(e: &NewEvent) -> serde_json::Map<String, serde_json::Value> {
-    e.headers
-        .iter()
-        .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
-        .collect()
 }

@@ -2,17 +2,7 @@
 
 use outbox_core::{SourceError, SourceErrorKind};
 
-/// Why `enqueue` failed.
-#[derive(Debug, thiserror::Error)]
-pub enum EnqueueError {
-    /// The event is not valid (an empty aggregate type, id or event type).
-    #[error("invalid outbox event: {0}")]
-    Invalid(&'static str),
-    /// The database refused the insert or could not be reached. The caller's transaction
-    /// should be rolled back.
-    #[error("writing to the outbox failed")]
-    Database(#[source] sqlx::Error),
-}
+pub use outbox_core::EnqueueError;
 
 // Primary SQLite result codes (https://www.sqlite.org/rescode.html). sqlx reports the
 // extended code; its low byte is the primary one.

@@ -271,13 +271,7 @@ fn decode(row: &SqliteRow) -> Result<Event, sqlx::Error> {
         aggregate_id: row.try_get(3)?,
         event_type: row.try_get(4)?,
         payload: Bytes::from(payload),
-        headers: headers
-            .into_iter()
-            .map(|(k, v)| match v {
-                serde_json::Value::String(s) => (k, s),
-                other => (k, other.to_string()),
-            })
-            .collect(),
+        headers: outbox_core::enqueue::decode_headers(headers),
         created_at: from_micros(row.try_get(7)?),
         attempts: u32::try_from(attempts).unwrap_or(0),
     })

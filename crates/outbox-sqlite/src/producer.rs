@@ -64,7 +64,7 @@ impl SqliteOutbox {
         executor: E,
         event: &NewEvent,
     ) -> Result<Uuid, EnqueueError> {
-        validate(event)?;
+        outbox_core::enqueue::validate(event)?;
         let id = event.id.unwrap_or_else(Uuid::now_v7);
         self.insert(executor, id, event, OffsetDateTime::now_utc())
             .await?;
@@ -88,9 +88,9 @@ impl SqliteOutbox {
             return Ok(Vec::new());
         }
         for e in events {
-            validate(e)?;
+            outbox_core::enqueue::validate(e)?;
         }
-        let mut tx = conn.begin().await.map_err(EnqueueError::Database)?;
+        let mut tx = conn.begin().await.map_err(EnqueueError::database)?;
         let now = OffsetDateTime::now_utc();
         let mut ids = Vec::with_capacity(events.len());
         for e in events {
@@ -98,7 +98,7 @@ impl SqliteOutbox {
             self.insert(&mut *tx, id, e, now).await?;
             ids.push(id);
         }
-        tx.commit().await.map_err(EnqueueError::Database)?;
+        tx.commit().await.map_err(EnqueueError::database)?;
         Ok(ids)
     }
 
@@ -115,11 +115,11 @@ impl SqliteOutbox {
             .bind(&event.aggregate_id)
             .bind(&event.event_type)
             .bind(&event.payload[..])
-            .bind(headers_json(event))
+            .bind(outbox_core::enqueue::headers_json(event))
             .bind(to_micros(now))
             .execute(executor)
             .await
-            .map_err(EnqueueError::Database)?;
+            .map_err(EnqueueError::database)?;
         Ok(())
     }
 }
@@ -144,27 +144,4 @@ pub async fn enqueue_batch<'a, A: Acquire<'a, Database = Sqlite>>(
 fn default_outbox() -> &'static SqliteOutbox {
     static DEFAULT: OnceLock<SqliteOutbox> = OnceLock::new();
     DEFAULT.get_or_init(SqliteOutbox::default)
-}
-
-fn validate(e: &NewEvent) -> Result<(), EnqueueError> {
-    if e.aggregate_type.is_empty() {
-        return Err(EnqueueError::Invalid("aggregate_type is empty"));
-    }
-    if e.aggregate_id.is_empty() {
-        return Err(EnqueueError::Invalid("aggregate_id is empty"));
-    }
-    if e.event_type.is_empty() {
-        return Err(EnqueueError::Invalid("event_type is empty"));
-    }
-    Ok(())
-}
-
-/// The headers as a JSON object of string values (the `headers` column's format).
-fn headers_json(e: &NewEvent) -> String {
-    let map: serde_json::Map<String, serde_json::Value> = e
-        .headers
-        .iter()
-        .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
-        .collect();
-    serde_json::Value::Object(map).to_string()
 }

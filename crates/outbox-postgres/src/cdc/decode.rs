@@ -309,13 +309,7 @@ fn decode_row(layout: &Layout, tuple: &TupleData) -> Result<Option<Event>, Decod
         aggregate_id: text(tuple, layout.aggregate_id, "aggregate_id")?.to_owned(),
         event_type: text(tuple, layout.event_type, "event_type")?.to_owned(),
         payload: Bytes::from(payload),
-        headers: headers
-            .into_iter()
-            .map(|(k, v)| match v {
-                serde_json::Value::String(s) => (k, s),
-                other => (k, other.to_string()),
-            })
-            .collect(),
+        headers: outbox_core::enqueue::decode_headers(headers),
         created_at,
         attempts: 0,
     }))

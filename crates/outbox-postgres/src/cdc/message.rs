@@ -124,14 +124,7 @@ pub fn decode_message(content: &Bytes) -> Result<DecodedMessage, MessageDecodeEr
         aggregate_type: header.aggregate_type,
         aggregate_id: header.aggregate_id,
         event_type: header.event_type,
-        headers: header
-            .headers
-            .into_iter()
-            .map(|(k, v)| match v {
-                serde_json::Value::String(s) => (k, s),
-                other => (k, other.to_string()),
-            })
-            .collect(),
+        headers: outbox_core::enqueue::decode_headers(header.headers),
         payload: content.slice(newline + 1..),
     })
 }
@@ -197,7 +190,7 @@ pub async fn emit_message_with_prefix<'e, E: PgExecutor<'e>>(
         .bind(encode_message(event, id))
         .execute(executor)
         .await
-        .map_err(EnqueueError::Database)?;
+        .map_err(EnqueueError::database)?;
     Ok(id)
 }
 
