@@ -53,6 +53,96 @@ pub enum MigrationConflict {
     },
 }
 
+/// Why a migration failed: the one error of every database's `migrate` (outbox and inbox
+/// tables alike; `what` says which).
+#[derive(Debug, thiserror::Error)]
+pub enum MigrateError {
+    /// The database refused a statement or could not be reached.
+    #[error("migrating {what} table {table} failed")]
+    Database {
+        /// `outbox` or `inbox`.
+        what: &'static str,
+        /// The table being migrated.
+        table: String,
+        /// The database error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// A migration recorded as applied differs from the bundled one.
+    #[error(
+        "migration {version} of {what} table {table} was applied from different SQL (checksum {found}, this build has {expected}); refusing to continue"
+    )]
+    Modified {
+        /// `outbox` or `inbox`.
+        what: &'static str,
+        /// The table.
+        table: String,
+        /// Migration version.
+        version: i32,
+        /// Recorded checksum.
+        found: String,
+        /// Bundled checksum.
+        expected: String,
+    },
+    /// The table's layout (e.g. plain or partitioned) differs from the configuration.
+    /// Nothing is ever converted silently; the message says how.
+    #[error("{0}")]
+    Layout(String),
+    /// The database has a newer schema than this build knows.
+    #[error(
+        "{what} table {table} has schema version {found}, newer than this build's {known}; upgrade outbox"
+    )]
+    Newer {
+        /// `outbox` or `inbox`.
+        what: &'static str,
+        /// The table.
+        table: String,
+        /// Highest version recorded in the database.
+        found: i32,
+        /// Highest version this build bundles.
+        known: i32,
+    },
+}
+
+impl MigrateError {
+    /// A database failure while migrating `what` table `table`.
+    pub fn database(
+        what: &'static str,
+        table: &str,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        Self::Database {
+            what,
+            table: table.to_owned(),
+            source: Box::new(source),
+        }
+    }
+
+    /// The error for `table` when its recorded migrations cannot be brought up to date.
+    pub fn conflict(what: &'static str, table: &str, c: MigrationConflict) -> Self {
+        let table = table.to_owned();
+        match c {
+            MigrationConflict::Newer { found, known } => Self::Newer {
+                what,
+                table,
+                found,
+                known,
+            },
+            MigrationConflict::Modified {
+                version,
+                found,
+                expected,
+            } => Self::Modified {
+                what,
+                table,
+                version,
+                found,
+                expected,
+            },
+        }
+    }
+}
+
 /// What to do to bring a table up to date.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MigrationPlan<'m> {

@@ -37,64 +37,7 @@ impl InboxError<Infallible> {
     }
 }
 
-/// Why a migration of the inbox table failed.
-#[derive(Debug, thiserror::Error)]
-pub enum MigrateError {
-    /// The database refused a statement or could not be reached.
-    #[error("migrating inbox table {table} failed")]
-    Database {
-        /// The table being migrated.
-        table: String,
-        /// The database error.
-        #[source]
-        source: sqlx::Error,
-    },
-    /// A migration recorded as applied differs from the bundled one.
-    #[error(
-        "migration {version} of inbox table {table} was applied from different SQL (checksum {found}, this build has {expected}); refusing to continue"
-    )]
-    Modified {
-        /// The table.
-        table: String,
-        /// Migration version.
-        version: i32,
-        /// Recorded checksum.
-        found: String,
-        /// Bundled checksum.
-        expected: String,
-    },
-    /// The database has a newer schema than this build knows.
-    #[error(
-        "inbox table {table} has schema version {found}, newer than this build's {}; upgrade outbox",
-        crate::SCHEMA_VERSION
-    )]
-    Newer {
-        /// The table.
-        table: String,
-        /// Highest version recorded in the database.
-        found: i32,
-    },
-}
-
-impl MigrateError {
-    /// The error for `table` when the recorded migrations cannot be brought up to date.
-    pub(crate) fn conflict(table: String, c: outbox_core::migration::MigrationConflict) -> Self {
-        use outbox_core::migration::MigrationConflict;
-        match c {
-            MigrationConflict::Newer { found, .. } => Self::Newer { table, found },
-            MigrationConflict::Modified {
-                version,
-                found,
-                expected,
-            } => Self::Modified {
-                table,
-                version,
-                found,
-                expected,
-            },
-        }
-    }
-}
+pub use outbox_core::migration::MigrateError;
 
 /// What a migration did.
 #[derive(Debug, Clone, PartialEq, Eq)]

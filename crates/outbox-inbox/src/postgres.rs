@@ -98,10 +98,7 @@ impl PgInbox {
     /// transaction that first takes an advisory lock named after the table.
     pub async fn migrate(&self, pool: &PgPool) -> Result<MigrationReport, MigrateError> {
         let name = self.table.to_string();
-        let db = |source| MigrateError::Database {
-            table: name.clone(),
-            source,
-        };
+        let db = |source| MigrateError::database("inbox", &name, source);
         let mut tx = pool.begin().await.map_err(db)?;
         sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
             .bind(format!("outbox inbox migrate {name}"))
@@ -123,7 +120,7 @@ impl PgInbox {
         .await
         .map_err(db)?;
         let plan = outbox_core::migration::plan(PG_MIGRATIONS, &applied)
-            .map_err(|c| MigrateError::conflict(name.clone(), c))?;
+            .map_err(|c| MigrateError::conflict("inbox", &name, c))?;
         let mut report = MigrationReport {
             applied: Vec::new(),
             version: plan.current,

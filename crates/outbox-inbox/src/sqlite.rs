@@ -69,10 +69,7 @@ impl SqliteInbox {
     /// `BEGIN IMMEDIATE` transaction, so a second `migrate` waits and finds nothing to do.
     pub async fn migrate(&self, pool: &SqlitePool) -> Result<MigrationReport, MigrateError> {
         let name = self.table.to_string();
-        let db = |source| MigrateError::Database {
-            table: name.clone(),
-            source,
-        };
+        let db = |source| MigrateError::database("inbox", &name, source);
         let mut tx = pool.begin_with("BEGIN IMMEDIATE").await.map_err(db)?;
         tx.execute(sqlx::AssertSqlSafe(self.render(BOOKKEEPING)))
             .await
@@ -84,7 +81,7 @@ impl SqliteInbox {
         .await
         .map_err(db)?;
         let plan = outbox_core::migration::plan(SQLITE_MIGRATIONS, &applied)
-            .map_err(|c| MigrateError::conflict(name.clone(), c))?;
+            .map_err(|c| MigrateError::conflict("inbox", &name, c))?;
         let mut report = MigrationReport {
             applied: Vec::new(),
             version: plan.current,

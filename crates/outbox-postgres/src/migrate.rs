@@ -7,7 +7,8 @@
 //! migration leaves nothing half-done.
 
 use outbox_core::QualifiedTable;
-use outbox_core::migration::{self, Migration, MigrationConflict};
+pub use outbox_core::migration::MigrateError;
+use outbox_core::migration::{self, Migration};
 use sqlx::{Executor, PgPool};
 
 use crate::partition::{self, Layout, Partitioning};
@@ -40,48 +41,6 @@ const WAKEUP_ON: &str = "DROP TRIGGER IF EXISTS {{name:_wakeup}} ON {{table}};
 CREATE TRIGGER {{name:_wakeup}} AFTER INSERT ON {{table}}
     FOR EACH STATEMENT EXECUTE FUNCTION {{qname:_notify}}();";
 const WAKEUP_OFF: &str = "DROP TRIGGER IF EXISTS {{name:_wakeup}} ON {{table}}";
-
-/// Why a migration failed.
-#[derive(Debug, thiserror::Error)]
-pub enum MigrateError {
-    /// The database refused a statement or could not be reached.
-    #[error("migrating outbox table {table} failed")]
-    Database {
-        /// The table being migrated.
-        table: String,
-        /// The database error.
-        #[source]
-        source: sqlx::Error,
-    },
-    /// A migration recorded as applied differs from the bundled one.
-    #[error(
-        "migration {version} of outbox table {table} was applied from different SQL (checksum {found}, this build has {expected}); refusing to continue"
-    )]
-    Modified {
-        /// The table.
-        table: String,
-        /// Migration version.
-        version: i32,
-        /// Recorded checksum.
-        found: String,
-        /// Bundled checksum.
-        expected: String,
-    },
-    /// The table's layout (plain or partitioned) differs from `source.partitioning`.
-    /// Nothing is ever converted silently; the message says how.
-    #[error("{0}")]
-    Layout(String),
-    /// The database has a newer schema than this build knows.
-    #[error(
-        "outbox table {table} has schema version {found}, newer than this build's {SCHEMA_VERSION}; upgrade outbox"
-    )]
-    Newer {
-        /// The table.
-        table: String,
-        /// Highest version recorded in the database.
-        found: i32,
-    },
-}
 
 /// What `migrate` did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -117,22 +76,6 @@ impl MigrateOptions {
     }
 }
 
-fn conflict(table: String, c: MigrationConflict) -> MigrateError {
-    match c {
-        MigrationConflict::Newer { found, .. } => MigrateError::Newer { table, found },
-        MigrationConflict::Modified {
-            version,
-            found,
-            expected,
-        } => MigrateError::Modified {
-            table,
-            version,
-            found,
-            expected,
-        },
-    }
-}
-
 /// Creates or upgrades the outbox schema for `table`, and installs (`listen_notify = true`)
 /// or removes the statement-level NOTIFY wake-up trigger.
 pub async fn migrate(
@@ -161,10 +104,7 @@ pub async fn migrate_with(
 ) -> Result<MigrationReport, MigrateError> {
     let listen_notify = options.listen_notify;
     let name = table.to_string();
-    let db = |source| MigrateError::Database {
-        table: name.clone(),
-        source,
-    };
+    let db = |source| MigrateError::database("outbox", &name, source);
     let mut tx = pool.begin().await.map_err(db)?;
     sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
         .bind(format!("outbox migrate {name}"))
@@ -185,7 +125,8 @@ pub async fn migrate_with(
     .fetch_all(&mut *tx)
     .await
     .map_err(db)?;
-    let plan = migration::plan(MIGRATIONS, &applied).map_err(|c| conflict(name.clone(), c))?;
+    let plan = migration::plan(MIGRATIONS, &applied)
+        .map_err(|c| MigrateError::conflict("outbox", &name, c))?;
     let layout = partition::layout(&mut tx, table).await.map_err(db)?;
     if layout != Layout::Missing {
         crate::retention::layout_matches(table, options.partitioning, layout)

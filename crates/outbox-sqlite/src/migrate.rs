@@ -7,7 +7,8 @@
 //! nothing to do. SQLite DDL is transactional, so a failed migration leaves nothing half-done.
 
 use outbox_core::Identifier;
-use outbox_core::migration::{self, Migration, MigrationConflict};
+pub use outbox_core::migration::MigrateError;
+use outbox_core::migration::{self, Migration};
 use sqlx::{Executor, SqlitePool};
 
 use crate::sql::render;
@@ -30,44 +31,6 @@ const BOOKKEEPING: &str = "CREATE TABLE IF NOT EXISTS {{name:_migrations}} (
     applied_at INTEGER NOT NULL
 )";
 
-/// Why a migration failed.
-#[derive(Debug, thiserror::Error)]
-pub enum MigrateError {
-    /// The database refused a statement or could not be reached.
-    #[error("migrating outbox table {table} failed")]
-    Database {
-        /// The table being migrated.
-        table: String,
-        /// The database error.
-        #[source]
-        source: sqlx::Error,
-    },
-    /// A migration recorded as applied differs from the bundled one.
-    #[error(
-        "migration {version} of outbox table {table} was applied from different SQL (checksum {found}, this build has {expected}); refusing to continue"
-    )]
-    Modified {
-        /// The table.
-        table: String,
-        /// Migration version.
-        version: i32,
-        /// Recorded checksum.
-        found: String,
-        /// Bundled checksum.
-        expected: String,
-    },
-    /// The database has a newer schema than this build knows.
-    #[error(
-        "outbox table {table} has schema version {found}, newer than this build's {SCHEMA_VERSION}; upgrade outbox"
-    )]
-    Newer {
-        /// The table.
-        table: String,
-        /// Highest version recorded in the database.
-        found: i32,
-    },
-}
-
 /// What `migrate` did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MigrationReport {
@@ -77,22 +40,6 @@ pub struct MigrationReport {
     pub version: i32,
 }
 
-fn conflict(table: String, c: MigrationConflict) -> MigrateError {
-    match c {
-        MigrationConflict::Newer { found, .. } => MigrateError::Newer { table, found },
-        MigrationConflict::Modified {
-            version,
-            found,
-            expected,
-        } => MigrateError::Modified {
-            table,
-            version,
-            found,
-            expected,
-        },
-    }
-}
-
 /// Creates or upgrades the outbox schema for `table` (the outbox table, its indexes, the
 /// relay lease table and the bookkeeping table).
 pub async fn migrate(
@@ -100,10 +47,7 @@ pub async fn migrate(
     table: &Identifier,
 ) -> Result<MigrationReport, MigrateError> {
     let name = table.to_string();
-    let db = |source| MigrateError::Database {
-        table: name.clone(),
-        source,
-    };
+    let db = |source| MigrateError::database("outbox", &name, source);
     let mut tx = pool.begin_with("BEGIN IMMEDIATE").await.map_err(db)?;
     tx.execute(sqlx::AssertSqlSafe(render(BOOKKEEPING, table)))
         .await
@@ -115,7 +59,8 @@ pub async fn migrate(
     .fetch_all(&mut *tx)
     .await
     .map_err(db)?;
-    let plan = migration::plan(MIGRATIONS, &applied).map_err(|c| conflict(name.clone(), c))?;
+    let plan = migration::plan(MIGRATIONS, &applied)
+        .map_err(|c| MigrateError::conflict("outbox", &name, c))?;
     let mut report = MigrationReport {
         applied: Vec::new(),
         version: plan.current,
