@@ -141,6 +141,10 @@ pub struct RelayReport {
     pub dead_lettered: u64,
     /// Batches whose outcomes could not be recorded (their events will be published again).
     pub settle_failures: u64,
+    /// Events not published, or whose retry or dead letter was not recorded, because the
+    /// claim on them had expired (the relay was paused past `source.claim_timeout` or its
+    /// lease): another replica owns them now.
+    pub fenced: u64,
 }
 
 impl std::ops::AddAssign for RelayReport {
@@ -149,6 +153,7 @@ impl std::ops::AddAssign for RelayReport {
         self.retried += o.retried;
         self.dead_lettered += o.dead_lettered;
         self.settle_failures += o.settle_failures;
+        self.fenced += o.fenced;
     }
 }
 
@@ -248,7 +253,11 @@ impl<K: Sink> Relay<K> {
                     return Err(RelayError::Source(e));
                 }
             };
-            let Fetched { events, more } = fetched;
+            let Fetched {
+                events,
+                more,
+                valid_until,
+            } = fetched;
             if events.is_empty() {
                 if !more {
                     tokio::select! {
@@ -262,8 +271,25 @@ impl<K: Sink> Relay<K> {
             idle = self.config.poll_interval;
             metrics::histogram!(m::BATCH_SIZE).record(events.len() as f64);
 
-            let (settlements, batch_report, sink_down) =
-                self.publish_batch(events, &policy, &mut rng).await;
+            let (mut settlements, mut batch_report, sink_down) = self
+                .publish_batch(events, &policy, &mut rng, valid_until)
+                .await;
+            if let Some(deadline) = valid_until
+                && tokio::time::Instant::now() >= deadline
+            {
+                // The claim expired while this batch was in flight: the events may be another
+                // replica's now. Deliveries are facts and are recorded; a retry or a dead
+                // letter is a decision about a claim this relay no longer holds.
+                let fenced = fence_settlements(&mut settlements);
+                if fenced > 0 {
+                    batch_report.fenced += fenced;
+                    tracing::warn!(
+                        worker,
+                        fenced,
+                        "the claim expired before its outcomes were recorded (was the relay paused?); recording deliveries only"
+                    );
+                }
+            }
             let now = OffsetDateTime::now_utc();
             match source.settle(&settlements, now).await {
                 Ok(()) => report += batch_report,
@@ -305,11 +331,15 @@ impl<K: Sink> Relay<K> {
 
     /// Publishes one batch wave by wave and decides every event's outcome. Returns the
     /// settlements, the totals, and the error that made the broker count as unavailable.
+    ///
+    /// No wave is published unless it can finish (`relay.publish_timeout`) before the claim's
+    /// `valid_until`: a relay that was paused past its claim publishes nothing stale.
     async fn publish_batch(
         &self,
         events: Vec<Event>,
         policy: &RetryPolicy,
         rng: &mut impl rand::Rng,
+        valid_until: Option<tokio::time::Instant>,
     ) -> (Vec<Settlement>, RelayReport, Option<SinkError>) {
         let mut settlements = Vec::with_capacity(events.len());
         let mut report = RelayReport::default();
@@ -320,19 +350,36 @@ impl<K: Sink> Relay<K> {
         let mut failed: HashMap<(String, String), ()> = HashMap::new();
         let ordered = self.config.ordering != Ordering::None;
 
+        let mut expired = false;
         for wave in waves {
+            // Checked on the monotonic clock right before each publish: a process that was
+            // stopped (SIGSTOP, a frozen VM) sees the time that passed.
+            if !expired
+                && let Some(deadline) = valid_until
+                && tokio::time::Instant::now() + self.config.publish_timeout > deadline
+            {
+                expired = true;
+                tracing::warn!(
+                    sink = sink_name,
+                    "the claim on this batch expires before a publish could finish (was the relay paused?); not publishing the rest: another replica delivers it"
+                );
+            }
+            if expired {
+                report.fenced += wave.len() as u64;
+            }
             // With total order, the first event that is not delivered holds back everything
             // after it in the batch, whatever its aggregate.
             let total_halt = self.config.ordering == Ordering::Total && !failed.is_empty();
-            let (wave, held): (Vec<Event>, Vec<Event>) = if sink_down.is_some() || total_halt {
-                (Vec::new(), wave)
-            } else if ordered && !failed.is_empty() {
-                wave.into_iter().partition(|e| {
-                    !failed.contains_key(&(e.aggregate_type.clone(), e.aggregate_id.clone()))
-                })
-            } else {
-                (wave, Vec::new())
-            };
+            let (wave, held): (Vec<Event>, Vec<Event>) =
+                if sink_down.is_some() || total_halt || expired {
+                    (Vec::new(), wave)
+                } else if ordered && !failed.is_empty() {
+                    wave.into_iter().partition(|e| {
+                        !failed.contains_key(&(e.aggregate_type.clone(), e.aggregate_id.clone()))
+                    })
+                } else {
+                    (wave, Vec::new())
+                };
             settlements.extend(held.iter().map(|e| Settlement {
                 position: e.position,
                 outcome: Outcome::Released,
@@ -432,6 +479,19 @@ impl<K: Sink> Relay<K> {
         }
         (settlements, report, sink_down)
     }
+}
+
+/// Turns every outcome but `Delivered` into `Released` (the claim expired: retries and dead
+/// letters are the new owner's to decide); returns how many changed.
+fn fence_settlements(settlements: &mut [Settlement]) -> u64 {
+    let mut fenced = 0;
+    for s in settlements {
+        if !matches!(s.outcome, Outcome::Delivered | Outcome::Released) {
+            s.outcome = Outcome::Released;
+            fenced += 1;
+        }
+    }
+    fenced
 }
 
 /// Splits a batch into waves: wave `k` holds the `k`-th event of each aggregate, in batch
@@ -571,7 +631,7 @@ mod tests {
             sink.clone(),
         );
         let (settlements, _, _) = relay
-            .publish_batch(batch, &relay.config.retry_policy(), &mut rand::rng())
+            .publish_batch(batch, &relay.config.retry_policy(), &mut rand::rng(), None)
             .await;
         let mut out: Vec<(i64, &'static str)> = settlements
             .iter()
@@ -628,6 +688,110 @@ mod tests {
         let (published, out) = outcomes(Ordering::None, batch, vec![1]).await;
         assert_eq!(published, vec![2, 3]);
         assert_eq!(out, vec![(1, "retry"), (2, "delivered"), (3, "delivered")]);
+    }
+
+    /// Acknowledges everything after `delay` (tokio time), recording what it published.
+    struct Slow(Duration, std::sync::Mutex<Vec<i64>>);
+
+    impl Sink for Slow {
+        fn name(&self) -> &'static str {
+            "slow"
+        }
+        async fn publish(&self, batch: &[Event]) -> Result<Vec<Delivery>, SinkError> {
+            tokio::time::sleep(self.0).await;
+            self.1
+                .lock()
+                .expect("lock")
+                .extend(batch.iter().map(|e| e.position.0));
+            Ok(vec![Ok(()); batch.len()])
+        }
+        async fn healthcheck(&self) -> Result<(), SinkError> {
+            Ok(())
+        }
+    }
+
+    fn slow_relay(delay: Duration) -> (Relay<Slow>, Arc<Slow>) {
+        let sink = Arc::new(Slow(delay, std::sync::Mutex::new(Vec::new())));
+        let relay = Relay::new(
+            RelayConfig {
+                publish_timeout: Duration::from_secs(10),
+                ..RelayConfig::default()
+            },
+            sink.clone(),
+        );
+        (relay, sink)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_relay_paused_past_its_claim_publishes_nothing_from_it() {
+        let (relay, sink) = slow_relay(Duration::from_millis(1));
+        // The claim ran out while the process was stopped.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        let (settlements, report, _) = relay
+            .publish_batch(
+                vec![ev("a", 1), ev("b", 2)],
+                &relay.config.retry_policy(),
+                &mut rand::rng(),
+                Some(deadline),
+            )
+            .await;
+        assert!(sink.1.lock().expect("lock").is_empty(), "nothing published");
+        assert!(settlements.iter().all(|s| s.outcome == Outcome::Released));
+        assert_eq!(report.fenced, 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_claim_running_out_mid_batch_stops_before_the_wave_that_could_not_finish() {
+        let (relay, sink) = slow_relay(Duration::from_secs(3));
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(14);
+        let batch = vec![ev("a", 1), ev("a", 2), ev("a", 3)];
+        let (settlements, report, _) = relay
+            .publish_batch(
+                batch,
+                &relay.config.retry_policy(),
+                &mut rand::rng(),
+                Some(deadline),
+            )
+            .await;
+        // Waves at t=0 and t=3 fit (each may take publish_timeout = 10s); at t=6 it would not.
+        assert_eq!(*sink.1.lock().expect("lock"), vec![1, 2]);
+        assert_eq!(
+            settlements.last().map(|s| &s.outcome),
+            Some(&Outcome::Released)
+        );
+        assert_eq!(report.fenced, 1);
+        assert_eq!(report.delivered, 2);
+    }
+
+    #[test]
+    fn after_the_claim_expired_only_deliveries_are_recorded() {
+        let at = |p: i64, outcome: Outcome| Settlement {
+            position: Position(p),
+            outcome,
+        };
+        let mut settlements = vec![
+            at(1, Outcome::Delivered),
+            at(
+                2,
+                Outcome::Retry {
+                    not_before: OffsetDateTime::UNIX_EPOCH,
+                    error: "x".into(),
+                },
+            ),
+            at(3, Outcome::DeadLetter { reason: "y".into() }),
+            at(4, Outcome::Released),
+        ];
+        assert_eq!(fence_settlements(&mut settlements), 2);
+        let kinds: Vec<_> = settlements.iter().map(|s| s.outcome.clone()).collect();
+        assert_eq!(
+            kinds,
+            vec![
+                Outcome::Delivered,
+                Outcome::Released,
+                Outcome::Released,
+                Outcome::Released
+            ]
+        );
     }
 
     #[test]

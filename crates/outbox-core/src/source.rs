@@ -97,6 +97,12 @@ pub struct Fetched {
     /// True when the source stopped at the batch limit, so more events are probably ready and
     /// the relay should fetch again at once.
     pub more: bool,
+    /// Until when (monotonic clock) the claim on these events is this source's alone: past it,
+    /// another replica may claim them (a row lock dropped by `idle_in_transaction_session_timeout`,
+    /// an expired lease). The relay publishes no wave that could not finish before it and
+    /// records no retry or dead letter after it (fencing a relay that was paused). `None`: the
+    /// claim cannot expire (one stream, one reader).
+    pub valid_until: Option<tokio::time::Instant>,
 }
 
 /// Reads committed outbox events and records what became of them.

@@ -33,6 +33,7 @@ pub struct PgPollSource {
     hold_dead: bool,
     on_delivered: OnDelivered,
     claim: Option<Transaction<'static, Postgres>>,
+    claim_timeout: std::time::Duration,
     listener: Option<PgListener>,
     wakeup_channel: Option<String>,
 }
@@ -64,6 +65,7 @@ impl PgPollSource {
             hold_dead: dead_letter == DeadLetterPolicy::HoldAggregate,
             on_delivered: config.on_delivered,
             claim: None,
+            claim_timeout: config.claim_timeout,
             listener: None,
             wakeup_channel: config
                 .listen_notify
@@ -98,6 +100,10 @@ impl PgPollSource {
     }
 
     async fn claim(&mut self, limit: usize, now: OffsetDateTime) -> Result<Fetched, SourceError> {
+        // The server ends a claim transaction idle for `claim_timeout`
+        // (`idle_in_transaction_session_timeout`), freeing its rows for other replicas: from
+        // before the claim started, so the deadline errs early.
+        let valid_until = tokio::time::Instant::now() + self.claim_timeout;
         let mut tx = self
             .pool
             .begin()
@@ -142,6 +148,7 @@ impl PgPollSource {
         Ok(Fetched {
             more: claimed >= limit,
             events,
+            valid_until: Some(valid_until),
         })
     }
 

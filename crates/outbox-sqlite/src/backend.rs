@@ -37,8 +37,17 @@ impl BackendConfig for SqliteConfig {
         url.starts_with("sqlite:") || url.ends_with(".db")
     }
 
-    fn validate(&self, _relay: &RelayConfig) -> Result<(), String> {
-        SqliteConfig::validate(self)
+    fn validate(&self, relay: &RelayConfig) -> Result<(), String> {
+        SqliteConfig::validate(self)?;
+        // The relay publishes nothing it could not finish before the lease runs out (fencing
+        // a paused relay), so a lease shorter than one publish would publish nothing.
+        if self.lease_ttl <= relay.publish_timeout {
+            return Err(format!(
+                "source.lease_ttl: must be longer than relay.publish_timeout ({:?})",
+                relay.publish_timeout
+            ));
+        }
+        Ok(())
     }
 
     fn describe(&self) -> String {

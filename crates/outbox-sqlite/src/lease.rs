@@ -56,20 +56,32 @@ pub(crate) struct Lease {
     renew_every: i64,
     /// Our expiry and when we last wrote it, while we believe we hold the lease.
     held: Option<(i64, i64)>,
+    /// Until when (monotonic clock) the lease is surely still ours: measured from before the
+    /// statement that took or renewed it, so a paused process sees the time that passed.
+    valid_until: Option<tokio::time::Instant>,
+    ttl_duration: Duration,
     /// The last state, to log transitions once rather than on every poll.
     last: Option<LeaseState>,
 }
 
 impl Lease {
     pub(crate) fn new(holder: String, ttl: Duration) -> Self {
+        let ttl_duration = ttl;
         let ttl = duration_micros(ttl).max(1);
         Self {
             holder,
             ttl,
             renew_every: duration_micros(RENEW_EVERY).min(ttl / 4),
             held: None,
+            valid_until: None,
+            ttl_duration,
             last: None,
         }
+    }
+
+    /// See the field: `None` when the lease is not held.
+    pub(crate) fn valid_until(&self) -> Option<tokio::time::Instant> {
+        self.held.and(self.valid_until)
     }
 
     pub(crate) fn holder(&self) -> &str {
@@ -88,6 +100,7 @@ impl Lease {
         queries: &Queries,
         now: i64,
     ) -> Result<LeaseState, sqlx::Error> {
+        let started = tokio::time::Instant::now();
         if let Some((until, renewed_at)) = self.held
             && now < until
             && (renewed_at..renewed_at.saturating_add(self.renew_every)).contains(&now)
@@ -125,6 +138,7 @@ impl Lease {
                 return Err(e);
             }
         };
+        self.valid_until = Some(started + self.ttl_duration);
         self.held = match state {
             LeaseState::Held => Some((now.saturating_add(self.ttl), now)),
             LeaseState::Standby { .. } => None,
@@ -178,9 +192,11 @@ impl Lease {
     }
 
     /// Records the outcome of [`Self::renew_in`] once its transaction committed.
-    pub(crate) fn renewed(&mut self, still_held: bool, now: i64) {
+    /// `started`: when the renewing transaction began (monotonic).
+    pub(crate) fn renewed(&mut self, still_held: bool, now: i64, started: tokio::time::Instant) {
         if still_held {
             self.held = Some((now.saturating_add(self.ttl), now));
+            self.valid_until = Some(started + self.ttl_duration);
         } else {
             self.held = None;
             tracing::warn!(

@@ -159,10 +159,12 @@ impl SqlitePollSource {
         Ok(Fetched {
             more: events.len() >= limit,
             events,
+            valid_until: self.lease.valid_until(),
         })
     }
 
     async fn record(&mut self, settlements: &[Settlement], now: i64) -> Result<(), sqlx::Error> {
+        let started = tokio::time::Instant::now();
         let mut delivered = Vec::new();
         let mut retries = Vec::new();
         let mut dead = Vec::new();
@@ -197,7 +199,7 @@ impl SqlitePollSource {
         match written {
             Ok(still_held) => {
                 self.writer.commit().await?;
-                self.lease.renewed(still_held, now);
+                self.lease.renewed(still_held, now, started);
                 Ok(())
             }
             Err(e) => {

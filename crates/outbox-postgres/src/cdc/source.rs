@@ -580,9 +580,11 @@ impl Source for PgCdcSource {
         self.resolve_dead(now).await?;
         let events = self.ledger.take(limit, now, self.ordering);
         self.publish_stats();
+        // One slot, one reader: the claim cannot pass to another relay mid-batch.
         Ok(Fetched {
             more: events.len() >= limit,
             events,
+            valid_until: None,
         })
     }
 
