@@ -52,7 +52,17 @@ struct Row {
 
 #[derive(Debug, Default)]
 struct Store {
+    /// Committed rows, in the order the source reads them.
     rows: Vec<Row>,
+    /// The last sequence number handed out.
+    next_seq: i64,
+}
+
+impl Store {
+    fn seq(&mut self) -> i64 {
+        self.next_seq += 1;
+        self.next_seq
+    }
 }
 
 type Shared = Arc<Mutex<Store>>;
@@ -311,6 +321,12 @@ struct TestConfig {
 struct ToyHarness {
     backend: Arc<dyn Backend>,
     store: Shared,
+    /// The business counters of the commit-order oracle; the lock is the rows' lock, held
+    /// from the bump to the commit.
+    counters: tokio::sync::Mutex<HashMap<String, i64>>,
+    /// Deliberately wrong: number rows when they are inserted instead of when they commit,
+    /// and read them in that order (a relay that publishes by id or insert sequence).
+    insert_order: bool,
 }
 
 impl ToyHarness {
@@ -322,7 +338,29 @@ impl ToyHarness {
         Ok(Self {
             backend,
             store: store(&name),
+            counters: tokio::sync::Mutex::new(HashMap::new()),
+            insert_order: false,
         })
+    }
+
+    fn row(seq: i64, e: NewEvent, now: OffsetDateTime) -> Row {
+        Row {
+            event: Event {
+                id: e.id.unwrap_or_else(Uuid::now_v7),
+                position: Position(seq),
+                aggregate_type: e.aggregate_type,
+                aggregate_id: e.aggregate_id,
+                event_type: e.event_type,
+                payload: e.payload,
+                headers: e.headers,
+                created_at: now,
+                attempts: 0,
+            },
+            state: State::Pending,
+            attempts: 0,
+            next_attempt_at: now,
+            claimed_by: None,
+        }
     }
 }
 
@@ -348,36 +386,69 @@ impl Harness for ToyHarness {
 
     async fn write(&self, events: Vec<NewEvent>, commit: bool) -> anyhow::Result<Vec<Uuid>> {
         let mut store = lock(&self.store);
-        let mut ids = Vec::with_capacity(events.len());
-        let mut rows = Vec::with_capacity(events.len());
         let now = OffsetDateTime::now_utc();
-        for e in events {
-            let id = e.id.unwrap_or_else(Uuid::now_v7);
-            ids.push(id);
-            let seq = store.rows.len() + rows.len() + 1;
-            rows.push(Row {
-                event: Event {
-                    id,
-                    position: Position(i64::try_from(seq)?),
-                    aggregate_type: e.aggregate_type,
-                    aggregate_id: e.aggregate_id,
-                    event_type: e.event_type,
-                    payload: e.payload,
-                    headers: e.headers,
-                    created_at: now,
-                    attempts: 0,
-                },
-                state: State::Pending,
-                attempts: 0,
-                next_attempt_at: now,
-                claimed_by: None,
-            });
-        }
+        let rows: Vec<Row> = events
+            .into_iter()
+            .map(|e| Self::row(store.seq(), e, now))
+            .collect();
+        let ids = rows.iter().map(|r| r.event.id).collect();
         // A transaction: all rows appear at once at commit, none after a rollback.
         if commit {
             store.rows.extend(rows);
         }
         Ok(ids)
+    }
+
+    async fn write_counted(
+        &self,
+        event: NewEvent,
+        outbox_first: bool,
+        hold: Duration,
+    ) -> anyhow::Result<(Uuid, i64)> {
+        let now = OffsetDateTime::now_utc();
+        let aggregate = event.aggregate_id.clone();
+        // The insert: the row exists, invisible until commit. The right design numbers it at
+        // commit; the wrong one now.
+        let mut insert_seq = None;
+        let mut event = Some(event);
+        if outbox_first {
+            insert_seq = Some(lock(&self.store).seq());
+            tokio::time::sleep(hold).await;
+        }
+        let mut counters = self.counters.lock().await;
+        let n = {
+            let n = counters.entry(aggregate).or_insert(0);
+            *n += 1;
+            *n
+        };
+        if !outbox_first {
+            tokio::time::sleep(hold).await;
+            insert_seq = Some(lock(&self.store).seq());
+        }
+        // Commit, still holding the counter's lock.
+        let mut store = lock(&self.store);
+        let seq = if self.insert_order {
+            insert_seq.unwrap_or_default()
+        } else {
+            store.seq()
+        };
+        let row = Self::row(
+            seq,
+            event
+                .take()
+                .ok_or_else(|| anyhow::anyhow!("written twice"))?,
+            now,
+        );
+        let id = row.event.id;
+        let at = store
+            .rows
+            .iter()
+            .position(|r| r.event.position.0 > seq)
+            .unwrap_or(store.rows.len());
+        store.rows.insert(at, row);
+        drop(store);
+        drop(counters);
+        Ok((id, n))
     }
 
     async fn stored(&self, id: Uuid) -> anyhow::Result<Option<StoredEvent>> {
@@ -405,6 +476,21 @@ impl Harness for ToyHarness {
 async fn a_toy_backend_added_by_the_book_passes_the_source_conformance_suite() -> anyhow::Result<()>
 {
     conformance::run_all(ToyHarness::new).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_that_publishes_in_insert_order_fails_the_commit_order_check()
+-> anyhow::Result<()> {
+    let mut h = ToyHarness::new().await?;
+    h.insert_order = true;
+    let error = conformance::concurrent_writers_reach_the_broker_in_commit_order(&h)
+        .await
+        .expect_err("publishing by insert order breaks commit order");
+    assert!(
+        error.to_string().contains("expected [1, 2,"),
+        "the check names the commit order it expected: {error}"
+    );
+    Ok(())
 }
 
 #[tokio::test]

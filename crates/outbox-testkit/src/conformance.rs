@@ -52,6 +52,23 @@ pub trait Harness: Send + Sync + 'static {
     fn stored(&self, id: Uuid) -> impl Future<Output = anyhow::Result<Option<StoredEvent>>> + Send;
     /// Whether several sources may relay one outbox concurrently (replicas).
     fn replicas(&self) -> usize;
+    /// The commit-order oracle of [`concurrent_writers_reach_the_broker_in_commit_order`]:
+    /// in ONE transaction, writes `event` and bumps a per-aggregate business counter
+    /// (`UPDATE counters SET n = n + 1 WHERE aggregate = ... RETURNING n`, creating the row
+    /// at 0 when missing), the outbox row first when `outbox_first` (a producer that inserts
+    /// its event before it touches the business row), else the counter first; waits `hold`
+    /// between the two statements, then commits. Returns the event id and the counter value
+    /// it committed: the counter's row lock makes those values 1, 2, 3, ... in commit order
+    /// per aggregate, whatever the outbox's own ids or sequence say.
+    fn write_counted(
+        &self,
+        event: NewEvent,
+        outbox_first: bool,
+        hold: Duration,
+    ) -> impl Future<Output = anyhow::Result<(Uuid, i64)>> + Send {
+        let _ = (event, outbox_first, hold);
+        async { bail!("this harness does not implement write_counted (the commit-order oracle)") }
+    }
     /// Whether the outbox recorded `id` as delivered, once the relay stopped. By default the
     /// stored row says `delivered` (or is gone). A source that records delivery elsewhere
     /// (CDC: the slot's confirmed position; rows stay `pending`) overrides this.
@@ -537,6 +554,95 @@ pub async fn claim_of_a_dead_relay_is_released<H: Harness>(h: &H) -> anyhow::Res
     Ok(())
 }
 
+/// Transactions of one aggregate that overlap so that commit order differs from insert
+/// order reach the broker in COMMIT order, with every replica claiming at once.
+///
+/// The oracle trusts no sequence of the outbox: each write bumps a business counter in its
+/// own transaction ([`Harness::write_counted`]), so the committed counter values are the
+/// aggregate's commit order. Phase 1 forces the inversion deterministically with the relays
+/// stopped: writer A inserts its event, then holds its transaction open; writer B, started
+/// later, inserts, bumps and commits first (where the database lets it: with an ordering lock
+/// per aggregate B waits for A, and commit order equals insert order). Only then do the
+/// relays start, so they see both committed events at once: a source that publishes in
+/// insert (id or seq) order publishes A before B and fails. Phase 2 runs concurrent writers
+/// (outbox row first or counter first, random holds) while the replicas relay.
+pub async fn concurrent_writers_reach_the_broker_in_commit_order<H: Harness>(
+    h: &H,
+) -> anyhow::Result<()> {
+    const AGGREGATES: [&str; 3] = ["cw-a", "cw-b", "cw-c"];
+    let hold = Duration::from_millis(300);
+    let mut written: Vec<(String, Uuid, i64)> = Vec::new();
+
+    // Phase 1: deterministic inversions, no relay running.
+    for aggregate in AGGREGATES {
+        let a = h.write_counted(event(aggregate, 0), true, hold);
+        let b = async {
+            tokio::time::sleep(hold / 6).await;
+            h.write_counted(event(aggregate, 1), true, Duration::ZERO)
+                .await
+        };
+        let (a, b) = tokio::join!(a, b);
+        for (id, n) in [a?, b?] {
+            written.push((aggregate.to_owned(), id, n));
+        }
+    }
+
+    let sink = Arc::new(ScriptedSink::new());
+    let relay = RunningRelay::start(
+        test_relay_config(Ordering::PerAggregate, DeadLetterPolicy::HoldAggregate, 5),
+        sink.clone(),
+        sources(
+            h,
+            h.replicas(),
+            Ordering::PerAggregate,
+            DeadLetterPolicy::HoldAggregate,
+        )
+        .await?,
+    );
+
+    // Phase 2: concurrent writers while the replicas relay.
+    let writers = (0..6).map(|w| async move {
+        let mut out = Vec::new();
+        for i in 0..8usize {
+            let aggregate = AGGREGATES[(w + i) % AGGREGATES.len()];
+            let outbox_first = (w + i) % 2 == 0;
+            let hold = Duration::from_millis(((w * 7 + i * 13) % 25) as u64);
+            let (id, n) = h
+                .write_counted(event(aggregate, 100 + w * 10 + i), outbox_first, hold)
+                .await?;
+            out.push((aggregate.to_owned(), id, n));
+        }
+        anyhow::Ok(out)
+    });
+    for result in futures::future::join_all(writers).await {
+        written.extend(result?);
+    }
+
+    let published = sink.wait_for_published(written.len(), WAIT).await;
+    relay.stop().await?;
+    let published = published?;
+    let commit_position: HashMap<Uuid, (String, i64)> = written
+        .iter()
+        .map(|(aggregate, id, n)| (*id, (aggregate.clone(), *n)))
+        .collect();
+    let mut seen: HashMap<String, Vec<i64>> = HashMap::new();
+    for e in first_deliveries(&published) {
+        if let Some((aggregate, n)) = commit_position.get(&e.id) {
+            seen.entry(aggregate.clone()).or_default().push(*n);
+        }
+    }
+    for aggregate in AGGREGATES {
+        let got = seen.remove(aggregate).unwrap_or_default();
+        let committed = written.iter().filter(|(a, _, _)| a == aggregate).count() as i64;
+        let expected: Vec<i64> = (1..=committed).collect();
+        ensure!(
+            got == expected,
+            "aggregate {aggregate}: the broker saw commit positions {got:?}, expected {expected:?} (commit order, nothing missing)"
+        );
+    }
+    Ok(())
+}
+
 /// Runs every check in turn against fresh outboxes from `new_harness`.
 pub async fn run_all<H, F, Fut>(new_harness: F) -> anyhow::Result<()>
 where
@@ -559,5 +665,6 @@ where
     check!(broker_outage_loses_nothing_and_counts_no_attempts);
     check!(shutdown_drains_the_batch_in_flight);
     check!(claim_of_a_dead_relay_is_released);
+    check!(concurrent_writers_reach_the_broker_in_commit_order);
     Ok(())
 }

@@ -23,6 +23,7 @@
 
 pub mod conformance;
 pub mod faults;
+pub mod oracle;
 pub mod services;
 pub mod sink_conformance;
 pub mod wait;

@@ -120,6 +120,17 @@ impl Harness for CdcHarness {
         self.cdc_source(ordering, dead_letter)
     }
 
+    async fn write_counted(
+        &self,
+        event: NewEvent,
+        outbox_first: bool,
+        hold: std::time::Duration,
+    ) -> anyhow::Result<(Uuid, i64)> {
+        let table = self.config.qualified_table().to_string();
+        outbox_testkit::oracle::pg_write_counted(&self.pool, &table, &event, outbox_first, hold)
+            .await
+    }
+
     async fn write(&self, events: Vec<NewEvent>, commit: bool) -> anyhow::Result<Vec<Uuid>> {
         let mut tx = self.pool.begin().await?;
         let ids = self.outbox.enqueue_batch(&mut *tx, &events).await?;
