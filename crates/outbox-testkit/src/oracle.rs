@@ -37,6 +37,28 @@ pub async fn pg_write_counted(
     .bind(&event.aggregate_id)
     .execute(pool)
     .await?;
+    // Producers that take the aggregate's ordering lock (the outbox insert) and the business
+    // row's lock in opposite orders can deadlock; PostgreSQL aborts one of them, and the
+    // application retries it, as any application with two lock orders must.
+    loop {
+        match pg_write_counted_once(pool, table, event, outbox_first, hold).await {
+            Err(sqlx::Error::Database(db))
+                if matches!(db.code().as_deref(), Some("40P01" | "40001")) =>
+            {
+                continue;
+            }
+            other => return Ok(other?),
+        }
+    }
+}
+
+async fn pg_write_counted_once(
+    pool: &PgPool,
+    table: &str,
+    event: &NewEvent,
+    outbox_first: bool,
+    hold: Duration,
+) -> Result<(Uuid, i64), sqlx::Error> {
     let insert = format!(
         "INSERT INTO {table} (aggregate_type, aggregate_id, event_type, payload, headers) \
          VALUES ($1, $2, $3, $4, $5::jsonb) RETURNING id"
