@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use outbox_core::admin::{
     DeadLetter, DeliveryModel, DoctorCheck, DoctorThresholds, EventStory, Explanation,
-    RetentionPreview, RetentionReport, RetentionSettings, RetrySelection, StatusReport,
-    StoredEventDetail, Verdict,
+    HeldAggregate, RetentionPreview, RetentionReport, RetentionSettings, RetrySelection,
+    StatusReport, StoredEventDetail, Verdict,
 };
 use outbox_core::backend::{
     Backend, BackendConfig, BoxedSource, DeadLetterStore, Explain, OpenError, OpenOptions,
@@ -18,7 +18,7 @@ use outbox_core::backend::{
 use outbox_core::sink::BoxFuture;
 use outbox_core::source::Inspect;
 use outbox_core::{NewEvent, RelayConfig, SourceError, SourceErrorKind, Unsupported};
-use sqlx::SqlitePool;
+use sqlx::{Row, SqlitePool};
 use time::OffsetDateTime;
 use uuid::Uuid;
 
@@ -135,6 +135,41 @@ impl SqliteBackend {
             verdict,
             model: DeliveryModel::Lease,
         })))
+    }
+
+    /// Aggregates held by a retrying or dead head event (`outbox status`).
+    async fn held_aggregates(&self, limit: i64) -> Result<Vec<HeldAggregate>, SourceError> {
+        let sql = crate::sql::render(
+            include_str!("../queries/outbox_held_aggregates.sql"),
+            &self.config.table,
+        );
+        let err = |e| {
+            crate::error::source_error("reading held aggregates", &self.config.table.to_string(), e)
+        };
+        // Rendered by `sql::render` from a validated identifier only.
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(err)?;
+        rows.iter()
+            .map(|r| {
+                let id: String = r.try_get(2)?;
+                Ok(HeldAggregate {
+                    aggregate_type: r.try_get(0)?,
+                    aggregate_id: r.try_get(1)?,
+                    head_id: Uuid::parse_str(&id).map_err(|e| sqlx::Error::Decode(Box::new(e)))?,
+                    state: r.try_get(3)?,
+                    attempts: r.try_get(4)?,
+                    next_attempt_at: r
+                        .try_get::<Option<i64>, _>(5)?
+                        .map(crate::timestamp::from_micros),
+                    last_error: r.try_get(6)?,
+                    waiting: r.try_get(7)?,
+                })
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(err)
     }
 
     async fn checks(&self, thresholds: DoctorThresholds) -> Vec<DoctorCheck> {
@@ -262,6 +297,7 @@ impl Backend for SqliteBackend {
             let backlog = self.inspector.backlog_at(now).await?;
             let mut status =
                 StatusReport::new(self.database(), self.config.table.to_string(), backlog);
+            status.held_aggregates = self.held_aggregates(20).await?;
             status.sections.insert(
                 "producer_lock_waits".into(),
                 serde_json::Value::Array(Vec::new()),

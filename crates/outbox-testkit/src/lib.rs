@@ -21,6 +21,7 @@
 //! `OUTBOX_TEST_AMQP_URL` (and the others named in [`services`]); without them, each test
 //! process starts its own on first use.
 
+pub mod admin_conformance;
 pub mod conformance;
 pub mod faults;
 pub mod oracle;
