@@ -95,11 +95,9 @@ pub async fn run(
     }
     let workers = config.relay.workers.get();
     let connections = u32::try_from(workers).unwrap_or(u32::MAX).saturating_add(2);
-    let backend = config
-        .source
-        .open(OpenOptions { connections })
-        .await
-        .map_err(RuntimeError::Open)?;
+    // The start line first, before the database answers: operators (and the crash tests)
+    // see at once that the process is up and its signal handlers are installed.
+    tracing::info!(config = %origin, source = config.source.kind(), database = %config.source.describe(), sink = config.sink.kind(), ordering = ?config.relay.ordering, workers, "starting relay");
     if matches!(origin, Origin::Defaults) {
         eprintln!(
             "outbox: no config file; using the embedded default: {} -> {}",
@@ -107,7 +105,12 @@ pub async fn run(
             config.sink.kind()
         );
     }
-    tracing::info!(config = %origin, source = backend.kind(), database = %backend.database(), table = %backend.table(), sink = config.sink.kind(), ordering = ?config.relay.ordering, workers, "starting relay");
+    let backend = config
+        .source
+        .open(OpenOptions { connections })
+        .await
+        .map_err(RuntimeError::Open)?;
+    tracing::debug!(table = %backend.table(), "database open");
     let pipelines = backend
         .start_relay(&config.relay)
         .await
