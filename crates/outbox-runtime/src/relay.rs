@@ -97,7 +97,6 @@ pub async fn run(
     let connections = u32::try_from(workers).unwrap_or(u32::MAX).saturating_add(2);
     // The start line first, before the database answers: operators (and the crash tests)
     // see at once that the process is up and its signal handlers are installed.
-    tracing::info!(config = %origin, source = config.source.kind(), database = %config.source.describe(), sink = config.sink.kind(), ordering = ?config.relay.ordering, workers, "starting relay");
     if matches!(origin, Origin::Defaults) {
         eprintln!(
             "outbox: no config file; using the embedded default: {} -> {}",
@@ -105,6 +104,7 @@ pub async fn run(
             config.sink.kind()
         );
     }
+    tracing::info!(config = %origin, source = config.source.kind(), database = %config.source.describe(), sink = config.sink.kind(), ordering = ?config.relay.ordering, workers, "starting relay");
     let backend = config
         .source
         .open(OpenOptions { connections })
