@@ -22,6 +22,7 @@ services_install() {
     services_nats_bin >/dev/null 2>&1 || missing+=(nats-server)
     services_redis_bin >/dev/null 2>&1 || missing+=(redis-server)
     services_rabbitmq_bin >/dev/null 2>&1 || missing+=(rabbitmq-server)
+    services_pgbouncer_bin >/dev/null 2>&1 || missing+=(pgbouncer)
     [ ${#missing[@]} -eq 0 ] && return 0
     local sudo=()
     if [ "$(id -u)" != 0 ]; then
@@ -35,7 +36,13 @@ services_install() {
     "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
     "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" </dev/null >&2
     services_pg_bindir >/dev/null && services_nats_bin >/dev/null && services_redis_bin >/dev/null &&
-        services_rabbitmq_bin >/dev/null
+        services_rabbitmq_bin >/dev/null && services_pgbouncer_bin >/dev/null
+}
+
+# pgbouncer (Debian installs it in /usr/sbin); the tests start their own per test.
+services_pgbouncer_bin() {
+    command -v pgbouncer 2>/dev/null && return 0
+    [ -x /usr/sbin/pgbouncer ] && echo /usr/sbin/pgbouncer
 }
 
 # The directory holding initdb, pg_ctl and postgres (Debian keeps them out of PATH).

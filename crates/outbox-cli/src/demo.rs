@@ -48,7 +48,14 @@ pub(crate) struct DemoArgs {
     /// Print the summary as JSON.
     #[arg(long)]
     pub(crate) json: bool,
+    /// Print every event on the terminal. Without it, a terminal shows the first few events,
+    /// a progress line and the summary (a pipe or --out always gets every event).
+    #[arg(long)]
+    pub(crate) all: bool,
 }
+
+/// Events shown on a terminal before the demo switches to its progress line.
+const SAMPLE: u64 = 5;
 
 /// What the demo did and whether the guarantees held.
 #[derive(Debug, Clone, Serialize)]
@@ -153,10 +160,12 @@ async fn demo(args: &DemoArgs, run_id: &str, path: &Path) -> anyhow::Result<Demo
 
     let expected = u64::from(args.orders - rolled_back_count(args));
     let bar = progress_bar(args, expected);
+    let sample = sampling(args).then(|| std::sync::atomic::AtomicU64::new(SAMPLE));
     let sink = Arc::new(Recorder {
         inner: build_sink(args).await?,
         seen: Mutex::new(HashMap::new()),
         bar: bar.clone(),
+        sample,
     });
     let relay_config = RelayConfig {
         workers: std::num::NonZeroUsize::MIN,
@@ -302,6 +311,9 @@ struct Recorder {
     inner: Box<dyn DynSink>,
     seen: Mutex<HashMap<Uuid, Seen>>,
     bar: ProgressBar,
+    /// On a terminal without --all: how many more events the real sink prints; the rest are
+    /// acknowledged without printing (the summary still checks every one).
+    sample: Option<std::sync::atomic::AtomicU64>,
 }
 
 impl Sink for Recorder {
@@ -310,7 +322,26 @@ impl Sink for Recorder {
     }
 
     async fn publish(&self, batch: &[Event]) -> Result<Vec<Delivery>, SinkError> {
-        let deliveries = self.inner.publish(batch).await?;
+        let deliveries = match &self.sample {
+            None => self.inner.publish(batch).await?,
+            Some(left) => {
+                use std::sync::atomic::Ordering::Relaxed;
+                let shown = left
+                    .fetch_update(Relaxed, Relaxed, |n| {
+                        Some(n.saturating_sub(batch.len() as u64))
+                    })
+                    .unwrap_or(0)
+                    .min(batch.len() as u64) as usize;
+                let mut d = self.inner.publish(&batch[..shown]).await?;
+                if shown > 0 && left.load(Relaxed) == 0 {
+                    eprintln!("... (the rest is counted, not printed: --all prints every event)");
+                    // The sample is out: the progress line can have the terminal now.
+                    self.bar.set_draw_target(ProgressDrawTarget::stderr());
+                }
+                d.extend(std::iter::repeat_with(|| Ok(())).take(batch.len() - shown));
+                d
+            }
+        };
         let now = Instant::now();
         let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
         for (event, delivery) in batch.iter().zip(&deliveries) {
@@ -353,13 +384,24 @@ async fn build_sink(args: &DemoArgs) -> anyhow::Result<Box<dyn DynSink>> {
     })
 }
 
+/// Whether the terminal gets a sample of the events instead of all of them.
+fn sampling(args: &DemoArgs) -> bool {
+    args.out.is_none() && !args.all && std::io::stdout().is_terminal()
+}
+
 fn progress_bar(args: &DemoArgs, expected: u64) -> ProgressBar {
-    // Events on the terminal and a bar on the same terminal would garble each other.
+    // Every event on the terminal and a bar on the same terminal would garble each other.
     let events_on_terminal = args.out.is_none() && std::io::stdout().is_terminal();
-    if events_on_terminal {
+    if events_on_terminal && !sampling(args) {
         return ProgressBar::hidden();
     }
-    let bar = ProgressBar::with_draw_target(Some(expected), ProgressDrawTarget::stderr());
+    // While the sample is printed the bar stays hidden (the sink shows it afterwards).
+    let target = if sampling(args) {
+        ProgressDrawTarget::hidden()
+    } else {
+        ProgressDrawTarget::stderr()
+    };
+    let bar = ProgressBar::with_draw_target(Some(expected), target);
     if let Ok(style) =
         ProgressStyle::with_template("{spinner} published {pos}/{len} events {wide_bar} {elapsed}")
     {
@@ -555,6 +597,7 @@ mod tests {
             database: None,
             keep: false,
             json: true,
+            all: false,
         };
         let s = check(&orders, &seen, "run1", 0, &args, Path::new("x.db"), started);
         assert_eq!((s.orders_committed, s.orders_rolled_back), (2, 1));
@@ -573,6 +616,7 @@ mod tests {
             database: None,
             keep: false,
             json: false,
+            all: false,
         };
         assert_eq!(rolled_back_count(&args), 30);
         let never = DemoArgs {

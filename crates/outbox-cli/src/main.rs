@@ -1,4 +1,4 @@
-//! The `outbox` command: migrate, relay, status, demo.
+//! The `outbox` command: the relay and every operator command (`outbox --help` lists them).
 //!
 //! Thin on purpose: each command parses its flags, loads the config, and calls the runtime
 //! (`outbox-runtime`) and the backend it opens; no command names a database. Errors reach
@@ -21,7 +21,7 @@ use clap::{Parser, Subcommand};
 /// Transactional outbox relay: publishes the events your transactions wrote, at least once,
 /// in per-aggregate order.
 #[derive(Debug, Parser)]
-#[command(name = "outbox", version, about, long_about = None)]
+#[command(name = "outbox", version, long_about = None)]
 struct Cli {
     /// Config file (TOML). Default: ./outbox.toml if present, else the embedded default
     /// (SQLite `outbox.db` + stdout).
@@ -62,7 +62,7 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Check the configuration and print it resolved (secrets redacted).
+    /// Check the configuration and print the effective one as TOML (secrets as ***).
     CheckConfig,
     /// Dead letters: list, show, retry, purge.
     #[command(subcommand)]
@@ -83,11 +83,14 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    // The demo prints its own story; library chatter would drown it.
-    let default_level = if matches!(cli.command, Command::Demo(_)) {
-        "warn"
-    } else {
-        "info"
+    // Long-running commands log their progress; the others print a report (or a story, for
+    // the demo) on stdout, and info-level library chatter on stderr would only repeat or
+    // drown it. OUTBOX_LOG=info brings it back.
+    let default_level = match cli.command {
+        Command::Relay | Command::Bench(_) | Command::Retention(_) | Command::Replay(_) => "info",
+        // The NATS client logs a refused connection as an ERROR line of its own; the command's
+        // verdict already says it, with the URL.
+        _ => "warn,async_nats=off",
     };
     init_tracing(cli.log_format, default_level);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -140,7 +143,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::CheckConfig => {
             let (config, origin) = load()?;
-            println!("configuration from {origin} is valid:\n{config:#?}");
+            println!(
+                "# The configuration from {origin} is valid. Effective values, defaults filled\n# in; secrets are shown as ***.\n\n{}",
+                config.to_redacted_toml()?
+            );
             Ok(())
         }
     }

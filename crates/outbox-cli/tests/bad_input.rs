@@ -198,17 +198,21 @@ async fn database_url_from_the_environment_overrides_the_file() -> anyhow::Resul
         String::from_utf8_lossy(&out.stderr)
     );
     ensure!(
-        stdout.contains("Postgres"),
+        stdout.contains("kind = \"postgres\""),
         "source kind not inferred: {stdout}"
     );
     ensure!(
-        stdout.contains("max_attempts: 3"),
+        stdout.contains("max_attempts = 3"),
         "env override ignored: {stdout}"
     );
     ensure!(
-        stdout.contains("batch_size: 7"),
+        stdout.contains("batch_size = 7"),
         "file value lost: {stdout}"
     );
     ensure!(!stdout.contains("pw@"), "password printed: {stdout}");
+    ensure!(
+        stdout.contains("url = \"postgres://u:***@127.0.0.1:5/db\""),
+        "{stdout}"
+    );
     Ok(())
 }

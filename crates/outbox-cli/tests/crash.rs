@@ -78,7 +78,6 @@ stream = "{tag}"
         work.spawn_relay(&config, "relay-0.log")?,
         work.spawn_relay(&config, "relay-1.log")?,
     ];
-    let mut spawns = [1usize, 1];
 
     // One producer per aggregate group: program order is commit order for its aggregates.
     let mut producers = Vec::new();
@@ -132,8 +131,14 @@ stream = "{tag}"
         let victim = rand::rng().random_range(0..relays.len());
         relays[victim].start_kill()?; // SIGKILL
         relays[victim].wait().await?;
+        // A marker per spawn: a relay killed before its start line (a loaded machine can take
+        // longer than the pause to exec it) must not make the next one look unstarted.
+        append(
+            &work,
+            &format!("relay-{victim}.log"),
+            "=== restarted by the test ===\n",
+        )?;
         relays[victim] = work.spawn_relay(&config, &format!("relay-{victim}.log"))?;
-        spawns[victim] += 1;
         tracing::info!(kill = k, victim, "relay killed and restarted");
     }
     let mut committed: Vec<(String, usize)> = Vec::new();
@@ -165,9 +170,13 @@ stream = "{tag}"
         // A relay restarted a moment ago may still be exec'ing; let it reach its start line
         // (its signal handlers are installed before that) so SIGTERM means "drain".
         let log = format!("relay-{i}.log");
-        let spawned = spawns[i];
-        outbox_testkit::wait::eventually(Duration::from_secs(20), || async {
-            work.read_log(&log).matches("starting relay").count() >= spawned
+        outbox_testkit::wait::eventually(Duration::from_secs(90), || async {
+            let text = work.read_log(&log);
+            let current = text
+                .rsplit("=== restarted by the test ===")
+                .next()
+                .unwrap_or("");
+            current.contains("starting relay")
         })
         .await
         .with_context(|| format!("relay {i} never started:\n{}", work.read_log(&log)))?;
@@ -208,5 +217,15 @@ stream = "{tag}"
             by_aggregate.get(agg)
         );
     }
+    Ok(())
+}
+
+fn append(work: &Workdir, log: &str, text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(work.path().join(log))?;
+    f.write_all(text.as_bytes())?;
     Ok(())
 }

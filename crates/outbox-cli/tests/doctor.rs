@@ -243,3 +243,137 @@ async fn doctor_is_green_when_healthy_and_red_for_each_real_fault() -> anyhow::R
     ensure_red(&out, &report, "config", "batch_sise")?;
     Ok(())
 }
+
+/// Faults the on-call engineer meets in CDC mode: a dead-lettered row is a warning there too,
+/// and a dropped publication (on which `outbox relay` refuses to start) is red.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_in_cdc_mode_sees_dead_letters_and_a_dropped_publication() -> anyhow::Result<()> {
+    let pg = Postgres::shared().await?;
+    let url = pg.fresh_database().await?;
+    let hooks = HttpReceiver::start().await?;
+    let work = Workdir::new()?;
+    // Slots are cluster-wide: names of their own.
+    let tag = &uuid::Uuid::new_v4().simple().to_string()[..16];
+    let cfg_path = work.write_config(
+        "cdc.toml",
+        &format!(
+            "[source]\nkind = \"postgres\"\nurl = \"{url}\"\nmode = \"cdc\"\nslot = \"s_{tag}\"\npublication = \"p_{tag}\"\n[sink]\nkind = \"http\"\nurl = \"{}\"\n",
+            hooks.url_for("/in")
+        ),
+    )?;
+    let cfg = cfg_path.to_str().context("path")?;
+    let out = work.run(&["migrate", "--config", cfg]).await?;
+    ensure!(out.code == Some(0), "{out:?}");
+    let pool = sqlx::PgPool::connect(&url).await?;
+    let cleanup = async {
+        let _ = sqlx::query("SELECT pg_drop_replication_slot($1)")
+            .bind(format!("s_{tag}"))
+            .execute(&pool)
+            .await;
+    };
+
+    let (_, report) = doctor(&work, cfg, &[]).await?;
+    let publication = check(&report, "publication")?;
+    ensure!(publication["health"] == "ok", "{report}");
+    ensure!(
+        check(&report, "dead_letters")?["health"] == "ok",
+        "{report}"
+    );
+
+    sqlx::query("INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, state) VALUES ('Order', 'o1', 'order.placed', 'x', 'dead')")
+        .execute(&pool)
+        .await?;
+    let (_, report) = doctor(&work, cfg, &[]).await?;
+    let dead = check(&report, "dead_letters")?;
+    ensure!(
+        dead["health"] == "warn" && dead["detail"].as_str().is_some_and(|d| d.contains('1')),
+        "{report}"
+    );
+
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP PUBLICATION p_{tag}")))
+        .execute(&pool)
+        .await?;
+    let (out, report) = doctor(&work, cfg, &[]).await?;
+    let verdict = ensure_red(&out, &report, "publication", &format!("p_{tag}"));
+    cleanup.await;
+    verdict
+}
+
+/// A database that accepts the connection and never answers (a hung server, a half-open
+/// network path): the verdict names the URL (password hidden) and says it did not answer in
+/// time, and the broker is checked all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_says_a_hung_database_did_not_answer() -> anyhow::Result<()> {
+    let hung = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let port = hung.local_addr()?.port();
+    let held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((socket, _)) = hung.accept().await {
+            open.push(socket);
+        }
+    });
+    let hooks = HttpReceiver::start().await?;
+    let work = Workdir::new()?;
+    let cfg_path = work.write_config(
+        "outbox.toml",
+        &format!(
+            "[source]\nkind = \"postgres\"\nurl = \"postgres://app:Hung-Secret-51@127.0.0.1:{port}/app\"\nconnect_timeout = \"1s\"\n[sink]\nkind = \"http\"\nurl = \"{}\"\n",
+            hooks.url_for("/in")
+        ),
+    )?;
+    let cfg = cfg_path.to_str().context("path")?;
+    let (out, report) = doctor(&work, cfg, &[]).await?;
+    held.abort();
+    ensure_red(&out, &report, "database", "did not answer within 1s")?;
+    let detail = check(&report, "database")?["detail"].to_string();
+    ensure!(
+        detail.contains(&format!("127.0.0.1:{port}")) && !detail.contains("pool timed out"),
+        "{report}"
+    );
+    ensure!(check(&report, "sink")?["health"] == "ok", "{report}");
+    ensure!(
+        !format!("{}{}", out.stdout, out.stderr).contains("Hung-Secret-51"),
+        "the password was printed: {out:?}"
+    );
+    Ok(())
+}
+
+/// The NATS sink check looks the stream up and creates nothing; stderr carries no client
+/// chatter (INFO lines, retry warnings), only the verdict.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_checks_nats_without_creating_the_stream() -> anyhow::Result<()> {
+    use outbox_testkit::services::Nats;
+    let pg = Postgres::shared().await?;
+    let url = pg.fresh_database().await?;
+    let nats = Nats::shared().await?;
+    let work = Workdir::new()?;
+    let stream = format!("DOC_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]).to_uppercase();
+    let cfg_path = work.write_config(
+        "outbox.toml",
+        &format!(
+            "[source]\nkind = \"postgres\"\nurl = \"{url}\"\n[sink]\nkind = \"nats\"\nurl = \"{}\"\nstream = \"{stream}\"\ndestination = \"{}.{{aggregate_type}}\"\n",
+            nats.url(),
+            stream.to_lowercase()
+        ),
+    )?;
+    let cfg = cfg_path.to_str().context("path")?;
+    ensure!(work.run(&["migrate", "--config", cfg]).await?.code == Some(0));
+    // As a user runs it: without the suite's OUTBOX_LOG=info.
+    let text = work.run_as_user(&["doctor", "--config", cfg]).await?;
+    ensure!(text.code == Some(0), "{text:?}");
+    ensure!(
+        text.stdout.contains("no stream captures"),
+        "the verdict should say the stream does not exist yet: {text:?}"
+    );
+    ensure!(
+        !text.stderr.contains("INFO") && !text.stderr.contains("WARN"),
+        "stderr carries log chatter: {}",
+        text.stderr
+    );
+    let js = async_nats::jetstream::new(nats.connect().await?);
+    ensure!(
+        js.get_stream(&stream).await.is_err(),
+        "doctor created the stream `{stream}`"
+    );
+    Ok(())
+}

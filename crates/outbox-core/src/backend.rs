@@ -353,7 +353,7 @@ pub struct OpenOptions {
 /// The `[source]` section of one database kind: validated, then opened into a [`Backend`].
 /// The runtime's registry lists one line per implementation.
 pub trait BackendConfig:
-    serde::de::DeserializeOwned + std::fmt::Debug + Clone + Send + Sync + 'static
+    serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug + Clone + Send + Sync + 'static
 {
     /// The `kind` value that selects it.
     const KIND: &'static str;

@@ -130,6 +130,12 @@ impl<'de> serde::Deserialize<'de> for Destination {
     }
 }
 
+impl serde::Serialize for Destination {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.template)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,7 +9,7 @@ use serde::Deserialize;
 use crate::SinkErrorKind;
 
 /// Exponential backoff between failed attempts of one event.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Backoff {
     /// Delay after the first failure.

@@ -11,6 +11,51 @@
 //!   `key=value key=value` strings.
 //! - Anything else, including text that is not a URL at all, is returned unchanged.
 
+/// Serde `serialize_with` helpers for config fields, so the effective config printed by
+/// `outbox check-config` shows `***` wherever a secret was.
+pub mod serde_redacted {
+    use std::collections::BTreeMap;
+
+    use serde::Serializer;
+
+    /// A URL or connection string, through [`super::redact_url`].
+    pub fn url<S: Serializer>(value: &str, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&super::redact_url(value))
+    }
+
+    /// A list of URLs (broker lists), each through [`super::redact_url`].
+    pub fn urls<S: Serializer>(values: &[String], s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(values.iter().map(|v| super::redact_url(v)))
+    }
+
+    /// A value that is secret whatever it holds.
+    pub fn secret<S: Serializer, T>(_: &T, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str("***")
+    }
+
+    /// A map whose every value may be secret (HTTP headers: `Authorization`, API keys).
+    pub fn values<S: Serializer, V>(map: &BTreeMap<String, V>, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_map(map.keys().map(|k| (k, "***")))
+    }
+
+    /// A map of settings whose secret keys ([`super::is_secret_key`]) are masked.
+    pub fn settings<S: Serializer>(
+        map: &BTreeMap<String, String>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        s.collect_map(map.iter().map(|(k, v)| {
+            (
+                k,
+                if super::is_secret_key(k) {
+                    "***".to_owned()
+                } else {
+                    super::redact_url(v)
+                },
+            )
+        }))
+    }
+}
+
 /// Replaces every secret in `text` (a URL or a `key=value` connection string) with `***`.
 pub fn redact_url(text: &str) -> String {
     let (head, rest) = match text.find("://") {

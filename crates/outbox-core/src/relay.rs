@@ -50,7 +50,7 @@ pub enum DeadLetterPolicy {
 }
 
 /// Relay settings (`[relay]` in the config file).
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RelayConfig {
     /// Ordering guarantee (`none`, `per-aggregate`, `total`).

@@ -198,4 +198,15 @@ pub trait BuildSink:
     fn build(&self) -> BoxFuture<'_, Result<Box<dyn DynSink>, SinkError>>;
     /// Where `event` goes, for people: `NATS subject outbox.event.Order`.
     fn describe_destination(&self, event: &Event) -> String;
+    /// Checks that the broker is reachable and set up for this config **without changing
+    /// anything** (`outbox doctor`), and says what it found. The default builds the sink and
+    /// runs its healthcheck: a sink whose `build` creates something (a stream, a file)
+    /// overrides it.
+    fn check(&self) -> BoxFuture<'_, Result<String, SinkError>> {
+        Box::pin(async move {
+            let sink = self.build().await?;
+            sink.dyn_healthcheck().await?;
+            Ok(format!("{} sink reachable", Self::KIND))
+        })
+    }
 }

@@ -212,10 +212,14 @@ impl PgBackend {
         if let Err(e) = PgPollSource::analyze_if_never_analyzed(&self.pool, &self.config).await {
             tracing::warn!(error = %outbox_core::relay::ErrorChain(&e), "could not collect planner statistics; the first claims may be slow");
         }
+        let workers = u32::try_from(relay.workers.get()).unwrap_or(u32::MAX);
+        let claims = crate::connect_claims(&self.config, &self.pool, workers)
+            .await
+            .map_err(|e| unavailable(&e))?;
         let sources = (0..relay.workers.get())
             .map(|_| {
                 BoxedSource::new(PgPollSource::new(
-                    self.pool.clone(),
+                    claims.clone(),
                     &self.config,
                     relay.ordering,
                     relay.dead_letter,

@@ -56,6 +56,13 @@ pub fn redact(url: &str) -> String {
     outbox_core::redact::redact_url(url)
 }
 
+/// Serialized redacted: the effective config `outbox check-config` prints shows `***`.
+impl serde::Serialize for DatabaseUrl {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.redacted())
+    }
+}
+
 impl fmt::Debug for DatabaseUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.redacted())
@@ -69,7 +76,7 @@ impl fmt::Display for DatabaseUrl {
 }
 
 /// PostgreSQL source settings.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct PostgresConfig {
     /// Connection URL, e.g. `postgres://app@127.0.0.1:5432/app`. Env: `OUTBOX_DATABASE_URL`.
@@ -94,6 +101,12 @@ pub struct PostgresConfig {
     /// `migrate`). Lowers idle latency; costs producers commit throughput. Default false.
     #[serde(default)]
     pub listen_notify: bool,
+    /// `source.url` reaches PostgreSQL through a pooler in transaction mode (PgBouncer
+    /// `pool_mode = transaction`, also before 1.21, which cannot carry prepared statements):
+    /// no named prepared statements, no session state, every statement inside a transaction.
+    /// Polling mode only; `listen_notify` and CDC need a direct connection. Default false.
+    #[serde(default)]
+    pub transaction_pooling: bool,
     /// Connections in the relay's pool (one per worker, plus one for status and metrics).
     #[serde(default)]
     pub max_connections: Option<u32>,
@@ -165,6 +178,7 @@ impl PostgresConfig {
             on_delivered: OnDelivered::Mark,
             partitioning: crate::Partitioning::None,
             listen_notify: false,
+            transaction_pooling: false,
             max_connections: None,
             claim_timeout: default_claim_timeout(),
             connect_timeout: default_connect_timeout(),
@@ -199,6 +213,12 @@ impl PostgresConfig {
                     self.partitioning.as_str()
                 ));
             }
+        }
+        if self.transaction_pooling && self.mode == Mode::Cdc {
+            return Err("source.transaction_pooling: CDC streams over a replication connection, which no transaction pooler carries; point source.url at PostgreSQL itself (the pooler can stay in front of the producers)".into());
+        }
+        if self.transaction_pooling && self.listen_notify {
+            return Err("source.listen_notify: LISTEN needs a session of its own, which a transaction pooler does not keep; turn it off with source.transaction_pooling = true (the relay polls)".into());
         }
         if self.claim_timeout < Duration::from_secs(1) {
             return Err("source.claim_timeout: must be at least 1s".into());

@@ -45,7 +45,7 @@ impl PgDeadLetters {
         aggregate_id: Option<&str>,
         limit: i64,
     ) -> Result<Vec<DeadLetter>, SourceError> {
-        let rows = sqlx::query(stmt(&self.queries.dead_list))
+        let rows = crate::sql::query(stmt(&self.queries.dead_list))
             .bind(event_type)
             .bind(aggregate_id)
             .bind(limit)
@@ -80,7 +80,7 @@ impl PgDeadLetters {
         id: Uuid,
         now: OffsetDateTime,
     ) -> Result<Option<StoredEventDetail>, SourceError> {
-        let row = sqlx::query(stmt(&self.queries.dead_show))
+        let row = crate::sql::query(stmt(&self.queries.dead_show))
             .bind(id)
             .bind(now)
             .fetch_optional(&self.pool)
@@ -128,7 +128,7 @@ impl PgDeadLetters {
         } else {
             &self.queries.dead_retry
         };
-        sqlx::query_scalar(stmt(query))
+        crate::sql::query_scalar(stmt(query))
             .bind(ids)
             .bind(event_type)
             .bind(all)
@@ -143,7 +143,7 @@ impl PgDeadLetters {
         before: OffsetDateTime,
         event_type: Option<&str>,
     ) -> Result<Vec<Uuid>, SourceError> {
-        sqlx::query_scalar(stmt(&self.queries.dead_purge))
+        crate::sql::query_scalar(stmt(&self.queries.dead_purge))
             .bind(before)
             .bind(event_type)
             .fetch_all(&self.pool)

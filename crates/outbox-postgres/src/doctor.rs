@@ -122,7 +122,7 @@ async fn indexes(pool: &PgPool, config: &PostgresConfig) -> DoctorCheck {
     let table = config.qualified_table();
     let sql = render(include_str!("../queries/doctor_indexes.sql"), &table);
     // Rendered by `sql::render` from validated identifiers only.
-    let rows: Vec<(String, bool)> = match sqlx::query_as(sqlx::AssertSqlSafe(sql))
+    let rows: Vec<(String, bool)> = match crate::sql::query_as(sqlx::AssertSqlSafe(sql))
         .bind(render("{{table}}", &table))
         .fetch_all(pool)
         .await
@@ -179,7 +179,7 @@ async fn indexes(pool: &PgPool, config: &PostgresConfig) -> DoctorCheck {
 
 async fn cdc(pool: &PgPool, config: &PostgresConfig) -> Vec<DoctorCheck> {
     let mut checks = Vec::new();
-    let settings = sqlx::query(include_str!("../queries/doctor_settings.sql"))
+    let settings = crate::sql::query(include_str!("../queries/doctor_settings.sql"))
         .fetch_one(pool)
         .await;
     match settings {
@@ -245,7 +245,60 @@ async fn cdc(pool: &PgPool, config: &PostgresConfig) -> Vec<DoctorCheck> {
             "check the user's privileges (pg_replication_slots)",
         ),
     });
+    checks.push(publication(pool, config).await);
     checks
+}
+
+/// The publication the relay streams: it must exist, publish inserts and include the table
+/// (the relay refuses to start otherwise).
+async fn publication(pool: &PgPool, config: &PostgresConfig) -> DoctorCheck {
+    let name = config.publication.as_str();
+    let table = config.qualified_table();
+    let row = crate::sql::query(crate::cdc::queries::PUBLICATION_STATUS)
+        .bind(name)
+        .bind(config.schema.as_str())
+        .bind(config.table.as_str())
+        .fetch_optional(pool)
+        .await;
+    let fix = "run `outbox migrate` with source.mode = \"cdc\" (it creates the publication or adds the table); events committed meanwhile are streamed once it exists only if the slot still holds them: see docs/cdc.md";
+    match row {
+        Ok(None) => DoctorCheck::red(
+            "publication",
+            format!("publication `{name}` does not exist: the CDC relay refuses to start"),
+            fix,
+        ),
+        Ok(Some(r)) => {
+            let inserts = r.try_get::<bool, _>("pubinsert").unwrap_or(false);
+            let has_table = r.try_get::<bool, _>("has_table").unwrap_or(false);
+            if !has_table {
+                DoctorCheck::red(
+                    "publication",
+                    format!(
+                        "publication `{name}` does not include {table}: the CDC relay refuses to start"
+                    ),
+                    fix,
+                )
+            } else if !inserts {
+                DoctorCheck::red(
+                    "publication",
+                    format!(
+                        "publication `{name}` does not publish inserts: the CDC relay refuses to start"
+                    ),
+                    format!("ALTER PUBLICATION \"{name}\" SET (publish = 'insert')"),
+                )
+            } else {
+                DoctorCheck::ok(
+                    "publication",
+                    format!("`{name}` publishes inserts of {table}"),
+                )
+            }
+        }
+        Err(e) => DoctorCheck::red(
+            "publication",
+            format!("cannot read publication `{name}`: {e}"),
+            "check the user's privileges (pg_publication)",
+        ),
+    }
 }
 
 /// Describes a transaction for a human: pid, state, age, query start and query.
@@ -321,7 +374,7 @@ async fn idle_transactions(pool: &PgPool, sql: &str, stale: Duration) -> DoctorC
 
 async fn bloat(pool: &PgPool, config: &PostgresConfig) -> DoctorCheck {
     let table = config.qualified_table();
-    let stats = sqlx::query(include_str!("../queries/doctor_table_stats.sql"))
+    let stats = crate::sql::query(include_str!("../queries/doctor_table_stats.sql"))
         .bind(config.schema.as_str())
         .bind(config.table.as_str())
         .fetch_optional(pool)
@@ -375,8 +428,25 @@ async fn backlog(
     stuck_after: Duration,
 ) -> Vec<DoctorCheck> {
     if config.mode == Mode::Cdc {
-        // Pending CDC events are WAL held by the slot (checked above), not row state.
-        return Vec::new();
+        // Pending CDC events are WAL held by the slot (checked above), not row state; dead
+        // letters are rows.
+        let sql = render(
+            include_str!("../queries/outbox_cdc_backlog.sql"),
+            &config.qualified_table(),
+        );
+        return vec![
+            match crate::sql::query_scalar::<i64>(sqlx::AssertSqlSafe(sql))
+                .fetch_one(pool)
+                .await
+            {
+                Ok(dead) => dead_letters(u64::try_from(dead).unwrap_or(0)),
+                Err(e) => DoctorCheck::red(
+                    "dead_letters",
+                    format!("cannot count dead letters: {e}"),
+                    "run `outbox migrate`; check the user's privileges",
+                ),
+            },
+        ];
     }
     let inspector = PgInspector::new(pool.clone(), config);
     let b = match inspector.backlog_at(OffsetDateTime::now_utc()).await {
@@ -409,14 +479,17 @@ async fn backlog(
             format!("{age:.1}s ({} pending, {} retrying)", b.pending, b.retrying),
         )
     };
-    let dead = if b.dead > 0 {
+    vec![oldest, dead_letters(b.dead)]
+}
+
+fn dead_letters(dead: u64) -> DoctorCheck {
+    if dead > 0 {
         DoctorCheck::warn(
             "dead_letters",
-            format!("{} dead-lettered event(s)", b.dead),
+            format!("{dead} dead-lettered event(s)"),
             "`outbox dead list` shows why; `outbox dead retry` puts them back in line once fixed",
         )
     } else {
         DoctorCheck::ok("dead_letters", "none")
-    };
-    vec![oldest, dead]
+    }
 }

@@ -121,7 +121,7 @@ pub(crate) async fn open_transactions(
     min_age: std::time::Duration,
     limit: i64,
 ) -> Result<Vec<OpenTransaction>, sqlx::Error> {
-    let rows = sqlx::query(audited(sql))
+    let rows = crate::sql::query(audited(sql))
         .bind(min_age.as_secs_f64())
         .bind(limit)
         .fetch_all(pool)
@@ -181,7 +181,7 @@ impl PgInspector {
         limit: i64,
     ) -> Result<Vec<OpenTransaction>, SourceError> {
         let e = |e| self.err("reading uncommitted writers", e);
-        let rows = sqlx::query(audited(&self.extra.why_writers))
+        let rows = crate::sql::query(audited(&self.extra.why_writers))
             .bind(&self.extra.table_name)
             .bind(limit)
             .fetch_all(&self.pool)
@@ -197,7 +197,7 @@ impl PgInspector {
         now: OffsetDateTime,
         stuck_after: std::time::Duration,
     ) -> Result<Watchdog, SourceError> {
-        let stuck_events: i64 = sqlx::query_scalar(audited(&self.extra.stuck_events))
+        let stuck_events: i64 = crate::sql::query_scalar(audited(&self.extra.stuck_events))
             .bind(now - stuck_after)
             .fetch_one(&self.pool)
             .await
@@ -250,7 +250,7 @@ impl PgInspector {
         if let Some(until) = event.backoff_until {
             return Ok(Verdict::Backoff { until });
         }
-        let blocker = sqlx::query(audited(&self.extra.why_blocker))
+        let blocker = crate::sql::query(audited(&self.extra.why_blocker))
             .bind(&event.summary.aggregate_type)
             .bind(&event.summary.aggregate_id)
             .bind(event.seq)
@@ -273,7 +273,7 @@ impl PgInspector {
             return Ok(Verdict::BlockedByEarlier { blocker });
         }
         let mut tx = self.pool.begin().await.map_err(e)?;
-        let free: Option<Uuid> = sqlx::query_scalar(audited(&self.extra.why_claimed))
+        let free: Option<Uuid> = crate::sql::query_scalar(audited(&self.extra.why_claimed))
             .bind(event.summary.id)
             .fetch_optional(&mut *tx)
             .await
@@ -282,7 +282,7 @@ impl PgInspector {
         if free.is_none() {
             return Ok(Verdict::Claimed);
         }
-        let ahead: i64 = sqlx::query_scalar(audited(&self.extra.why_queue))
+        let ahead: i64 = crate::sql::query_scalar(audited(&self.extra.why_queue))
             .bind(event.seq)
             .bind(now)
             .bind(100_000_i64)
@@ -298,7 +298,7 @@ impl PgInspector {
 
     /// Backlog counters at `now`.
     pub async fn backlog_at(&self, now: OffsetDateTime) -> Result<Backlog, SourceError> {
-        let row = sqlx::query(stmt(&self.queries.backlog))
+        let row = crate::sql::query(stmt(&self.queries.backlog))
             .bind(now)
             .fetch_one(&self.pool)
             .await
@@ -328,7 +328,7 @@ impl PgInspector {
         now: OffsetDateTime,
         limit: i64,
     ) -> Result<Vec<HeldAggregate>, SourceError> {
-        let rows = sqlx::query(stmt(&self.queries.held_aggregates))
+        let rows = crate::sql::query(stmt(&self.queries.held_aggregates))
             .bind(now)
             .bind(limit)
             .fetch_all(&self.pool)
@@ -353,7 +353,7 @@ impl PgInspector {
 
     /// Producers waiting for an aggregate lock, with the transactions holding them.
     pub async fn lock_waits(&self, limit: i64) -> Result<Vec<LockWait>, SourceError> {
-        let rows = sqlx::query(stmt(&self.queries.lock_waits))
+        let rows = crate::sql::query(stmt(&self.queries.lock_waits))
             .bind(limit)
             .fetch_all(&self.pool)
             .await

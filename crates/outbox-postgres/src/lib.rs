@@ -52,26 +52,147 @@ pub use outbox_core::admin::{
 
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, PgConnection, PgPool};
+use sqlx_core::transaction::TransactionManager;
+
+/// The URL without secret parameters the driver does not support (`sslpassword`, tokens):
+/// sqlx ignores them, but its warning prints their values. Each one dropped is logged by
+/// name only.
+fn without_unsupported_secrets(raw: &str) -> String {
+    let Ok(mut url) = url::Url::parse(raw) else {
+        return raw.to_owned();
+    };
+    let (kept, dropped): (Vec<_>, Vec<_>) = url
+        .query_pairs()
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .partition(|(k, _)| k == "password" || !outbox_core::redact::is_secret_key(k));
+    if dropped.is_empty() {
+        return raw.to_owned();
+    }
+    for (key, _) in &dropped {
+        tracing::warn!(key = %key, "source.url: connection parameter not supported by the driver; ignored");
+    }
+    if kept.is_empty() {
+        url.set_query(None);
+    } else {
+        url.query_pairs_mut().clear().extend_pairs(kept);
+    }
+    url.to_string()
+}
 
 /// Opens a pool for the relay or the CLI: `connections` connections, each with
 /// `idle_in_transaction_session_timeout = claim_timeout` and `application_name = outbox`.
+///
+/// With `source.transaction_pooling` (PgBouncer in transaction mode) the process switches to
+/// unnamed statements, and every connection handed out by this pool is already inside a
+/// transaction that ends when it returns to the pool: a pooler may give the next transaction
+/// another server, so a statement must never be prepared in one and run in the next. (A
+/// `begin()` on such a connection is a savepoint.) Claims use [`connect_claims`] instead.
 pub async fn connect(config: &PostgresConfig, connections: u32) -> Result<PgPool, sqlx::Error> {
-    let options: PgConnectOptions = config.url.expose().parse()?;
-    let timeout_ms = config.claim_timeout.as_millis().to_string();
-    let options = options
-        .application_name("outbox")
-        .options([("idle_in_transaction_session_timeout", timeout_ms.as_str())]);
-    // One direct connection first: a pool only reports "timed out", this says why
-    // (connection refused, authentication failed, unknown database).
-    let probe = tokio::time::timeout(config.connect_timeout, PgConnection::connect_with(&options))
+    let options = connect_options(config)?;
+    probe(config, &options).await?;
+    let pool = pool_options(config, connections);
+    if !config.transaction_pooling {
+        return pool.connect_with(options).await;
+    }
+    sql::use_unnamed_statements();
+    // A new connection is handed out without `before_acquire`: it begins in `after_connect`.
+    pool.after_connect(|conn, _| Box::pin(async move { Tm::begin(conn, None).await }))
+        .before_acquire(|conn, _| {
+            Box::pin(async move {
+                Tm::begin(conn, None).await?;
+                Ok(true)
+            })
+        })
+        .after_release(|conn, _| {
+            Box::pin(async move {
+                // Ends the transaction `before_acquire` began (savepoints of the user released).
+                while conn.is_in_transaction() {
+                    Tm::commit(conn).await?;
+                }
+                Ok(true)
+            })
+        })
+        .connect_with(options)
         .await
-        .map_err(|_| sqlx::Error::PoolTimedOut)??;
-    let _ = probe.close().await;
+}
+
+/// The transaction manager the pooled-mode hooks drive.
+type Tm = sqlx::postgres::PgTransactionManager;
+
+/// The pool the polling relay claims with: `workers` connections. Without a transaction
+/// pooler it is `pool`; with one, a pool of plain connections, each claim its own explicit
+/// transaction (see [`connect`]).
+pub async fn connect_claims(
+    config: &PostgresConfig,
+    pool: &PgPool,
+    workers: u32,
+) -> Result<PgPool, sqlx::Error> {
+    if !config.transaction_pooling {
+        return Ok(pool.clone());
+    }
+    // `pool` was opened from the same options: no second probe.
+    pool_options(config, workers)
+        .connect_with(connect_options(config)?)
+        .await
+}
+
+/// Pool sizing and timeouts shared by both pools.
+fn pool_options(config: &PostgresConfig, connections: u32) -> PgPoolOptions {
     PgPoolOptions::new()
         .max_connections(connections.max(1))
         .min_connections(0)
         .acquire_timeout(config.connect_timeout)
         .idle_timeout(Some(Duration::from_secs(300)))
-        .connect_with(options)
+}
+
+/// The connect options for `config`.
+fn connect_options(config: &PostgresConfig) -> Result<PgConnectOptions, sqlx::Error> {
+    let options: PgConnectOptions = without_unsupported_secrets(config.url.expose()).parse()?;
+    let options = options.application_name("outbox");
+    let options = if config.transaction_pooling {
+        // A pooler refuses startup parameters it does not track (PgBouncer: "unsupported
+        // startup parameter"); the claim timeout is set per claim (SET LOCAL) instead.
+        options.extra_float_digits(None)
+    } else {
+        let timeout_ms = config.claim_timeout.as_millis().to_string();
+        options.options([("idle_in_transaction_session_timeout", timeout_ms.as_str())])
+    };
+    Ok(options)
+}
+
+/// One direct connection first: a pool only reports "timed out", this says why the database
+/// cannot be reached (refused, authentication failed, unknown database, no answer).
+async fn probe(config: &PostgresConfig, options: &PgConnectOptions) -> Result<(), sqlx::Error> {
+    let probe = tokio::time::timeout(config.connect_timeout, PgConnection::connect_with(options))
         .await
+        .map_err(|_| {
+            // A hung server (or a firewall dropping packets) answers nothing: say so, rather
+            // than the pool's "timed out while waiting for an open connection".
+            sqlx::Error::Io(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "the server did not answer within {:?} (source.connect_timeout)",
+                    config.connect_timeout
+                ),
+            ))
+        })??;
+    let _ = probe.close().await;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn secret_parameters_the_driver_ignores_are_dropped_before_it_can_print_them() {
+        let url = super::without_unsupported_secrets(
+            "postgres://app@db/app?sslmode=require&sslpassword=k3y&password=pw",
+        );
+        assert!(!url.contains("k3y"), "{url}");
+        assert!(
+            url.contains("sslmode=require") && url.contains("password=pw"),
+            "{url}"
+        );
+        let plain = "postgres://app:pw@db/app";
+        assert_eq!(super::without_unsupported_secrets(plain), plain);
+    }
 }

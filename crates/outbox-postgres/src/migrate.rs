@@ -26,10 +26,15 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         name: "attempt_history",
         sql: include_str!("../migrations/0002_attempt_history.sql"),
     },
+    Migration {
+        version: 3,
+        name: "cdc_offsets",
+        sql: include_str!("../migrations/0003_cdc_offsets.sql"),
+    },
 ];
 
 /// The schema version this build of the library expects.
-pub const SCHEMA_VERSION: i32 = 2;
+pub const SCHEMA_VERSION: i32 = 3;
 
 const BOOKKEEPING: &str = "CREATE TABLE IF NOT EXISTS {{qname:_migrations}} (
     version    integer     PRIMARY KEY,
@@ -106,7 +111,7 @@ pub async fn migrate_with(
     let name = table.to_string();
     let db = |source| MigrateError::database("outbox", &name, source);
     let mut tx = pool.begin().await.map_err(db)?;
-    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+    crate::sql::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
         .bind(format!("outbox migrate {name}"))
         .execute(&mut *tx)
         .await
@@ -118,7 +123,7 @@ pub async fn migrate_with(
     tx.execute(sqlx::AssertSqlSafe(render(BOOKKEEPING, table)))
         .await
         .map_err(db)?;
-    let applied: Vec<(i32, String)> = sqlx::query_as(sqlx::AssertSqlSafe(render(
+    let applied: Vec<(i32, String)> = crate::sql::query_as(sqlx::AssertSqlSafe(render(
         "SELECT version, checksum FROM {{qname:_migrations}} ORDER BY version",
         table,
     )))
@@ -147,7 +152,7 @@ pub async fn migrate_with(
         tx.execute(sqlx::raw_sql(sqlx::AssertSqlSafe(sql)))
             .await
             .map_err(db)?;
-        sqlx::query(sqlx::AssertSqlSafe(render(
+        crate::sql::query(sqlx::AssertSqlSafe(render(
             "INSERT INTO {{qname:_migrations}} (version, name, checksum) VALUES ($1, $2, $3)",
             table,
         )))
@@ -184,14 +189,14 @@ pub async fn schema_version(
     pool: &PgPool,
     table: &QualifiedTable,
 ) -> Result<Option<i32>, sqlx::Error> {
-    let exists: Option<String> = sqlx::query_scalar("SELECT to_regclass($1)::text")
+    let exists: Option<String> = crate::sql::query_scalar("SELECT to_regclass($1)::text")
         .bind(render("{{qname:_migrations}}", table))
         .fetch_one(pool)
         .await?;
     if exists.is_none() {
         return Ok(None);
     }
-    sqlx::query_scalar(sqlx::AssertSqlSafe(render(
+    crate::sql::query_scalar(sqlx::AssertSqlSafe(render(
         "SELECT max(version) FROM {{qname:_migrations}}",
         table,
     )))

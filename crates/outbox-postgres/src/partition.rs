@@ -179,11 +179,12 @@ pub(crate) async fn layout(
     conn: &mut PgConnection,
     table: &QualifiedTable,
 ) -> Result<Layout, sqlx::Error> {
-    let kind: Option<String> = sqlx::query_scalar(include_str!("../queries/partition_layout.sql"))
-        .bind(render("{{table}}", table))
-        .fetch_optional(&mut *conn)
-        .await?
-        .flatten();
+    let kind: Option<String> =
+        crate::sql::query_scalar(include_str!("../queries/partition_layout.sql"))
+            .bind(render("{{table}}", table))
+            .fetch_optional(&mut *conn)
+            .await?
+            .flatten();
     Ok(match kind.as_deref() {
         None => Layout::Missing,
         Some("p") => Layout::Partitioned,
@@ -196,7 +197,7 @@ pub(crate) async fn list(
     conn: &mut PgConnection,
     table: &QualifiedTable,
 ) -> Result<Vec<(String, bool)>, sqlx::Error> {
-    sqlx::query_as(include_str!("../queries/partition_list.sql"))
+    crate::sql::query_as(include_str!("../queries/partition_list.sql"))
         .bind(render("{{table}}", table))
         .fetch_all(&mut *conn)
         .await
@@ -222,7 +223,7 @@ pub(crate) async fn create_ahead(
     let mut created = Vec::new();
     let default_name = format!("{}_default", table.table.as_str());
     if !existing.contains(&default_name) {
-        sqlx::query(sqlx::AssertSqlSafe(render(
+        crate::sql::query(sqlx::AssertSqlSafe(render(
             include_str!("../queries/partition_create_default.sql"),
             table,
         )))
@@ -234,7 +235,7 @@ pub(crate) async fn create_ahead(
         if existing.contains(&p.name) {
             continue;
         }
-        let ddl: String = sqlx::query_scalar(sqlx::AssertSqlSafe(render(
+        let ddl: String = crate::sql::query_scalar(sqlx::AssertSqlSafe(render(
             include_str!("../queries/partition_create_ddl.sql"),
             table,
         )))
@@ -245,7 +246,7 @@ pub(crate) async fn create_ahead(
         .fetch_one(&mut *conn)
         .await?;
         // Built by the server's format() with %I / %L quoting (see the .sql file).
-        sqlx::query(sqlx::AssertSqlSafe(ddl))
+        crate::sql::query(sqlx::AssertSqlSafe(ddl))
             .execute(&mut *conn)
             .await?;
         created.push(p.name);
@@ -267,7 +268,7 @@ pub(crate) async fn detach(
     table: &QualifiedTable,
     name: &str,
 ) -> Result<(), sqlx::Error> {
-    let detach: String = sqlx::query_scalar(sqlx::AssertSqlSafe(render(
+    let detach: String = crate::sql::query_scalar(sqlx::AssertSqlSafe(render(
         include_str!("../queries/partition_detach_ddl.sql"),
         table,
     )))
@@ -275,7 +276,7 @@ pub(crate) async fn detach(
     .bind(name)
     .fetch_one(&mut *conn)
     .await?;
-    sqlx::query(sqlx::AssertSqlSafe(detach))
+    crate::sql::query(sqlx::AssertSqlSafe(detach))
         .execute(&mut *conn)
         .await?;
     Ok(())
@@ -288,7 +289,7 @@ pub(crate) async fn contents(
     name: &str,
     cutoff: OffsetDateTime,
 ) -> Result<Contents, sqlx::Error> {
-    let count: String = sqlx::query_scalar(sqlx::AssertSqlSafe(render(
+    let count: String = crate::sql::query_scalar(sqlx::AssertSqlSafe(render(
         include_str!("../queries/partition_contents_ddl.sql"),
         table,
     )))
@@ -298,7 +299,7 @@ pub(crate) async fn contents(
     .await?;
     // Built by the server's format() with %I quoting (see the .sql file).
     let (undelivered, in_window, rows): (i64, i64, i64) =
-        sqlx::query_as(sqlx::AssertSqlSafe(count))
+        crate::sql::query_as(sqlx::AssertSqlSafe(count))
             .bind(cutoff)
             .fetch_one(&mut *conn)
             .await?;
@@ -315,7 +316,7 @@ pub(crate) async fn drop_detached(
     table: &QualifiedTable,
     name: &str,
 ) -> Result<(), sqlx::Error> {
-    let ddl: String = sqlx::query_scalar(sqlx::AssertSqlSafe(render(
+    let ddl: String = crate::sql::query_scalar(sqlx::AssertSqlSafe(render(
         include_str!("../queries/partition_drop_ddl.sql"),
         table,
     )))
@@ -323,7 +324,7 @@ pub(crate) async fn drop_detached(
     .bind(name)
     .fetch_one(&mut *conn)
     .await?;
-    sqlx::query(sqlx::AssertSqlSafe(ddl))
+    crate::sql::query(sqlx::AssertSqlSafe(ddl))
         .execute(&mut *conn)
         .await?;
     Ok(())
@@ -335,11 +336,11 @@ pub(crate) async fn begin_ddl(
     conn: &mut PgConnection,
     table: &QualifiedTable,
 ) -> Result<bool, sqlx::Error> {
-    sqlx::query(include_str!("../queries/partition_lock_timeout.sql"))
+    crate::sql::query(include_str!("../queries/partition_lock_timeout.sql"))
         .bind(LOCK_TIMEOUT)
         .execute(&mut *conn)
         .await?;
-    sqlx::query_scalar(include_str!("../queries/partition_rotation_lock.sql"))
+    crate::sql::query_scalar(include_str!("../queries/partition_rotation_lock.sql"))
         .bind(format!("outbox retention {table}"))
         .fetch_one(&mut *conn)
         .await

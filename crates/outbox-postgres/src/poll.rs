@@ -34,6 +34,8 @@ pub struct PgPollSource {
     on_delivered: OnDelivered,
     claim: Option<Transaction<'static, Postgres>>,
     claim_timeout: std::time::Duration,
+    /// Through a transaction pooler: the claim timeout is set per claim (`SET LOCAL`).
+    transaction_pooling: bool,
     listener: Option<PgListener>,
     wakeup_channel: Option<String>,
 }
@@ -66,6 +68,7 @@ impl PgPollSource {
             on_delivered: config.on_delivered,
             claim: None,
             claim_timeout: config.claim_timeout,
+            transaction_pooling: config.transaction_pooling,
             listener: None,
             wakeup_channel: config
                 .listen_notify
@@ -88,7 +91,7 @@ impl PgPollSource {
             include_str!("../queries/outbox_analyze_if_never.sql"),
             &table,
         );
-        sqlx::query(sqlx::AssertSqlSafe(sql))
+        crate::sql::query(sqlx::AssertSqlSafe(sql))
             .execute(pool)
             .await
             .map_err(|e| source_error("collecting planner statistics", &table.to_string(), e))?;
@@ -104,22 +107,28 @@ impl PgPollSource {
         // (`idle_in_transaction_session_timeout`), freeing its rows for other replicas: from
         // before the claim started, so the deadline errs early.
         let valid_until = tokio::time::Instant::now() + self.claim_timeout;
-        let mut tx = self
-            .pool
-            .begin()
-            .await
-            .map_err(|e| self.err("starting a claim transaction", e))?;
+        let begun = if self.transaction_pooling {
+            // No session settings through a pooler: the timeout lives as long as the claim.
+            let begin = format!(
+                "BEGIN; SET LOCAL idle_in_transaction_session_timeout = {}",
+                self.claim_timeout.as_millis()
+            );
+            self.pool.begin_with(sqlx::AssertSqlSafe(begin)).await
+        } else {
+            self.pool.begin().await
+        };
+        let mut tx = begun.map_err(|e| self.err("starting a claim transaction", e))?;
         let limit_i64 = i64::try_from(limit).unwrap_or(i64::MAX);
         let rows = match self.ordering {
             Ordering::None => {
-                sqlx::query(stmt(&self.queries.claim_batch_unordered))
+                crate::sql::query(stmt(&self.queries.claim_batch_unordered))
                     .bind(now)
                     .bind(limit_i64)
                     .fetch_all(&mut *tx)
                     .await
             }
             Ordering::PerAggregate | Ordering::Total => {
-                sqlx::query(stmt(&self.queries.claim_batch))
+                crate::sql::query(stmt(&self.queries.claim_batch))
                     .bind(now)
                     .bind(limit_i64)
                     .bind(self.hold_dead)
@@ -180,11 +189,11 @@ impl PgPollSource {
         }
         if !delivered.is_empty() {
             let q = match self.on_delivered {
-                OnDelivered::Mark => sqlx::query(stmt(&self.queries.mark_delivered))
+                OnDelivered::Mark => crate::sql::query(stmt(&self.queries.mark_delivered))
                     .bind(&delivered)
                     .bind(now),
                 OnDelivered::Delete => {
-                    sqlx::query(stmt(&self.queries.delete_delivered)).bind(&delivered)
+                    crate::sql::query(stmt(&self.queries.delete_delivered)).bind(&delivered)
                 }
             };
             q.execute(&mut *tx)
@@ -192,7 +201,7 @@ impl PgPollSource {
                 .map_err(|e| self.err("recording delivered events", e))?;
         }
         if !retry_seqs.is_empty() {
-            sqlx::query(stmt(&self.queries.schedule_retry))
+            crate::sql::query(stmt(&self.queries.schedule_retry))
                 .bind(&retry_seqs)
                 .bind(&retry_at)
                 .bind(&retry_errors)
@@ -201,7 +210,7 @@ impl PgPollSource {
                 .map_err(|e| self.err("scheduling retries", e))?;
         }
         if !dead_seqs.is_empty() {
-            sqlx::query(stmt(&self.queries.dead_letter))
+            crate::sql::query(stmt(&self.queries.dead_letter))
                 .bind(&dead_seqs)
                 .bind(&dead_reasons)
                 .bind(now)

@@ -32,6 +32,7 @@ use crate::sql::{Queries, stmt};
 pub struct PgOutbox {
     table: QualifiedTable,
     queries: Arc<Queries>,
+    named_statements: bool,
 }
 
 impl Default for PgOutbox {
@@ -45,7 +46,21 @@ impl PgOutbox {
     /// A handle on `table`.
     pub fn new(table: QualifiedTable) -> Self {
         let queries = Arc::new(Queries::new(&table));
-        Self { table, queries }
+        Self {
+            table,
+            queries,
+            named_statements: true,
+        }
+    }
+
+    /// For a pool that reaches PostgreSQL through a transaction pooler (PgBouncer
+    /// `pool_mode = transaction`, before 1.21 or without `max_prepared_statements`): writes
+    /// with unnamed statements, which live only inside your transaction. (Give your own
+    /// queries `.persistent(false)` too; sqlx names and caches statements by default.)
+    #[must_use]
+    pub fn transaction_pooling(mut self, on: bool) -> Self {
+        self.named_statements = !on;
+        self
     }
 
     /// The table this handle writes to.
@@ -63,6 +78,7 @@ impl PgOutbox {
         outbox_core::enqueue::validate(event)?;
         let id = event.id.unwrap_or_else(Uuid::now_v7);
         sqlx::query(stmt(&self.queries.insert))
+            .persistent(self.named_statements)
             .bind(id)
             .bind(&event.aggregate_type)
             .bind(&event.aggregate_id)
@@ -104,6 +120,7 @@ impl PgOutbox {
             headers.push(Json(outbox_core::enqueue::headers_object(e)));
         }
         sqlx::query(stmt(&self.queries.insert_batch))
+            .persistent(self.named_statements)
             .bind(&ids)
             .bind(&types)
             .bind(&agg_ids)

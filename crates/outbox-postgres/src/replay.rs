@@ -83,7 +83,7 @@ impl PgReplay {
             });
         }
         // Rendered by `sql::render` from validated identifiers only.
-        let rows = sqlx::query(sqlx::AssertSqlSafe(self.select.as_str()))
+        let rows = crate::sql::query(sqlx::AssertSqlSafe(self.select.as_str()))
             .bind(selection.since)
             .bind(selection.until)
             .bind(selection.aggregate_id.as_deref())
@@ -129,7 +129,7 @@ impl PgReplay {
     /// [`PgReplay::replay_batch`].
     pub async fn ids(&self, selection: &ReplaySelection) -> Result<Vec<Uuid>, ReplayError> {
         // Rendered by `sql::render` from validated identifiers only.
-        sqlx::query_scalar(sqlx::AssertSqlSafe(self.ids.as_str()))
+        crate::sql::query_scalar(sqlx::AssertSqlSafe(self.ids.as_str()))
             .bind(selection.since)
             .bind(selection.until)
             .bind(selection.aggregate_id.as_deref())
@@ -144,7 +144,7 @@ impl PgReplay {
     /// many were replayed (fewer when rows changed meanwhile).
     pub async fn replay_batch(&self, ids: &[Uuid]) -> Result<u64, ReplayError> {
         // Rendered by `sql::render` from validated identifiers only.
-        let done: Vec<Uuid> = sqlx::query_scalar(sqlx::AssertSqlSafe(self.batch.as_str()))
+        let done: Vec<Uuid> = crate::sql::query_scalar(sqlx::AssertSqlSafe(self.batch.as_str()))
             .bind(ids)
             .fetch_all(&self.pool)
             .await

@@ -144,7 +144,7 @@ impl PgRetention {
             }
         }
         let (rows, oldest): (i64, Option<OffsetDateTime>) = match self.mode {
-            Mode::Poll => sqlx::query_as(crate::sql::stmt(&self.queries.count))
+            Mode::Poll => crate::sql::query_as(crate::sql::stmt(&self.queries.count))
                 .bind(cutoff)
                 .fetch_one(&self.pool)
                 .await
@@ -155,7 +155,7 @@ impl PgRetention {
                     "CDC mode: counted rows whose transaction has ended; a run deletes them only once slot `{}` has confirmed them",
                     self.slot
                 ));
-                sqlx::query_as(crate::sql::stmt(&self.queries.cdc_count))
+                crate::sql::query_as(crate::sql::stmt(&self.queries.cdc_count))
                     .bind(cutoff)
                     .bind(xmin)
                     .fetch_one(&self.pool)
@@ -223,7 +223,7 @@ impl PgRetention {
     ) -> Result<(), RetentionError> {
         let batch = settings.batch.max(1);
         loop {
-            let mut q = sqlx::query_scalar::<_, i64>(crate::sql::stmt(sql))
+            let mut q = crate::sql::query_scalar::<i64>(crate::sql::stmt(sql))
                 .bind(cutoff)
                 .bind(i64::from(batch));
             if let Some(xmin) = xmin {
@@ -251,7 +251,7 @@ impl PgRetention {
 
     /// Step 1 of CDC retention: (oldest running xid as 32 bits, WAL insert position).
     async fn cdc_observe(&self) -> Result<(i64, String), RetentionError> {
-        sqlx::query_as(query_file!("retention_cdc_horizon"))
+        crate::sql::query_as(query_file!("retention_cdc_horizon"))
             .fetch_one(&self.pool)
             .await
             .map_err(self.err("observing the transaction horizon"))
@@ -268,7 +268,7 @@ impl PgRetention {
         let deadline = Instant::now() + wait;
         loop {
             let row: Option<(Option<bool>, Option<String>)> =
-                sqlx::query_as(query_file!("retention_cdc_slot_passed"))
+                crate::sql::query_as(query_file!("retention_cdc_slot_passed"))
                     .bind(self.slot.as_str())
                     .bind(&lsn)
                     .fetch_optional(&self.pool)

@@ -6,9 +6,13 @@
 //! Suffixes come from the `.sql` files shipped with this crate, never from input.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use outbox_core::migration::render_sql;
 use outbox_core::{Identifier, QualifiedTable};
+use sqlx::postgres::{PgArguments, PgRow};
+use sqlx::query::{Query, QueryAs, QueryScalar};
+use sqlx::{FromRow, Postgres, SqlSafeStr};
 
 /// Fills the placeholders of `template` for `table`.
 ///
@@ -86,6 +90,41 @@ impl Queries {
             cdc_dead_restream: r(query_file!("outbox_cdc_dead_restream")),
         }
     }
+}
+
+/// False once this process connected through a transaction pooler
+/// (`source.transaction_pooling`): statements are then unnamed, prepared and run inside one
+/// transaction each, never cached by name on a server connection another client may get next.
+static NAMED_STATEMENTS: AtomicBool = AtomicBool::new(true);
+
+/// Switches this process to unnamed statements (see [`NAMED_STATEMENTS`]).
+pub(crate) fn use_unnamed_statements() {
+    NAMED_STATEMENTS.store(false, Ordering::Relaxed);
+}
+
+fn named() -> bool {
+    NAMED_STATEMENTS.load(Ordering::Relaxed)
+}
+
+/// `sqlx::query`, with named (cached) statements unless a transaction pooler is in between.
+pub(crate) fn query<'q>(sql: impl SqlSafeStr) -> Query<'q, Postgres, PgArguments> {
+    sqlx::query(sql).persistent(named())
+}
+
+/// `sqlx::query_as`, see [`query`].
+pub(crate) fn query_as<'q, O>(sql: impl SqlSafeStr) -> QueryAs<'q, Postgres, O, PgArguments>
+where
+    O: for<'r> FromRow<'r, PgRow>,
+{
+    sqlx::query_as(sql).persistent(named())
+}
+
+/// `sqlx::query_scalar`, see [`query`].
+pub(crate) fn query_scalar<'q, O>(sql: impl SqlSafeStr) -> QueryScalar<'q, Postgres, O, PgArguments>
+where
+    (O,): for<'r> FromRow<'r, PgRow>,
+{
+    sqlx::query_scalar(sql).persistent(named())
 }
 
 /// A rendered statement, marked as audited for sqlx: its only dynamic parts are validated,

@@ -22,7 +22,7 @@ use crate::retention::RetentionConfig;
 pub struct ConfigError(String);
 
 /// The whole configuration.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     /// Where events come from (`[source]`).
@@ -43,7 +43,7 @@ pub struct Config {
 }
 
 /// `[metrics]`: the HTTP endpoint (`/metrics`, `/healthz`, `/readyz`) and the watchdog.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct MetricsConfig {
     /// Address to serve on, e.g. `127.0.0.1:9187`. Unset: no endpoint.
@@ -128,6 +128,14 @@ impl Config {
         )
     }
 
+    /// The effective configuration as TOML, defaults filled in, with every secret (URL
+    /// passwords and secret parameters, tokens, header values, secret client settings)
+    /// shown as `***`: what `outbox check-config` prints, safe to paste into a ticket.
+    pub fn to_redacted_toml(&self) -> Result<String, ConfigError> {
+        toml::to_string_pretty(self)
+            .map_err(|e| ConfigError(format!("cannot print the configuration as TOML: {e}")))
+    }
+
     /// Checks what serde cannot; errors name the key.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.relay.validate().map_err(ConfigError)?;
@@ -150,6 +158,7 @@ fn from_figment(
             .filter(|k| k.as_str().contains("__"))
             .split("__"),
     );
+    figment = read_secret_files(figment)?;
     if let Some(url) = database_url {
         figment = figment.merge(Serialized::default("source.url", url));
         let has_kind = figment.find_value("source.kind").is_ok();
@@ -240,4 +249,159 @@ fn describe(errors: Vec<figment::Error>) -> String {
         })
         .collect::<Vec<_>>()
         .join("; ")
+}
+
+/// Keys of `[source]` and `[sink]` whose value may come from a file instead (`KEY_file =
+/// "/run/secrets/..."`): the URL (it may carry a password), tokens, signing secrets.
+const SECRET_FILE_KEYS: &[&str] = &["url", "token", "secret"];
+
+/// Replaces every `[source]`/`[sink]` `KEY_file` by `KEY` = the file's contents (one trailing
+/// newline dropped). Errors name the key and the path, never the contents.
+fn read_secret_files(figment: Figment) -> Result<Figment, ConfigError> {
+    use figment::value::{Dict, Value};
+    let mut found = false;
+    for section in ["source", "sink"] {
+        if let Ok(Value::Dict(_, dict)) = figment.find_value(section) {
+            found |= dict.keys().any(|k| k.ends_with("_file"));
+        }
+    }
+    if !found {
+        return Ok(figment);
+    }
+    let mut root: Dict = figment
+        .extract()
+        .map_err(|e| ConfigError(format!("invalid configuration: {e}")))?;
+    for section in ["source", "sink"] {
+        let Some(Value::Dict(_, dict)) = root.get_mut(section) else {
+            continue;
+        };
+        let file_keys: Vec<String> = dict
+            .keys()
+            .filter(|k| k.ends_with("_file"))
+            .cloned()
+            .collect();
+        for file_key in file_keys {
+            let stem = file_key.trim_end_matches("_file");
+            if !SECRET_FILE_KEYS.contains(&stem) {
+                return Err(ConfigError(format!(
+                    "{section}.{file_key}: unknown key (a secret can come from a file as one of: {})",
+                    SECRET_FILE_KEYS
+                        .iter()
+                        .map(|k| format!("{k}_file"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )));
+            }
+            if dict.contains_key(stem) {
+                return Err(ConfigError(format!(
+                    "{section}.{file_key}: set either {section}.{stem} or {section}.{file_key}, not both"
+                )));
+            }
+            let Some(Value::String(_, path)) = dict.remove(&file_key) else {
+                return Err(ConfigError(format!(
+                    "{section}.{file_key}: expected a file path (a string)"
+                )));
+            };
+            let contents = std::fs::read_to_string(&path).map_err(|e| {
+                ConfigError(format!("{section}.{file_key}: cannot read `{path}`: {e}"))
+            })?;
+            let value = contents
+                .strip_suffix("\r\n")
+                .or_else(|| contents.strip_suffix('\n'))
+                .unwrap_or(&contents)
+                .to_owned();
+            if value.is_empty() {
+                return Err(ConfigError(format!(
+                    "{section}.{file_key}: `{path}` is empty"
+                )));
+            }
+            dict.insert(stem.to_owned(), Value::from(value));
+        }
+    }
+    Ok(Figment::from(Serialized::defaults(root)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Config;
+
+    /// What `outbox check-config` prints is a config file: read back, it is the same
+    /// configuration (secrets aside, which print as `***`).
+    #[test]
+    fn the_printed_configuration_reads_back_as_the_same_configuration() {
+        let text = r#"
+[source]
+kind = "sqlite"
+path = "orders.db"
+lease_ttl = "1m"
+[relay]
+batch_size = 200
+backoff = { initial = "250ms", max = "1m" }
+[sink]
+kind = "file"
+path = "events.jsonl"
+[metrics]
+listen = "127.0.0.1:9187"
+[retention]
+keep = "3days"
+"#;
+        let config = Config::from_toml(text).expect("valid");
+        let printed = config.to_redacted_toml().expect("printable");
+        assert!(printed.contains("batch_size = 200"), "{printed}");
+        assert!(printed.contains("initial = \"250ms\""), "{printed}");
+        let again = Config::from_toml(&printed)
+            .unwrap_or_else(|e| panic!("the printed config does not read back: {e}\n{printed}"));
+        assert_eq!(again.to_redacted_toml().expect("printable"), printed);
+    }
+
+    /// A secret read from a file (`KEY_file`) is the key's value, without the file's trailing
+    /// newline; mistakes name the key and the path, never the contents.
+    #[test]
+    fn secrets_come_from_files() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let url = dir.path().join("db.url");
+        std::fs::write(&url, "postgres://app:Pw-From-File@127.0.0.1:5432/app\n").expect("write");
+        let token = dir.path().join("token");
+        std::fs::write(&token, "Tok-From-File\n").expect("write");
+        let text = format!(
+            "[source]\nkind = \"postgres\"\nurl_file = \"{}\"\n[sink]\nkind = \"http\"\nurl = \"http://127.0.0.1:1/in\"\nsecret_file = \"{}\"\n",
+            url.display(),
+            token.display()
+        );
+        let config = Config::from_toml(&text).expect("valid");
+        let printed = config.to_redacted_toml().expect("printable");
+        assert!(
+            printed.contains("url = \"postgres://app:***@127.0.0.1:5432/app\""),
+            "{printed}"
+        );
+        assert!(printed.contains("secret = \"***\""), "{printed}");
+        assert!(!printed.contains("From-File"), "{printed}");
+        let crate::SourceConfig::Postgres(pg) = &config.source else {
+            panic!("not postgres")
+        };
+        assert_eq!(
+            pg.url.expose(),
+            "postgres://app:Pw-From-File@127.0.0.1:5432/app"
+        );
+
+        let both = format!("{text}\n").replace("[sink]", "url = \"postgres://x@h/d\"\n[sink]");
+        let e = Config::from_toml(&both).expect_err("both").to_string();
+        assert!(
+            e.contains("source.url_file") && e.contains("not both"),
+            "{e}"
+        );
+        let missing = text.replace(&token.display().to_string(), "/no/such/secret");
+        let e = Config::from_toml(&missing)
+            .expect_err("missing")
+            .to_string();
+        assert!(
+            e.contains("sink.secret_file") && e.contains("/no/such/secret"),
+            "{e}"
+        );
+        let unknown = text.replace("secret_file", "headers_file");
+        let e = Config::from_toml(&unknown)
+            .expect_err("unknown")
+            .to_string();
+        assert!(e.contains("sink.headers_file"), "{e}");
+    }
 }

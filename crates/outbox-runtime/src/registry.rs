@@ -29,7 +29,7 @@ use outbox_core::{BuildSink, DynSink, Event, SinkError};
 macro_rules! source_registry {
     ($(#[$meta:meta])* $vis:vis enum $name:ident { $( #[doc = $doc:literal] $variant:ident($config:ty) ),+ $(,)? }) => {
         $(#[$meta])*
-        #[derive(Debug, Clone, ::serde::Deserialize)]
+        #[derive(Debug, Clone, ::serde::Deserialize, ::serde::Serialize)]
         #[serde(tag = "kind", rename_all = "lowercase")]
         $vis enum $name {
             $( #[doc = $doc] $variant($config), )+
@@ -85,7 +85,7 @@ macro_rules! source_registry {
 macro_rules! sinks {
     ($( #[doc = $doc:literal] $(#[cfg($cfg:meta)])? $variant:ident($config:ty) ),+ $(,)?) => {
         /// `[sink]`: the broker, chosen by `kind`.
-        #[derive(Debug, Clone, serde::Deserialize)]
+        #[derive(Debug, Clone, serde::Deserialize, serde::Serialize)]
         #[serde(tag = "kind", rename_all = "lowercase")]
         pub enum SinkConfig {
             $( #[doc = $doc] $(#[cfg($cfg)])? $variant($config), )+
@@ -103,6 +103,10 @@ macro_rules! sinks {
             /// Connects to the broker.
             pub async fn build(&self) -> Result<Box<dyn DynSink>, SinkError> {
                 match self { $( $(#[cfg($cfg)])? Self::$variant(c) => BuildSink::build(c).await, )+ }
+            }
+            /// Checks the broker without changing anything (see [`BuildSink::check`]).
+            pub async fn check(&self) -> Result<String, SinkError> {
+                match self { $( $(#[cfg($cfg)])? Self::$variant(c) => BuildSink::check(c).await, )+ }
             }
             /// Where `event` goes, for people.
             pub fn describe_destination(&self, event: &Event) -> String {

@@ -42,8 +42,12 @@ pub async fn build_sink(
     }
 }
 
-/// A token cancelled on the first SIGTERM or SIGINT; a second signal exits the process at
-/// once. Call it before anything else, so a signal during start-up still drains.
+/// A second signal closer than this to the first is the same request delivered twice.
+const SECOND_SIGNAL_AFTER: Duration = Duration::from_secs(1);
+
+/// A token cancelled on the first SIGTERM or SIGINT; a second signal at least a second later
+/// exits the process at once. Call it before anything else, so a signal during start-up still
+/// drains.
 pub fn cancel_on_signal() -> Result<CancellationToken, RuntimeError> {
     use tokio::signal::unix::{SignalKind, signal};
     // Registered here, synchronously, before anything else runs: a signal that arrives while
@@ -55,19 +59,26 @@ pub fn cancel_on_signal() -> Result<CancellationToken, RuntimeError> {
     let token = CancellationToken::new();
     let cancel = token.clone();
     tokio::spawn(async move {
-        let mut first = true;
+        let mut first: Option<tokio::time::Instant> = None;
         loop {
             tokio::select! {
                 _ = term.recv() => {}
                 _ = int.recv() => {}
             }
-            if first {
+            let Some(at) = first else {
                 // Cancel before logging: nothing may stand between a signal and the drain.
                 cancel.cancel();
                 tracing::info!(
                     "shutdown requested: finishing the batch in flight (signal again to exit at once)"
                 );
-                first = false;
+                first = Some(tokio::time::Instant::now());
+                continue;
+            };
+            if at.elapsed() < SECOND_SIGNAL_AFTER {
+                // The same request delivered twice: `timeout`, systemd and shells signal the
+                // process and its process group within a millisecond. A second signal that
+                // means "exit now" is a deliberate, later one.
+                tracing::debug!("signal repeated right after the first: still draining");
             } else {
                 tracing::warn!(
                     "second signal: exiting without draining (unsettled events will be published again)"

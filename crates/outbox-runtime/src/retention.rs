@@ -23,7 +23,7 @@ pub const RETENTION_LAST_RUN_SECONDS: &str = "outbox_retention_last_run_duration
 pub const RETENTION_LAST_SUCCESS: &str = "outbox_retention_last_success_timestamp_seconds";
 
 /// `[retention]`: the relay's retention schedule, and the defaults of `outbox retention run`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RetentionConfig {
     /// Run retention inside the relay every `interval` (default true). In partitioned mode

@@ -28,7 +28,7 @@ use uuid::Uuid;
 
 /// `[source] kind = "toy"`: an outbox in this process's memory, named so that producers and
 /// relays of one test share it.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 struct ToyConfig {
     name: String,

@@ -30,6 +30,21 @@
 /// config's own inherent methods.
 macro_rules! build_sink {
     ($config:ty, $kind:literal, |$c:ident, $event:ident| $describe:expr) => {
+        $crate::build_sink!($config, $kind, |$c, $event| $describe, check: default);
+    };
+    ($config:ty, $kind:literal, |$c:ident, $event:ident| $describe:expr, check: default) => {
+        $crate::build_sink!(@impl $config, $kind, |$c, $event| $describe, {});
+    };
+    ($config:ty, $kind:literal, |$c:ident, $event:ident| $describe:expr, check: $check:path) => {
+        $crate::build_sink!(@impl $config, $kind, |$c, $event| $describe, {
+            fn check(
+                &self,
+            ) -> outbox_core::sink::BoxFuture<'_, Result<String, outbox_core::SinkError>> {
+                Box::pin($check(self))
+            }
+        });
+    };
+    (@impl $config:ty, $kind:literal, |$c:ident, $event:ident| $describe:expr, { $($check:tt)* }) => {
         impl outbox_core::BuildSink for $config {
             const KIND: &'static str = $kind;
             fn validate(&self) -> Result<(), String> {
@@ -51,6 +66,7 @@ macro_rules! build_sink {
                 let $c = self;
                 $describe
             }
+            $($check)*
         }
     };
 }

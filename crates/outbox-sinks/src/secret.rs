@@ -20,6 +20,13 @@ impl Secret {
     }
 }
 
+/// Serialized as `***`: the effective config `outbox check-config` prints never shows it.
+impl serde::Serialize for Secret {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str("***")
+    }
+}
+
 impl fmt::Debug for Secret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("Secret(\"***\")")

@@ -36,7 +36,7 @@ pub enum Synchronous {
 }
 
 /// SQLite source settings.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct SqliteConfig {
     /// Database file, created if missing. Also accepted as `url` (`sqlite://outbox.db`,

@@ -5,6 +5,7 @@
 //! - `stream.rs`: the replication session (pgwire-replication), standby, clean close.
 //! - `decode.rs`: pgoutput messages to events, emitted only at commit.
 //! - `ledger.rs`: what is in memory, and the rule that confirms the slot's position.
+//! - `offset.rs`: the acknowledged position saved in a table, so a database crash replays little.
 //! - `source.rs`: [`PgCdcSource`], the [`outbox_core::Source`] over all of that.
 //! - `message.rs`: the table-less event encoding and [`emit_message`].
 //! - `inspect.rs`: [`PgCdcInspector`], backlog and slot lag.
@@ -19,7 +20,8 @@ mod decode;
 mod inspect;
 mod ledger;
 mod message;
-mod queries;
+mod offset;
+pub(crate) mod queries;
 mod slot;
 mod source;
 mod stream;

@@ -34,6 +34,9 @@ pub(crate) struct CdcQueries {
     pub(crate) backlog: Arc<str>,
     pub(crate) publication_create: Arc<str>,
     pub(crate) publication_add_table: Arc<str>,
+    pub(crate) offset_read: Arc<str>,
+    pub(crate) offset_save: Arc<str>,
+    pub(crate) offset_forget: Arc<str>,
 }
 
 impl CdcQueries {
@@ -48,6 +51,9 @@ impl CdcQueries {
             backlog: r(query_file!("outbox_cdc_backlog")),
             publication_create: r(query_file!("outbox_publication_create")),
             publication_add_table: r(query_file!("outbox_publication_add_table")),
+            offset_read: r(query_file!("outbox_cdc_offset_read")),
+            offset_save: r(query_file!("outbox_cdc_offset_save")),
+            offset_forget: r(query_file!("outbox_cdc_offset_forget")),
         }
     }
 }
@@ -71,6 +77,9 @@ mod tests {
             &q.backlog,
             &q.publication_create,
             &q.publication_add_table,
+            &q.offset_read,
+            &q.offset_save,
+            &q.offset_forget,
         ] {
             assert!(!sql.contains("{{"), "{sql}");
         }

@@ -222,6 +222,14 @@ pub async fn setup_cdc(
             Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("42710") => {}
             Err(e) => return Err(slot_err(e)),
         }
+        if report.slot_created {
+            // A new slot starts from its own position, not one saved for an older namesake.
+            sqlx::query(crate::sql::stmt(&queries.offset_forget))
+                .bind(slot)
+                .execute(pool)
+                .await
+                .map_err(slot_err)?;
+        }
     }
     let row = read_slot(pool, slot)
         .await

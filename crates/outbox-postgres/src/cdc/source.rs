@@ -24,6 +24,7 @@ use uuid::Uuid;
 use super::decode::{Decoder, Step};
 use super::inspect::{CdcStats, PgCdcInspector};
 use super::ledger::{Entry, Ledger, Origin};
+use super::offset::SavedOffset;
 use super::queries::{CdcQueries, TRANSACTION_VISIBLE};
 use super::slot;
 use super::stream::{Endpoint, OpenError, Stream, wire_error};
@@ -79,6 +80,13 @@ pub struct PgCdcSource {
     /// before the start.
     catch_up: Option<u64>,
     stats: Arc<CdcStats>,
+    /// The acknowledged position saved in `<table>_cdc_offsets`.
+    offset: SavedOffset,
+    /// After (re)starting: transactions ending at or before this LSN were acknowledged
+    /// before (saved position) and are dropped from the replay.
+    skip_through: u64,
+    /// Events dropped that way since the stream started.
+    skipped: u64,
     closed_tx: Option<watch::Sender<()>>,
     closed_rx: watch::Receiver<()>,
 }
@@ -118,11 +126,15 @@ impl PgCdcSource {
         let endpoint = Endpoint::new(config).map_err(SourceError::fatal)?;
         let table = config.qualified_table();
         let (closed_tx, closed_rx) = watch::channel(());
+        let queries = Arc::new(CdcQueries::new(&table, &config.publication));
         Ok(Self {
             pool,
             config: config.clone(),
             endpoint,
-            queries: Arc::new(CdcQueries::new(&table, &config.publication)),
+            offset: SavedOffset::new(queries.clone(), config.slot.as_str()),
+            skip_through: 0,
+            skipped: 0,
+            queries,
             table: table.to_string(),
             ordering,
             hold: dead_letter == DeadLetterPolicy::HoldAggregate && ordering != Ordering::None,
@@ -203,6 +215,9 @@ impl PgCdcSource {
                 .await
                 .map_err(|e| self.db_err("reading the WAL position", e))?;
         self.catch_up = Some(flushed.max(0) as u64);
+        let saved = self.offset.load(&self.pool).await?;
+        self.skip_through = saved;
+        self.skipped = 0;
         self.ledger.reset(confirmed);
         self.reported = confirmed;
         self.decoder = Decoder::new(
@@ -215,6 +230,7 @@ impl PgCdcSource {
             slot = self.config.slot.as_str(),
             publication = self.config.publication.as_str(),
             resume_at = %pgwire_replication::Lsn::from_u64(confirmed),
+            acknowledged_through = %pgwire_replication::Lsn::from_u64(saved),
             took_over = self.standing_by,
             "streaming the outbox from the replication slot"
         );
@@ -285,7 +301,25 @@ impl PgCdcSource {
                 events,
                 end_lsn,
                 xid,
+            } if end_lsn <= self.skip_through => {
+                // The broker acknowledged these before the database lost the slot's newer
+                // position (a crash): confirm the transaction, publish nothing.
+                self.skipped += events.len() as u64;
+                self.ledger.commit(Vec::new(), end_lsn, xid);
+                (false, Some(end_lsn))
+            }
+            Step::Committed {
+                events,
+                end_lsn,
+                xid,
             } => {
+                if self.skipped > 0 {
+                    tracing::info!(
+                        skipped = self.skipped,
+                        "the slot replayed events the broker had already acknowledged (saved CDC position); not published again"
+                    );
+                    self.skipped = 0;
+                }
                 self.ledger.commit(events, end_lsn, xid);
                 (true, Some(end_lsn))
             }
@@ -570,6 +604,7 @@ impl Source for PgCdcSource {
         }
         // A fetch without settle: the previous batch goes back untouched.
         self.ledger.release_in_flight();
+        self.offset.save(&self.pool, false).await;
         if !self.ensure_streaming().await? {
             return Ok(Fetched::default());
         }
@@ -644,6 +679,8 @@ impl Source for PgCdcSource {
         }
         self.ledger.release_in_flight();
         self.report_confirmed();
+        self.offset.reached(self.ledger.confirmed());
+        self.offset.save(&self.pool, false).await;
         self.publish_stats();
         Ok(())
     }
@@ -699,7 +736,13 @@ impl Drop for PgCdcSource {
         {
             let confirmed = self.ledger.confirmed();
             let (pool, slot) = (self.pool.clone(), self.config.slot.as_str().to_owned());
+            let unsaved = self.offset.pending();
             runtime.spawn(async move {
+                if let Some((queries, slot, lsn)) = unsaved
+                    && let Err(e) = super::offset::save(&pool, &queries, &slot, lsn).await
+                {
+                    tracing::warn!(error = %e, "could not save the CDC position at shutdown");
+                }
                 stream.close(confirmed, pool, slot).await;
                 drop(closed);
             });

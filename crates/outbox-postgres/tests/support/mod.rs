@@ -13,9 +13,16 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 pub struct PgHarness {
+    /// Direct to PostgreSQL: the suite's own checks and the commit-order oracle's writes.
     pub pool: PgPool,
+    /// What the relay's sources claim with (`pool` unless a pooler is in between).
+    pub claims: PgPool,
+    /// What the producer writes with (`pool` unless a pooler is in between).
+    pub writes: PgPool,
     pub config: PostgresConfig,
     pub outbox: PgOutbox,
+    /// Whatever must live as long as the harness (a PgBouncer in front of the database).
+    pub keep: Option<Box<dyn std::any::Any + Send + Sync>>,
 }
 
 impl PgHarness {
@@ -43,9 +50,12 @@ impl PgHarness {
         .await?;
         let outbox = PgOutbox::new(config.qualified_table());
         Ok(Self {
+            claims: pool.clone(),
+            writes: pool.clone(),
             pool,
             config,
             outbox,
+            keep: None,
         })
     }
 }
@@ -59,7 +69,7 @@ impl Harness for PgHarness {
         dead_letter: DeadLetterPolicy,
     ) -> anyhow::Result<PgPollSource> {
         Ok(PgPollSource::new(
-            self.pool.clone(),
+            self.claims.clone(),
             &self.config,
             ordering,
             dead_letter,
@@ -78,7 +88,7 @@ impl Harness for PgHarness {
     }
 
     async fn write(&self, events: Vec<NewEvent>, commit: bool) -> anyhow::Result<Vec<Uuid>> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.writes.begin().await?;
         let ids = self.outbox.enqueue_batch(&mut *tx, &events).await?;
         if commit {
             tx.commit().await?;

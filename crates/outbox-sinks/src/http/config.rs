@@ -24,12 +24,13 @@ use crate::{ConfigError, Secret};
 /// max_concurrency = 64
 /// headers = { "x-api-key" = "..." }
 /// ```
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Clone, PartialEq, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct HttpConfig {
     /// Endpoint URL, `http://` or `https://`. It is also the destination template: it may use
     /// `{aggregate_type}`, `{event_type}` and `{aggregate_id}` in its path and query (not in
     /// the scheme, host or port); the values are percent-encoded. Required.
+    #[serde(serialize_with = "outbox_core::redact::serde_redacted::url")]
     pub url: String,
     /// Signing secret. When set, every request carries `webhook-id`, `webhook-timestamp` and
     /// `webhook-signature` per the Standard Webhooks spec. `whsec_<base64>` is the standard
@@ -46,7 +47,24 @@ pub struct HttpConfig {
     /// Extra headers sent with every request (an API key, say). Names starting with
     /// `outbox-` or `webhook-` are reserved. A `content-type` here replaces the default
     /// `application/octet-stream` (a row's own `content-type` header still wins).
+    #[serde(serialize_with = "outbox_core::redact::serde_redacted::values")]
     pub headers: BTreeMap<String, String>,
+}
+
+impl std::fmt::Debug for HttpConfig {
+    /// The URL redacted and header values masked: an `Authorization` or API key header is a
+    /// secret, and `Debug` output ends up in logs and `outbox check-config`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let headers: BTreeMap<&str, &str> =
+            self.headers.keys().map(|k| (k.as_str(), "***")).collect();
+        f.debug_struct("HttpConfig")
+            .field("url", &outbox_core::redact::redact_url(&self.url))
+            .field("secret", &self.secret)
+            .field("timeout", &self.timeout)
+            .field("max_concurrency", &self.max_concurrency)
+            .field("headers", &headers)
+            .finish()
+    }
 }
 
 impl Default for HttpConfig {

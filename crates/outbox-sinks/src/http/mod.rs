@@ -291,7 +291,7 @@ impl Sink for HttpSink {
                 Err(SinkError::unavailable(format!(
                     "webhook endpoint {} {what} (sink.url `{}`)",
                     redact(&self.origin),
-                    self.url
+                    outbox_core::redact::redact_url(self.url.template())
                 ))
                 .with_source(e))
             }

@@ -58,11 +58,12 @@ const RESERVED: &[(&str, &str)] = &[
 /// published to them, unless `create_topics = true`: many brokers (and tansu) do not create
 /// topics on produce, and a Kafka cluster's defaults for auto-created topics are rarely what
 /// production wants.
-#[derive(Clone, PartialEq, Deserialize)]
+#[derive(Clone, PartialEq, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct KafkaConfig {
     /// Bootstrap brokers, comma-separated `host:port` (`bootstrap.servers`). Default
     /// `127.0.0.1:9092`.
+    #[serde(serialize_with = "outbox_core::redact::serde_redacted::url")]
     pub brokers: String,
     /// Topic template; may use `{aggregate_type}`, `{event_type}` and `{aggregate_id}`.
     /// Default `outbox.event.{aggregate_type}`. An event whose rendered topic is not a legal
@@ -76,6 +77,7 @@ pub struct KafkaConfig {
     /// `message.max.bytes`, `transactional.id`) are refused with the key to use instead.
     /// Values of keys naming a password, secret or key never print. Default: none.
     #[serde(deserialize_with = "settings_map")]
+    #[serde(serialize_with = "outbox_core::redact::serde_redacted::settings")]
     pub settings: BTreeMap<String, String>,
     /// Largest message to send, in bytes (librdkafka's `message.max.bytes`). A larger event
     /// (payload + key + headers) is rejected (dead-lettered) with its size and this limit,

@@ -25,12 +25,13 @@ use crate::{ConfigError, Secret};
 /// `stream_subjects` and publishes into it (whatever its name). Only when no stream covers
 /// them does it create `stream` with those subjects, file storage and the configured
 /// `duplicate_window`. It never changes an existing stream.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Clone, PartialEq, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct NatsConfig {
     /// Server URL, e.g. `nats://127.0.0.1:4222` (`nats://`, `tls://`, `ws://`, `wss://`).
     /// Several servers of one cluster may be given separated by commas. Default
     /// `nats://127.0.0.1:4222`.
+    #[serde(serialize_with = "outbox_core::redact::serde_redacted::url")]
     pub url: String,
     /// Subject template; may use `{aggregate_type}`, `{event_type}` and `{aggregate_id}`.
     /// Default `outbox.event.{aggregate_type}`. An event whose rendered subject is not a valid
@@ -67,6 +68,24 @@ pub struct NatsConfig {
     /// Default `10s`.
     #[serde(with = "humantime_serde")]
     pub ack_timeout: Duration,
+}
+
+impl std::fmt::Debug for NatsConfig {
+    /// The URL redacted (`Debug` output reaches logs and `outbox check-config`).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NatsConfig")
+            .field("url", &outbox_core::redact::redact_url(&self.url))
+            .field("destination", &self.destination)
+            .field("stream", &self.stream)
+            .field("stream_subjects", &self.stream_subjects)
+            .field("duplicate_window", &self.duplicate_window)
+            .field("max_payload", &self.max_payload)
+            .field("token", &self.token)
+            .field("credentials", &self.credentials)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("ack_timeout", &self.ack_timeout)
+            .finish()
+    }
 }
 
 impl Default for NatsConfig {

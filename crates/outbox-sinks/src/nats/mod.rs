@@ -54,6 +54,35 @@ pub struct NatsSink {
     max_payload: Option<NonZeroUsize>,
 }
 
+/// The server URLs without their user info, and the user and password of the first that has
+/// them (percent-decoded).
+fn split_credentials(servers: &[String]) -> (Vec<String>, Option<(String, String)>) {
+    let mut credentials = None;
+    let stripped = servers
+        .iter()
+        .map(|server| match url::Url::parse(server) {
+            Ok(mut parsed) if !parsed.username().is_empty() || parsed.password().is_some() => {
+                let decode = |s: &str| {
+                    percent_encoding::percent_decode_str(s)
+                        .decode_utf8_lossy()
+                        .into_owned()
+                };
+                credentials.get_or_insert_with(|| {
+                    (
+                        decode(parsed.username()),
+                        decode(parsed.password().unwrap_or_default()),
+                    )
+                });
+                let _ = parsed.set_username("");
+                let _ = parsed.set_password(None);
+                parsed.to_string().trim_end_matches('/').to_owned()
+            }
+            _ => server.clone(),
+        })
+        .collect();
+    (stripped, credentials)
+}
+
 impl fmt::Debug for NatsSink {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("NatsSink")
@@ -73,39 +102,7 @@ impl NatsSink {
     }
 
     async fn connect(config: NatsConfig) -> Result<Self, SinkError> {
-        let servers = config.servers();
-        let url = config.url.clone();
-        let mut options = async_nats::ConnectOptions::new()
-            .name("outbox-relay")
-            .connection_timeout(config.connect_timeout);
-        if let Some(token) = &config.token {
-            options = options.token(token.expose().to_owned());
-        }
-        if let Some(path) = &config.credentials {
-            options = options.credentials_file(path).await.map_err(|e| {
-                SinkError::rejected(format!(
-                    "cannot read NATS credentials file `{}`",
-                    path.display()
-                ))
-                .with_source(e)
-            })?;
-        }
-        let client = options.connect(servers.as_slice()).await.map_err(|e| {
-            let message = format!("cannot connect to NATS at {url}");
-            match e.kind() {
-                ConnectErrorKind::Authentication | ConnectErrorKind::AuthorizationViolation => {
-                    SinkError::rejected(format!("{message}: credentials refused")).with_source(e)
-                }
-                ConnectErrorKind::ServerParse | ConnectErrorKind::Tls => {
-                    SinkError::rejected(message).with_source(e)
-                }
-                _ => SinkError::unavailable(message).with_source(e),
-            }
-        })?;
-        let jetstream = jetstream::ContextBuilder::new()
-            .timeout(config.ack_timeout)
-            .build(client.clone());
-
+        let (client, jetstream, url) = connect_client(&config).await?;
         let subjects = config
             .resolved_stream_subjects()
             .ok_or_else(|| SinkError::rejected("sink.stream_subjects: cannot be derived"))?;
@@ -190,6 +187,81 @@ impl NatsSink {
         }
         Ok((subject, headers))
     }
+}
+
+/// Connects with the config's credentials (never inside the server URLs: the client logs its
+/// server addresses at debug level). Returns the client, its JetStream context and the
+/// redacted URL for messages.
+async fn connect_client(
+    config: &NatsConfig,
+) -> Result<(async_nats::Client, jetstream::Context, String), SinkError> {
+    let (servers, user_password) = split_credentials(&config.servers());
+    let url = outbox_core::redact::redact_url(&config.url);
+    let mut options = async_nats::ConnectOptions::new()
+        .name("outbox-relay")
+        .connection_timeout(config.connect_timeout);
+    if let Some((user, password)) = user_password {
+        options = options.user_and_password(user, password);
+    }
+    if let Some(token) = &config.token {
+        options = options.token(token.expose().to_owned());
+    }
+    if let Some(path) = &config.credentials {
+        options = options.credentials_file(path).await.map_err(|e| {
+            SinkError::rejected(format!(
+                "cannot read NATS credentials file `{}`",
+                path.display()
+            ))
+            .with_source(e)
+        })?;
+    }
+    let client = options.connect(servers.as_slice()).await.map_err(|e| {
+        let message = format!("cannot connect to NATS at {url}");
+        match e.kind() {
+            ConnectErrorKind::Authentication | ConnectErrorKind::AuthorizationViolation => {
+                SinkError::rejected(format!("{message}: credentials refused")).with_source(e)
+            }
+            ConnectErrorKind::ServerParse | ConnectErrorKind::Tls => {
+                SinkError::rejected(message).with_source(e)
+            }
+            _ => SinkError::unavailable(message).with_source(e),
+        }
+    })?;
+    let jetstream = jetstream::ContextBuilder::new()
+        .timeout(config.ack_timeout)
+        .build(client.clone());
+    Ok((client, jetstream, url))
+}
+
+/// `outbox doctor`'s check: connects and looks the stream up, creating nothing.
+async fn check(config: &NatsConfig) -> Result<String, SinkError> {
+    config
+        .validate()
+        .map_err(|e| SinkError::rejected(e.to_string()))?;
+    let (_client, js, url) = connect_client(config).await?;
+    let subjects = config
+        .resolved_stream_subjects()
+        .ok_or_else(|| SinkError::rejected("sink.stream_subjects: cannot be derived"))?;
+    for subject in &subjects {
+        match js.stream_by_subject(subject.as_str()).await {
+            Ok(name) => {
+                return Ok(format!(
+                    "nats sink reachable at {url}; stream `{name}` captures `{subject}`"
+                ));
+            }
+            Err(e) if e.kind() == GetStreamByNameErrorKind::NotFound => {}
+            Err(e) => {
+                return Err(SinkError::unavailable(format!(
+                    "cannot look up the JetStream stream for `{subject}` on {url}"
+                ))
+                .with_source(e));
+            }
+        }
+    }
+    Ok(format!(
+        "nats sink reachable at {url}; no stream captures {subjects:?} yet: the relay creates `{}` at start",
+        config.stream
+    ))
 }
 
 /// Uses the stream that already captures `subjects`, or creates `config.stream`.
@@ -387,7 +459,9 @@ impl Sink for NatsSink {
     }
 }
 
-crate::build_sink!(NatsConfig, "nats", |config, event| format!(
-    "NATS subject {}",
-    config.destination.render(event)
-));
+crate::build_sink!(
+    NatsConfig,
+    "nats",
+    |config, event| format!("NATS subject {}", config.destination.render(event)),
+    check: check
+);

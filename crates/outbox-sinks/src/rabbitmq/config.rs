@@ -27,13 +27,14 @@ pub(super) const MAX_SHORT_STRING: usize = 255;
 /// ```
 ///
 /// `Debug` shows the URL with its password masked.
-#[derive(Clone, PartialEq, Deserialize)]
+#[derive(Clone, PartialEq, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RabbitMqConfig {
     /// Broker URL: `amqp://user:password@host:port/vhost` (the vhost percent-encoded: `%2f`
     /// is `/`), or `amqps://` for TLS. Query parameters `heartbeat`, `frame_max`,
     /// `channel_max` and `auth_mechanism` are honoured. The password is never printed.
     /// Default `amqp://guest:guest@127.0.0.1:5672/%2f`.
+    #[serde(serialize_with = "outbox_core::redact::serde_redacted::url")]
     pub url: String,
     /// Exchange to publish to. Default `outbox`. The empty string is the default exchange,
     /// which routes by queue name (the routing key must then be a queue's name).

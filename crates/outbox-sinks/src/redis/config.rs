@@ -23,12 +23,13 @@ use crate::secret::redact_url;
 /// ```
 ///
 /// `Debug` shows the URL with its password masked.
-#[derive(Clone, PartialEq, Deserialize)]
+#[derive(Clone, PartialEq, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RedisConfig {
     /// Server URL: `redis://[[user]:password@]host[:port][/db]`, or
     /// `redis+unix:///path/to/redis.sock[?db=N]`. TLS (`rediss://`) is not built in. The
     /// password is never printed. Default `redis://127.0.0.1:6379`.
+    #[serde(serialize_with = "outbox_core::redact::serde_redacted::url")]
     pub url: String,
     /// Stream key template; may use `{aggregate_type}`, `{event_type}` and `{aggregate_id}`.
     /// Default `outbox.event.{aggregate_type}`.

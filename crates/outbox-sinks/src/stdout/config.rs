@@ -16,7 +16,7 @@ use crate::ConfigError;
 /// kind = "stdout"
 /// destination = "outbox.event.{aggregate_type}"
 /// ```
-#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StdoutConfig {
     /// Template of the `destination` field of each line; may use `{aggregate_type}`,
@@ -46,7 +46,7 @@ impl StdoutConfig {
 /// path = "/var/lib/outbox/events.jsonl"
 /// sync = true
 /// ```
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct FileConfig {
     /// File to append to; created if missing. Its directory must exist (it is not created,

@@ -350,10 +350,52 @@ crate::build_sink!(StdoutConfig, "stdout", |config, event| format!(
     config.destination.render(event)
 ));
 
-crate::build_sink!(FileConfig, "file", |config, event| format!(
-    "file ({})",
-    config.destination.render(event)
-));
+crate::build_sink!(
+    FileConfig,
+    "file",
+    |config, event| format!("file ({})", config.destination.render(event)),
+    check: check_file
+);
+
+/// `outbox doctor`'s check: an existing file must open for appending; a missing one needs a
+/// directory to be created in. Creates nothing.
+async fn check_file(config: &FileConfig) -> Result<String, SinkError> {
+    config
+        .validate()
+        .map_err(|e| SinkError::rejected(e.to_string()))?;
+    let path = config.path.clone();
+    let found = tokio::task::spawn_blocking(move || {
+        if path.exists() {
+            OpenOptions::new().append(true).open(&path).map(|_| true)
+        } else {
+            let dir = match path.parent() {
+                Some(d) if !d.as_os_str().is_empty() => d.to_owned(),
+                _ => std::path::PathBuf::from("."),
+            };
+            std::fs::metadata(&dir).and_then(|m| {
+                if m.is_dir() {
+                    Ok(false)
+                } else {
+                    Err(std::io::Error::new(
+                        std::io::ErrorKind::NotADirectory,
+                        format!("`{}` is not a directory", dir.display()),
+                    ))
+                }
+            })
+        }
+    })
+    .await
+    .map_err(|e| SinkError::unavailable("checking the output file failed").with_source(e))?
+    .map_err(|e| open_error(&config.path, e))?;
+    Ok(if found {
+        format!("file sink: `{}` opens for appending", config.path.display())
+    } else {
+        format!(
+            "file sink: `{}` does not exist yet; the relay creates it",
+            config.path.display()
+        )
+    })
+}
 
 #[cfg(test)]
 mod tests {

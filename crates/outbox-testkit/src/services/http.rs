@@ -1,7 +1,7 @@
 //! [`HttpReceiver`]: a real HTTP server on 127.0.0.1 that records every request and answers
 //! with a scripted status, for webhook sink tests (acks, retries, dead letters, outages).
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -73,6 +73,11 @@ struct Shared {
     received: Mutex<Vec<Request>>,
     /// Bumped after each recorded request (never while holding a lock above).
     changed: watch::Sender<u64>,
+    /// False while answers are held ([`HttpReceiver::hold_answers`]).
+    answering: watch::Sender<bool>,
+    /// Requests recorded but not answered yet, by a key unique for the receiver's life.
+    unanswered: Mutex<BTreeMap<u64, Request>>,
+    next_key: std::sync::atomic::AtomicU64,
 }
 
 struct Running {
@@ -120,6 +125,7 @@ impl HttpReceiver {
             .context("binding 127.0.0.1:0")?;
         let addr = listener.local_addr()?;
         let (changed, _) = watch::channel(0);
+        let (answering, _) = watch::channel(true);
         let receiver = HttpReceiver {
             addr,
             shared: Arc::new(Shared {
@@ -131,6 +137,9 @@ impl HttpReceiver {
                 }),
                 received: Mutex::new(Vec::new()),
                 changed,
+                answering,
+                unanswered: Mutex::new(BTreeMap::new()),
+                next_key: std::sync::atomic::AtomicU64::new(0),
             }),
             server: Mutex::new(None),
         };
@@ -192,6 +201,24 @@ impl HttpReceiver {
     /// endpoint. `Duration::ZERO` turns it off.
     pub fn set_delay(&self, delay: Duration) {
         lock(&self.shared.script).delay = delay;
+    }
+
+    /// Holds every answer (requests are still received and recorded) until
+    /// [`release_answers`](Self::release_answers): a sender is then known to be waiting for
+    /// its acknowledgements, with everything it sent already here.
+    pub fn hold_answers(&self) {
+        self.shared.answering.send_replace(false);
+    }
+
+    /// Answers the held requests and stops holding.
+    pub fn release_answers(&self) {
+        self.shared.answering.send_replace(true);
+    }
+
+    /// The requests recorded and not answered yet (waiting out a delay or a hold, or gone
+    /// with a sender that hung up mid-wait), in arrival order.
+    pub fn unanswered(&self) -> Vec<Request> {
+        lock(&self.shared.unanswered).values().cloned().collect()
     }
 
     /// Every request received so far, in arrival order.
@@ -379,10 +406,27 @@ async fn record(
         script.delay
     };
     shared.changed.send_modify(|n| *n += 1);
+    // Listed as unanswered until this handler ends (answered, or dropped with its connection).
+    let key = shared
+        .next_key
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    lock(&shared.unanswered).insert(key, request.clone());
+    let _answered = Unlist(&shared, key);
     if !delay.is_zero() {
         tokio::time::sleep(delay).await;
     }
+    let mut answering = shared.answering.subscribe();
+    // The sender is gone only if the receiver is: then answer at once.
+    let _ = answering.wait_for(|open| *open).await;
     StatusCode::from_u16(request.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+}
+
+struct Unlist<'a>(&'a Shared, u64);
+
+impl Drop for Unlist<'_> {
+    fn drop(&mut self) {
+        lock(&self.0.unanswered).remove(&self.1);
+    }
 }
 
 fn valid(status: u16) -> u16 {

@@ -15,6 +15,7 @@ mod http;
 mod kafka;
 mod methods;
 mod nats;
+mod pgbouncer;
 mod postgres;
 mod process;
 mod rabbitmq;
@@ -25,6 +26,7 @@ pub use http::{HttpReceiver, Request};
 #[cfg(feature = "kafka")]
 pub use kafka::{KAFKA_BROKERS_ENV, Kafka, TANSU_BIN_ENV, find_tansu};
 pub use nats::{NATS_URL_ENV, Nats};
+pub use pgbouncer::PgBouncer;
 pub use postgres::{DATABASE_URL_ENV, Postgres};
 pub use rabbitmq::{AMQP_URL_ENV, RabbitMq};
 pub use redis::{REDIS_URL_ENV, Redis};

@@ -97,6 +97,27 @@ impl Postgres {
         Ok(self.url_for(&name))
     }
 
+    /// Crashes a private server as a power cut or `pg_ctl stop -m immediate` would: SIGQUIT
+    /// to the postmaster, so no shutdown checkpoint runs and the next start replays the WAL
+    /// (replication slots come back at their last checkpointed position). Waits until the
+    /// server is gone; [`Postgres::restart`] starts it again. Refused for the shared server.
+    pub async fn crash(&self) -> anyhow::Result<()> {
+        let pid_file = self.0.private_root("crash")?.join("data/postmaster.pid");
+        let pid = std::fs::read_to_string(&pid_file)
+            .with_context(|| format!("reading {}", pid_file.display()))?;
+        let pid = pid.lines().next().unwrap_or_default().trim().to_owned();
+        let status = std::process::Command::new("kill")
+            .args(["-QUIT", &pid])
+            .status()
+            .context("running kill")?;
+        anyhow::ensure!(status.success(), "kill -QUIT {pid} failed");
+        crate::wait::eventually(std::time::Duration::from_secs(30), || async {
+            !self.is_running()
+        })
+        .await
+        .context("PostgreSQL did not exit after SIGQUIT")
+    }
+
     /// The server's log file (`None` for an external server).
     pub fn log_path(&self) -> Option<PathBuf> {
         self.0.log_path()

@@ -231,6 +231,11 @@ impl<S: ServerSpec> Server<S> {
             .await
     }
 
+    /// The data directory root of a private server (refused for the shared and external ones).
+    pub(crate) fn private_root(&self, what: &str) -> anyhow::Result<&Path> {
+        Ok(&self.private_local(what)?.root)
+    }
+
     /// True while a server this process started is running (always true for an external one).
     pub(crate) fn is_running(&self) -> bool {
         match &self.local {

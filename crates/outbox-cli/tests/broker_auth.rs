@@ -1,0 +1,292 @@
+//! Broker authentication against real servers that require it. NATS: a token (`sink.token`,
+//! here read from a file) and a user/password in the URL; Redis: an ACL user with a password
+//! in the URL (the default user disabled). With the right secret the relay delivers every
+//! event; with a wrong one `doctor` is red with the reason and no command prints the secret.
+
+#![cfg(all(feature = "nats", feature = "redis"))]
+
+mod support;
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{Context, ensure};
+use outbox_testkit::services::Postgres;
+use support::{Workdir, read_stream, terminate};
+
+const TOKEN: &str = "natsAuthTok31";
+const PASSWORD: &str = "natsAuthPw32";
+const REDIS_PASSWORD: &str = "redisAclPw33";
+
+/// A broker process on a free port of 127.0.0.1, with a scratch directory; killed on drop.
+struct AuthServer {
+    child: std::process::Child,
+    port: u16,
+    _store: tempfile::TempDir,
+}
+
+impl AuthServer {
+    /// A nats-server with JetStream, requiring `auth` (nats-server arguments).
+    async fn nats(auth: &[&str]) -> anyhow::Result<AuthServer> {
+        Self::start(&["nats-server", "/usr/sbin/nats-server"], |port, store| {
+            let mut args = vec![
+                "-a".to_owned(),
+                "127.0.0.1".to_owned(),
+                "-p".to_owned(),
+                port.to_string(),
+                "-js".to_owned(),
+                "-sd".to_owned(),
+                store.to_owned(),
+            ];
+            args.extend(auth.iter().map(|a| (*a).to_owned()));
+            args
+        })
+        .await
+    }
+
+    /// A redis-server whose only user is `relay` with `password` (ACL).
+    async fn redis(password: &str) -> anyhow::Result<AuthServer> {
+        Self::start(&["redis-server", "/usr/bin/redis-server"], |port, store| {
+            [
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                &port.to_string(),
+                "--dir",
+                store,
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--user",
+                "default",
+                "off",
+                "--user",
+                "relay",
+                "on",
+                &format!(">{password}"),
+                "~*",
+                "&*",
+                "+@all",
+            ]
+            .iter()
+            .map(|a| (*a).to_owned())
+            .collect()
+        })
+        .await
+    }
+
+    async fn start(
+        programs: &[&str],
+        args: impl FnOnce(u16, &str) -> Vec<String>,
+    ) -> anyhow::Result<AuthServer> {
+        let bin = programs
+            .iter()
+            .copied()
+            .find(|b| {
+                std::process::Command::new(b)
+                    .arg("--version")
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .status()
+                    .is_ok()
+            })
+            .with_context(|| {
+                format!(
+                    "{} not installed (scripts/test.sh installs it)",
+                    programs[0]
+                )
+            })?;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let store = tempfile::tempdir()?;
+        let child = std::process::Command::new(bin)
+            .args(args(port, &store.path().display().to_string()))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        let server = AuthServer {
+            child,
+            port,
+            _store: store,
+        };
+        outbox_testkit::wait::eventually(Duration::from_secs(30), || async {
+            tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_ok()
+        })
+        .await
+        .with_context(|| format!("{bin} never listened on {port}"))?;
+        Ok(server)
+    }
+}
+
+impl Drop for AuthServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs a relay with `sink` over 50 fresh events until they are all delivered, then counts
+/// them at the broker with `count`; the relay's log must hold no secret.
+async fn relay_delivers<F, Fut>(
+    work: &Workdir,
+    sink: &str,
+    name: &str,
+    count: F,
+) -> anyhow::Result<()>
+where
+    F: FnOnce() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<usize>>,
+{
+    let url = Postgres::shared().await?.fresh_database().await?;
+    let config = work.write_config(
+        &format!("{name}.toml"),
+        &format!("[source]\nkind = \"postgres\"\nurl = \"{url}\"\n{sink}"),
+    )?;
+    let cfg = config.to_str().context("path")?;
+    ensure!(work.run(&["migrate", "--config", cfg]).await?.code == Some(0));
+    let pool = sqlx::PgPool::connect(&url).await?;
+    sqlx::query("INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) SELECT 'Order', 'o' || (g % 5), 'order.step', 'x' FROM generate_series(1, 50) AS g")
+        .execute(&pool)
+        .await?;
+    let log = format!("{name}.log");
+    let mut relay = work.spawn_relay(&config, &log)?;
+    support::wait_drained(&pool, Duration::from_secs(60))
+        .await
+        .with_context(|| work.read_log(&log))?;
+    ensure!(terminate(&mut relay, Duration::from_secs(30)).await? == Some(0));
+    let got = count().await?;
+    ensure!(got == 50, "{got} messages at the broker ({name})");
+    let text = work.read_log(&log);
+    ensure!(
+        [TOKEN, PASSWORD, REDIS_PASSWORD]
+            .iter()
+            .all(|s| !text.contains(s)),
+        "the relay log printed a secret:\n{text}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_nats_sink_authenticates_with_a_token_or_a_password_and_says_when_refused()
+-> anyhow::Result<()> {
+    let work = Workdir::new()?;
+
+    // A token, read from a file.
+    let server = AuthServer::nats(&["--auth", TOKEN]).await?;
+    let token_file = work.path().join("nats.token");
+    std::fs::write(&token_file, format!("{TOKEN}\n"))?;
+    let client = async_nats::ConnectOptions::with_token(TOKEN.into())
+        .connect(format!("nats://127.0.0.1:{}", server.port))
+        .await?;
+    let sink = format!(
+        "[sink]\nkind = \"nats\"\nurl = \"nats://127.0.0.1:{}\"\ntoken_file = \"{}\"\n{}",
+        server.port,
+        token_file.display(),
+        nats_stream("AUTHTOK")
+    );
+    relay_delivers(&work, &sink, "nats-token", || {
+        count_stream(client, "AUTHTOK")
+    })
+    .await?;
+
+    // The wrong token: doctor is red, says why, prints no token.
+    let wrong = format!(
+        "[sink]\nkind = \"nats\"\nurl = \"nats://127.0.0.1:{}\"\ntoken = \"{TOKEN}-wrong\"\nconnect_timeout = \"2s\"\n",
+        server.port
+    );
+    doctor_refuses(
+        &work,
+        "wrong-nats",
+        &wrong,
+        "credentials refused: authorization violation",
+    )
+    .await?;
+    drop(server);
+
+    // A user and password in the URL.
+    let server = AuthServer::nats(&["--user", "relay", "--pass", PASSWORD]).await?;
+    let client =
+        async_nats::ConnectOptions::with_user_and_password("relay".into(), PASSWORD.into())
+            .connect(format!("nats://127.0.0.1:{}", server.port))
+            .await?;
+    let sink = format!(
+        "[sink]\nkind = \"nats\"\nurl = \"nats://relay:{PASSWORD}@127.0.0.1:{}\"\n{}",
+        server.port,
+        nats_stream("AUTHPW")
+    );
+    relay_delivers(&work, &sink, "nats-password", || {
+        count_stream(client, "AUTHPW")
+    })
+    .await?;
+    Ok(())
+}
+
+fn nats_stream(stream: &str) -> String {
+    format!("stream = \"{stream}\"\ndestination = \"{stream}.{{aggregate_id}}\"\n")
+}
+
+async fn count_stream(client: async_nats::Client, stream: &str) -> anyhow::Result<usize> {
+    Ok(read_stream(&client, stream).await?.len())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_redis_sink_authenticates_as_an_acl_user_and_says_when_refused() -> anyhow::Result<()> {
+    let work = Workdir::new()?;
+    let server = AuthServer::redis(REDIS_PASSWORD).await?;
+    let url = format!("redis://relay:{REDIS_PASSWORD}@127.0.0.1:{}", server.port);
+    let sink = format!("[sink]\nkind = \"redis\"\nurl = \"{url}\"\ndestination = \"acl.orders\"\n");
+    relay_delivers(&work, &sink, "redis-acl", || async {
+        let mut conn = redis::Client::open(url.as_str())?
+            .get_multiplexed_async_connection()
+            .await?;
+        let n: usize = redis::cmd("XLEN")
+            .arg("acl.orders")
+            .query_async(&mut conn)
+            .await?;
+        Ok(n)
+    })
+    .await?;
+
+    let wrong = format!(
+        "[sink]\nkind = \"redis\"\nurl = \"redis://relay:{REDIS_PASSWORD}-wrong@127.0.0.1:{}\"\nconnect_timeout = \"2s\"\n",
+        server.port
+    );
+    doctor_refuses(&work, "wrong-redis", &wrong, "refused the credentials").await?;
+    Ok(())
+}
+
+/// `outbox doctor` on `sink` (a wrong secret): red, exit 1, the verdict says `expected`, no
+/// log chatter beside it, and no secret of this file printed.
+async fn doctor_refuses(
+    work: &Workdir,
+    name: &str,
+    sink: &str,
+    expected: &str,
+) -> anyhow::Result<()> {
+    let config = work.write_config(&format!("{name}.toml"), sink)?;
+    let out = work
+        .run_as_user(&["doctor", "--config", config.to_str().context("path")?])
+        .await?;
+    ensure!(out.code == Some(1), "{out:?}");
+    ensure!(
+        !out.stderr.contains("ERROR") && !out.stderr.contains("WARN"),
+        "log chatter beside the verdict: {}",
+        out.stderr
+    );
+    let all = format!("{}{}", out.stdout, out.stderr);
+    ensure!(
+        all.contains(expected),
+        "the verdict should say `{expected}`: {all}"
+    );
+    ensure!(
+        [TOKEN, PASSWORD, REDIS_PASSWORD]
+            .iter()
+            .all(|s| !all.contains(s)),
+        "a secret was printed: {all}"
+    );
+    Ok(())
+}
