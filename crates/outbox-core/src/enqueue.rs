@@ -53,12 +53,14 @@ pub fn headers_json(event: &NewEvent) -> String {
 }
 
 /// The `headers` column read back: string values as they are, any other JSON value (written
-/// by a producer in another language) as its JSON text.
+/// by a producer in another language) as its JSON text. A header named
+/// [`aggregate_seq`](crate::message::header::AGGREGATE_SEQ) is dropped: only the relay sets it.
 pub fn decode_headers(
     headers: serde_json::Map<String, serde_json::Value>,
 ) -> Vec<(String, String)> {
     headers
         .into_iter()
+        .filter(|(k, _)| k != crate::message::header::AGGREGATE_SEQ)
         .map(|(k, v)| match v {
             serde_json::Value::String(s) => (k, s),
             other => (k, other.to_string()),

@@ -16,6 +16,10 @@ pub mod header {
     pub const AGGREGATE_TYPE: &str = "aggregate_type";
     /// The aggregate id.
     pub const AGGREGATE_ID: &str = "aggregate_id";
+    /// The event's delivery position within its aggregate: 1, 2, 3, … with no gaps, set by
+    /// the polling relay when ordering is on (see [`crate::aggregate_seq`]). A producer's own
+    /// header of this name is dropped when the row is read.
+    pub const AGGREGATE_SEQ: &str = "aggregate_seq";
 }
 
 const CONTRACT: [&str; 4] = [

@@ -254,6 +254,7 @@ impl WebhookReceiver {
             dead_lettered: c.malformed.load(Ordering::Relaxed),
             released: 0,
             rejected: c.unauthorized.load(Ordering::Relaxed),
+            ..ConsumerReport::default()
         })
     }
 }

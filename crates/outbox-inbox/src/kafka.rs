@@ -37,7 +37,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 
 use crate::InboxMessage;
-use crate::lane::{
+use crate::lane::{ConsumerOrder, 
     BoxError, ConsumerError, ConsumerReport, LanePolicy, Lanes, MessageHandler, Settle,
 };
 
@@ -61,6 +61,9 @@ pub struct KafkaConsumer {
     pub dead_letter_timeout: Duration,
     /// Lanes, in-flight bound, attempts and backoff.
     pub policy: LanePolicy,
+    /// Per-aggregate order across crashes and instances (`None`: per-key order within this
+    /// instance only). Build it with the inbox's `order_gate`; see [`ConsumerOrder`].
+    pub ordered: Option<ConsumerOrder>,
 }
 
 impl KafkaConsumer {
@@ -74,6 +77,7 @@ impl KafkaConsumer {
             settings: BTreeMap::new(),
             dead_letter_timeout: Duration::from_secs(30),
             policy: LanePolicy::default(),
+            ordered: None,
         }
     }
 
@@ -121,7 +125,7 @@ impl KafkaConsumer {
             timeout: self.dead_letter_timeout,
             partitions: Mutex::new(HashMap::new()),
         });
-        let lanes = Lanes::start(&self.policy, Arc::clone(&settle), handler, &shutdown);
+        let lanes = Lanes::start(&self.policy, self.ordered.clone(), Arc::clone(&settle), handler, &shutdown);
         {
             let mut stream = consumer.stream();
             loop {

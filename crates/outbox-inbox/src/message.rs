@@ -16,7 +16,12 @@ pub struct InboxMessage {
     pub aggregate_type: String,
     /// Aggregate instance, e.g. `o_91f2`: the ordering key of the consumer loops.
     pub aggregate_id: String,
-    /// The row's own headers (not the four contract headers, nor broker headers the loop
+    /// The event's delivery position within its aggregate (header `aggregate_seq`: 1, 2, 3,
+    /// … with no gaps), set by the polling relay when ordering is on; `None` without it
+    /// (CDC, replays, `ordering = "none"`, a relay from before it). The loops' order gate
+    /// holds a message until its predecessor is applied.
+    pub aggregate_seq: Option<u64>,
+    /// The row's own headers (not the contract headers, nor broker headers the loop
     /// knows, such as `Nats-Msg-Id`).
     pub headers: Vec<(String, String)>,
     /// The payload bytes exactly as the producer stored them.
@@ -45,6 +50,7 @@ impl InboxMessage {
     ) -> Result<Self, MessageError> {
         let (mut id, mut event_type, mut aggregate_type, mut aggregate_id) =
             (None, None, None, None);
+        let mut aggregate_seq = None;
         let mut own = Vec::new();
         for (name, value) in headers {
             let slot = match name {
@@ -52,6 +58,10 @@ impl InboxMessage {
                 header::EVENT_TYPE => &mut event_type,
                 header::AGGREGATE_TYPE => &mut aggregate_type,
                 header::AGGREGATE_ID => &mut aggregate_id,
+                header::AGGREGATE_SEQ => {
+                    aggregate_seq = aggregate_seq.or(outbox_core::aggregate_seq::parse(value));
+                    continue;
+                }
                 other if skip.iter().any(|s| s.eq_ignore_ascii_case(other)) => continue,
                 other => {
                     own.push((other.to_owned(), value.to_owned()));
@@ -68,6 +78,7 @@ impl InboxMessage {
             aggregate_type: aggregate_type
                 .ok_or(MessageError::MissingHeader(header::AGGREGATE_TYPE))?,
             aggregate_id: aggregate_id.ok_or(MessageError::MissingHeader(header::AGGREGATE_ID))?,
+            aggregate_seq,
             headers: own,
             payload,
         })
@@ -86,6 +97,7 @@ mod tests {
                 ("event_type", "order.placed"),
                 ("aggregate_type", "Order"),
                 ("aggregate_id", "o_1"),
+                ("aggregate_seq", "7"),
                 ("tenant", "acme"),
                 ("Nats-Msg-Id", "00000000-0000-0000-0000-000000000001"),
             ],
@@ -95,6 +107,7 @@ mod tests {
         .expect("valid");
         assert_eq!(m.id, Uuid::from_u128(1));
         assert_eq!(m.aggregate_id, "o_1");
+        assert_eq!(m.aggregate_seq, Some(7));
         assert_eq!(m.headers, vec![("tenant".to_owned(), "acme".to_owned())]);
     }
 

@@ -26,7 +26,7 @@ use futures::StreamExt as _;
 use tokio_util::sync::CancellationToken;
 
 use crate::InboxMessage;
-use crate::lane::{
+use crate::lane::{ConsumerOrder, 
     BoxError, ConsumerError, ConsumerReport, LanePolicy, Lanes, MessageHandler, Settle,
 };
 
@@ -51,6 +51,9 @@ pub struct JetStreamConsumer {
     pub ack_wait: Duration,
     /// Lanes, in-flight bound (`max_ack_pending`), attempts and backoff.
     pub policy: LanePolicy,
+    /// Per-aggregate order across crashes and instances (`None`: per-key order within this
+    /// instance only). Build it with the inbox's `order_gate`; see [`ConsumerOrder`].
+    pub ordered: Option<ConsumerOrder>,
 }
 
 impl JetStreamConsumer {
@@ -68,6 +71,7 @@ impl JetStreamConsumer {
             filter_subject: String::new(),
             ack_wait: Duration::from_secs(30),
             policy: LanePolicy::default(),
+            ordered: None,
         }
     }
 
@@ -113,7 +117,7 @@ impl JetStreamConsumer {
         let settle = Arc::new(JetStreamSettle {
             ack_wait: self.ack_wait,
         });
-        let lanes = Lanes::start(&self.policy, settle, handler, &shutdown);
+        let lanes = Lanes::start(&self.policy, self.ordered.clone(), settle, handler, &shutdown);
         loop {
             let next = tokio::select! {
                 () = shutdown.cancelled() => break,
@@ -180,5 +184,15 @@ impl Settle for JetStreamSettle {
 
     async fn keep_alive(&self, message: &jetstream::Message) {
         let _ = message.ack_with(AckKind::Progress).await;
+    }
+
+    fn keep_alive_owned(
+        &self,
+        message: &jetstream::Message,
+    ) -> Option<futures::future::BoxFuture<'static, ()>> {
+        let message = message.clone();
+        Some(Box::pin(async move {
+            let _ = message.ack_with(AckKind::Progress).await;
+        }))
     }
 }

@@ -12,7 +12,8 @@ use uuid::Uuid;
 
 use crate::error::{InboxError, MigrateError, MigrationReport};
 use crate::sql::{PG_MIGRATIONS, Queries, render, stmt};
-use crate::{DEFAULT_TABLE, Outcome, PURGE_BATCH};
+use crate::lane::{ConsumerOrder, OrderGate};
+use crate::{DEFAULT_TABLE, InboxMessage, Outcome, PURGE_BATCH};
 
 const BOOKKEEPING: &str = "CREATE TABLE IF NOT EXISTS {{qname:_migrations}} (
     version    integer     PRIMARY KEY,
@@ -168,23 +169,109 @@ impl PgInbox {
     /// Begins a transaction and records `(consumer, event_id)` in it. `Some(tx)`: first
     /// delivery; run the side effect in `tx` and commit it (dropping it rolls back both).
     /// `None`: a duplicate; nothing is left open.
+    ///
+    /// Consumer loops with an order gate use [`begin_message`](Self::begin_message) instead,
+    /// which also records the message's delivery position.
     pub async fn begin(
         &self,
         pool: &PgPool,
         consumer: &str,
         event_id: Uuid,
     ) -> Result<Option<Transaction<'static, Postgres>>, InboxError> {
+        self.begin_at(pool, consumer, event_id, None).await
+    }
+
+    /// [`begin`](Self::begin) for a delivered message: also records, in the same
+    /// transaction, that `consumer` applied the message's delivery position
+    /// (`aggregate_seq`), which the loops' order gate ([`order_gate`](Self::order_gate))
+    /// reads. A duplicate still records its position (then commits and returns `None`).
+    pub async fn begin_message(
+        &self,
+        pool: &PgPool,
+        consumer: &str,
+        message: &InboxMessage,
+    ) -> Result<Option<Transaction<'static, Postgres>>, InboxError> {
+        let position = message
+            .aggregate_seq
+            .map(|seq| (message.aggregate_type.as_str(), message.aggregate_id.as_str(), seq));
+        self.begin_at(pool, consumer, message.id, position).await
+    }
+
+    async fn begin_at(
+        &self,
+        pool: &PgPool,
+        consumer: &str,
+        event_id: Uuid,
+        position: Option<(&str, &str, u64)>,
+    ) -> Result<Option<Transaction<'static, Postgres>>, InboxError> {
         let mut tx = pool.begin().await.map_err(InboxError::Database)?;
-        if self
+        let first = self
             .record(&mut *tx, consumer, event_id)
             .await
-            .map_err(InboxError::Database)?
-        {
+            .map_err(InboxError::Database)?;
+        if let Some((aggregate_type, aggregate_id, seq)) = position {
+            self.advance(&mut tx, consumer, aggregate_type, aggregate_id, seq)
+                .await
+                .map_err(InboxError::Database)?;
+        }
+        if first {
             Ok(Some(tx))
+        } else if position.is_some() {
+            tx.commit().await.map_err(InboxError::Database)?;
+            Ok(None)
         } else {
             tx.rollback().await.map_err(InboxError::Database)?;
             Ok(None)
         }
+    }
+
+    /// Records that `consumer` applied (or deliberately passed) position `seq` of an
+    /// aggregate, using `conn` (your transaction). Never moves back.
+    pub async fn advance(
+        &self,
+        conn: &mut PgConnection,
+        consumer: &str,
+        aggregate_type: &str,
+        aggregate_id: &str,
+        seq: u64,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(stmt(&self.queries.positions_advance))
+            .bind(consumer)
+            .bind(aggregate_type)
+            .bind(aggregate_id)
+            .bind(i64::try_from(seq).unwrap_or(i64::MAX))
+            .execute(conn)
+            .await?;
+        Ok(())
+    }
+
+    /// The highest delivery position of an aggregate that `consumer` applied; 0 when none.
+    pub async fn applied_position(
+        &self,
+        pool: &PgPool,
+        consumer: &str,
+        aggregate_type: &str,
+        aggregate_id: &str,
+    ) -> Result<u64, InboxError> {
+        let seq: Option<i64> = sqlx::query_scalar(stmt(&self.queries.positions_read))
+            .bind(consumer)
+            .bind(aggregate_type)
+            .bind(aggregate_id)
+            .fetch_optional(pool)
+            .await
+            .map_err(InboxError::Database)?;
+        Ok(seq.map_or(0, |n| u64::try_from(n).unwrap_or(0)))
+    }
+
+    /// The order gate of a consumer loop whose handler records through this inbox with
+    /// [`begin_message`](Self::begin_message) or [`process_message`](Self::process_message)
+    /// as `consumer`: pass it to the loop's `ordered` setting.
+    pub fn order_gate(&self, pool: PgPool, consumer: impl Into<String>) -> ConsumerOrder {
+        ConsumerOrder::new(InboxGate {
+            inbox: self.clone(),
+            pool,
+            consumer: consumer.into(),
+        })
     }
 
     /// [`begin`](Self::begin), then `handler` on the transaction's connection, then commit.
@@ -200,27 +287,36 @@ impl PgInbox {
     where
         F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<T, E>>,
     {
-        let Some(mut tx) = self
-            .begin(pool, consumer, event_id)
+        let tx = self
+            .begin_at(pool, consumer, event_id, None)
             .await
-            .map_err(InboxError::widen)?
-        else {
-            return Ok(Outcome::Duplicate);
-        };
-        match handler(&mut tx).await {
-            Ok(value) => {
-                tx.commit().await.map_err(InboxError::Database)?;
-                Ok(Outcome::Processed(value))
-            }
-            Err(e) => {
-                // Dropping would roll back too; rolling back now frees the key at once.
-                let _ = tx.rollback().await;
-                Err(InboxError::Handler(e))
-            }
-        }
+            .map_err(InboxError::widen)?;
+        finish(tx, handler).await
     }
 
-    /// Whether `consumer` has processed `event_id` (committed).
+    /// [`process`](Self::process) for a delivered message, recording its delivery position
+    /// with the side effect (see [`begin_message`](Self::begin_message)).
+    pub async fn process_message<T, E, F>(
+        &self,
+        pool: &PgPool,
+        consumer: &str,
+        message: &InboxMessage,
+        handler: F,
+    ) -> Result<Outcome<T>, InboxError<E>>
+    where
+        F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<T, E>>,
+    {
+        let tx = self
+            .begin_message(pool, consumer, message)
+            .await
+            .map_err(InboxError::widen)?;
+        finish(tx, handler).await
+    }
+
+    /// Whether `consumer` has processed `event_id` (committed). For inspection (tests,
+    /// support), **not** as a dedup gate: between this check and your side effect another
+    /// instance may apply the same event. Deduplicate with `begin`/`process`, which record
+    /// the id in the side effect's own transaction.
     pub async fn contains(
         &self,
         pool: &PgPool,
@@ -267,5 +363,61 @@ impl PgInbox {
                 return Ok(total);
             }
         }
+    }
+}
+
+/// Runs `handler` in `tx` (none: a duplicate) and commits on `Ok`.
+async fn finish<T, E, F>(tx: Option<Transaction<'static, Postgres>>, handler: F) -> Result<Outcome<T>, InboxError<E>>
+where
+    F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<T, E>>,
+{
+    let Some(mut tx) = tx else {
+        return Ok(Outcome::Duplicate);
+    };
+    match handler(&mut tx).await {
+        Ok(value) => {
+            tx.commit().await.map_err(InboxError::Database)?;
+            Ok(Outcome::Processed(value))
+        }
+        Err(e) => {
+            // Dropping would roll back too; rolling back now frees the key at once.
+            let _ = tx.rollback().await;
+            Err(InboxError::Handler(e))
+        }
+    }
+}
+
+/// The order gate over one inbox, for one consumer.
+struct InboxGate {
+    inbox: PgInbox,
+    pool: PgPool,
+    consumer: String,
+}
+
+impl OrderGate for InboxGate {
+    fn applied<'a>(
+        &'a self,
+        aggregate_type: &'a str,
+        aggregate_id: &'a str,
+    ) -> BoxFuture<'a, Result<u64, InboxError>> {
+        Box::pin(
+            self.inbox
+                .applied_position(&self.pool, &self.consumer, aggregate_type, aggregate_id),
+        )
+    }
+
+    fn pass<'a>(
+        &'a self,
+        aggregate_type: &'a str,
+        aggregate_id: &'a str,
+        seq: u64,
+    ) -> BoxFuture<'a, Result<(), InboxError>> {
+        Box::pin(async move {
+            let mut conn = self.pool.acquire().await.map_err(InboxError::Database)?;
+            self.inbox
+                .advance(&mut conn, &self.consumer, aggregate_type, aggregate_id, seq)
+                .await
+                .map_err(InboxError::Database)
+        })
     }
 }

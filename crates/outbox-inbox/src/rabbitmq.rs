@@ -30,7 +30,7 @@ use lapin::{Connection, ConnectionProperties};
 use tokio_util::sync::CancellationToken;
 
 use crate::InboxMessage;
-use crate::lane::{
+use crate::lane::{ConsumerOrder, 
     BoxError, ConsumerError, ConsumerReport, LanePolicy, Lanes, MessageHandler, Settle,
 };
 
@@ -47,6 +47,9 @@ pub struct QueueConsumer {
     pub tag: String,
     /// Lanes, prefetch (`max_in_flight`), attempts and backoff.
     pub policy: LanePolicy,
+    /// Per-aggregate order across crashes and instances (`None`: per-key order within this
+    /// instance only). Build it with the inbox's `order_gate`; see [`ConsumerOrder`].
+    pub ordered: Option<ConsumerOrder>,
 }
 
 impl QueueConsumer {
@@ -57,6 +60,7 @@ impl QueueConsumer {
             queue: queue.into(),
             tag: "outbox-inbox".to_owned(),
             policy: LanePolicy::default(),
+            ordered: None,
         }
     }
 
@@ -106,7 +110,7 @@ impl QueueConsumer {
             .await
             .map_err(refused("consume"))?;
 
-        let lanes = Lanes::start(&self.policy, Arc::new(RabbitSettle), handler, &shutdown);
+        let lanes = Lanes::start(&self.policy, self.ordered.clone(), Arc::new(RabbitSettle), handler, &shutdown);
         loop {
             let next = tokio::select! {
                 () = shutdown.cancelled() => break,

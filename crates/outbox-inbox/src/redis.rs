@@ -30,7 +30,7 @@ use redis::{AsyncConnectionConfig, Value};
 use tokio_util::sync::CancellationToken;
 
 use crate::InboxMessage;
-use crate::lane::{
+use crate::lane::{ConsumerOrder, 
     BoxError, ConsumerError, ConsumerReport, LanePolicy, Lanes, MessageHandler, Settle,
 };
 
@@ -64,6 +64,9 @@ pub struct StreamConsumer {
     pub block: Duration,
     /// Lanes, in-flight bound (`COUNT` of each read), attempts and backoff.
     pub policy: LanePolicy,
+    /// Per-aggregate order across crashes and instances (`None`: per-key order within this
+    /// instance only). Build it with the inbox's `order_gate`; see [`ConsumerOrder`].
+    pub ordered: Option<ConsumerOrder>,
 }
 
 impl StreamConsumer {
@@ -84,6 +87,7 @@ impl StreamConsumer {
             dead_letter_stream: None,
             block: Duration::from_secs(1),
             policy: LanePolicy::default(),
+            ordered: None,
         }
     }
 
@@ -144,7 +148,7 @@ impl StreamConsumer {
             claim_idle: self.claim_idle,
             in_flight: Mutex::new(HashSet::new()),
         });
-        let lanes = Lanes::start(&self.policy, Arc::clone(&settle), handler, &shutdown);
+        let lanes = Lanes::start(&self.policy, self.ordered.clone(), Arc::clone(&settle), handler, &shutdown);
 
         // Own pending entries first (a restart after a crash).
         let mut own = "0".to_owned();
@@ -420,16 +424,24 @@ impl Settle for RedisSettle {
     }
 
     async fn keep_alive(&self, entry: &Entry) {
+        if let Some(ping) = self.keep_alive_owned(entry) {
+            ping.await;
+        }
+    }
+
+    fn keep_alive_owned(&self, entry: &Entry) -> Option<futures::future::BoxFuture<'static, ()>> {
         let mut connection = self.connection.clone();
-        let _: redis::RedisResult<Value> = redis::cmd("XCLAIM")
+        let mut xclaim = redis::cmd("XCLAIM");
+        xclaim
             .arg(&self.stream)
             .arg(&self.group)
             .arg(&self.consumer)
             .arg(0)
             .arg(&entry.id)
-            .arg("JUSTID")
-            .query_async(&mut connection)
-            .await;
+            .arg("JUSTID");
+        Some(Box::pin(async move {
+            let _: redis::RedisResult<Value> = xclaim.query_async(&mut connection).await;
+        }))
     }
 }
 

@@ -28,21 +28,35 @@ pub(crate) fn stmt(sql: &Arc<str>) -> sqlx::AssertSqlSafe<Arc<str>> {
 }
 
 /// PostgreSQL migrations, in order. Append only; never edit one that has shipped.
-pub(crate) const PG_MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "processed_events",
-    sql: include_str!("../migrations/postgres/0001_processed_events.sql"),
-}];
+pub(crate) const PG_MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "processed_events",
+        sql: include_str!("../migrations/postgres/0001_processed_events.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "positions",
+        sql: include_str!("../migrations/postgres/0002_positions.sql"),
+    },
+];
 
 /// SQLite migrations, in order. Append only; never edit one that has shipped.
-pub(crate) const SQLITE_MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "processed_events",
-    sql: include_str!("../migrations/sqlite/0001_processed_events.sql"),
-}];
+pub(crate) const SQLITE_MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "processed_events",
+        sql: include_str!("../migrations/sqlite/0001_processed_events.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "positions",
+        sql: include_str!("../migrations/sqlite/0002_positions.sql"),
+    },
+];
 
 /// The schema version this build of the library expects (both dialects).
-pub const SCHEMA_VERSION: i32 = 1;
+pub const SCHEMA_VERSION: i32 = 2;
 
 /// Every query of one dialect, rendered once for one inbox table.
 #[derive(Debug, Clone)]
@@ -50,6 +64,8 @@ pub(crate) struct Queries {
     pub(crate) insert: Arc<str>,
     pub(crate) purge: Arc<str>,
     pub(crate) contains: Arc<str>,
+    pub(crate) positions_advance: Arc<str>,
+    pub(crate) positions_read: Arc<str>,
 }
 
 impl Queries {
@@ -65,6 +81,8 @@ impl Queries {
             contains: r(include_str!(
                 "../queries/postgres/processed_events_contains.sql"
             )),
+            positions_advance: r(include_str!("../queries/postgres/positions_advance.sql")),
+            positions_read: r(include_str!("../queries/postgres/positions_read.sql")),
         }
     }
 
@@ -78,6 +96,8 @@ impl Queries {
             contains: r(include_str!(
                 "../queries/sqlite/processed_events_contains.sql"
             )),
+            positions_advance: r(include_str!("../queries/sqlite/positions_advance.sql")),
+            positions_read: r(include_str!("../queries/sqlite/positions_read.sql")),
         }
     }
 }
@@ -124,6 +144,10 @@ mod tests {
             &lite.insert,
             &lite.purge,
             &lite.contains,
+            &pg.positions_advance,
+            &pg.positions_read,
+            &lite.positions_advance,
+            &lite.positions_read,
         ] {
             assert!(!sql.contains("{{"), "{sql}");
         }

@@ -144,5 +144,5 @@ async fn migrate_is_idempotent() {
     let (_dir, pool, inbox) = setup().await;
     let again = inbox.migrate(&pool).await.expect("again");
     assert!(again.applied.is_empty());
-    assert_eq!(again.version, 1);
+    assert_eq!(again.version, outbox_inbox::SCHEMA_VERSION);
 }

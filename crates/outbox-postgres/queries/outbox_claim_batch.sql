@@ -16,6 +16,9 @@
 -- when the batch is not the whole pending prefix (`no_gap`, below). Together with the
 -- insert trigger (seq order = commit order per aggregate) this keeps guarantee 3 with any
 -- number of replicas. See docs/ordering.md.
+--
+-- `last_position`: the aggregate's delivery-position head (outbox_core::aggregate_seq), read in
+-- the same snapshot as the events, so it counts exactly the events this batch follows.
 WITH claimed AS MATERIALIZED (
     SELECT o.seq, o.id, o.aggregate_type, o.aggregate_id, o.event_type, o.payload,
            o.headers, o.created_at, o.attempts
@@ -62,7 +65,8 @@ gaps AS (
     FROM held AS h
 )
 SELECT c.seq, c.id, c.aggregate_type, c.aggregate_id, c.event_type, c.payload, c.headers,
-       c.created_at, c.attempts, g.gap_seq
+       c.created_at, c.attempts, g.gap_seq, COALESCE(p.last_position, 0) AS last_position
 FROM claimed AS c
 LEFT JOIN gaps AS g USING (aggregate_type, aggregate_id)
+LEFT JOIN {{qname:_aggregate_positions}} AS p USING (aggregate_type, aggregate_id)
 ORDER BY c.seq

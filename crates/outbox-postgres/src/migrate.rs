@@ -31,10 +31,15 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         name: "cdc_offsets",
         sql: include_str!("../migrations/0003_cdc_offsets.sql"),
     },
+    Migration {
+        version: 4,
+        name: "aggregate_positions",
+        sql: include_str!("../migrations/0004_aggregate_positions.sql"),
+    },
 ];
 
 /// The schema version this build of the library expects.
-pub const SCHEMA_VERSION: i32 = 3;
+pub const SCHEMA_VERSION: i32 = 4;
 
 const BOOKKEEPING: &str = "CREATE TABLE IF NOT EXISTS {{qname:_migrations}} (
     version    integer     PRIMARY KEY,

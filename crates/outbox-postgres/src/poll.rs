@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use outbox_core::aggregate_seq::{self, AssignedPositions};
 use outbox_core::source::{Fetched, Outcome, Settlement};
 use outbox_core::{DeadLetterPolicy, Event, Ordering, Position, Source, SourceError};
 use sqlx::postgres::{PgListener, PgRow};
@@ -33,6 +34,8 @@ pub struct PgPollSource {
     hold_dead: bool,
     on_delivered: OnDelivered,
     claim: Option<Transaction<'static, Postgres>>,
+    /// The delivery positions of the claimed batch (ordering on), until it settles.
+    positions: Option<AssignedPositions>,
     claim_timeout: std::time::Duration,
     /// Through a transaction pooler: the claim timeout is set per claim (`SET LOCAL`).
     transaction_pooling: bool,
@@ -67,6 +70,7 @@ impl PgPollSource {
             hold_dead: dead_letter == DeadLetterPolicy::HoldAggregate,
             on_delivered: config.on_delivered,
             claim: None,
+            positions: None,
             claim_timeout: config.claim_timeout,
             transaction_pooling: config.transaction_pooling,
             listener: None,
@@ -138,12 +142,20 @@ impl PgPollSource {
         }
         .map_err(|e| self.err("claiming a batch", e))?;
         let claimed = rows.len();
+        let ordered = self.ordering != Ordering::None;
         let mut events = Vec::with_capacity(claimed);
+        let mut heads = Vec::with_capacity(if ordered { claimed } else { 0 });
         for row in &rows {
             let (event, gap) = decode(row).map_err(|e| self.err("reading a claimed event", e))?;
             // Deliver only what precedes the first earlier event this batch does not hold;
             // the rest stays locked, untouched, until commit, then is claimable again.
             if gap.is_none_or(|g| event.position.0 < g) {
+                if ordered {
+                    heads.push(
+                        row.try_get::<i64, _>(10)
+                            .map_err(|e| self.err("reading a claimed event", e))?,
+                    );
+                }
                 events.push(event);
             }
         }
@@ -153,6 +165,7 @@ impl PgPollSource {
                 .map_err(|e| self.err("ending an empty claim", e))?;
             return Ok(Fetched::default());
         }
+        self.positions = ordered.then(|| aggregate_seq::assign(&mut events, &heads));
         self.claim = Some(tx);
         Ok(Fetched {
             more: claimed >= limit,
@@ -167,6 +180,7 @@ impl PgPollSource {
         now: OffsetDateTime,
     ) -> Result<(), SourceError> {
         let Some(mut tx) = self.claim.take() else {
+            self.positions = None;
             return Ok(());
         };
         let mut delivered = Vec::new();
@@ -218,6 +232,29 @@ impl PgPollSource {
                 .await
                 .map_err(|e| self.err("dead-lettering events", e))?;
         }
+        // In the same transaction as the outcomes: a head never moves without them.
+        let advanced = self
+            .positions
+            .take()
+            .map(|p| p.advanced(settlements, true))
+            .unwrap_or_default();
+        if !advanced.is_empty() {
+            let mut types = Vec::with_capacity(advanced.len());
+            let mut ids = Vec::with_capacity(advanced.len());
+            let mut heads = Vec::with_capacity(advanced.len());
+            for (t, id, n) in advanced {
+                types.push(t);
+                ids.push(id);
+                heads.push(n);
+            }
+            crate::sql::query(stmt(&self.queries.positions_advance))
+                .bind(&types)
+                .bind(&ids)
+                .bind(&heads)
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| self.err("recording delivery positions", e))?;
+        }
         tx.commit()
             .await
             .map_err(|e| self.err("committing batch outcomes", e))
@@ -246,6 +283,7 @@ impl Source for PgPollSource {
     async fn fetch(&mut self, limit: usize, now: OffsetDateTime) -> Result<Fetched, SourceError> {
         if let Some(stale) = self.claim.take() {
             // A fetch without settle: release the previous claim untouched.
+            self.positions = None;
             let _ = stale.rollback().await;
         }
         self.claim(limit, now).await

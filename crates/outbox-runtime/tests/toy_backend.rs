@@ -470,6 +470,11 @@ impl Harness for ToyHarness {
     fn replicas(&self) -> usize {
         2
     }
+
+    // The toy numbers nothing.
+    fn assigns_positions(&self) -> bool {
+        false
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

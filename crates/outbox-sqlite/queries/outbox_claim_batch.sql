@@ -14,9 +14,14 @@
 -- only when every earlier event of its aggregate is delivered or in the batch. No gap check
 -- is needed, unlike PostgreSQL, where concurrent replicas hold rows this query cannot see.
 --
+-- `last_position`: the aggregate's delivery-position head (outbox_core::aggregate_seq).
+--
 -- CAST(payload AS BLOB): a plain-SQL producer may have inserted the payload as text.
 SELECT o.seq, o.id, o.aggregate_type, o.aggregate_id, o.event_type,
-       CAST(o.payload AS BLOB) AS payload, o.headers, o.created_at, o.attempts
+       CAST(o.payload AS BLOB) AS payload, o.headers, o.created_at, o.attempts,
+       coalesce((SELECT p.last_position FROM {{name:_aggregate_positions}} AS p
+                 WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id),
+                0) AS last_position
 FROM {{table}} AS o
 WHERE o.state = 'pending'
   AND o.next_attempt_at <= ?1

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
+use outbox_core::aggregate_seq::{self, AssignedPositions};
 use outbox_core::source::{Fetched, Outcome, Settlement};
 use outbox_core::{DeadLetterPolicy, Event, Ordering, Position, Source, SourceError};
 use sqlx::sqlite::{SqliteConnection, SqliteRow};
@@ -58,6 +59,8 @@ pub struct SqlitePollSource {
     hold_dead: bool,
     on_delivered: OnDelivered,
     lease: Lease,
+    /// The delivery positions of the read batch (ordering on), until it settles.
+    positions: Option<AssignedPositions>,
     lease_ttl: std::time::Duration,
     writer: WriteConnection,
 }
@@ -90,6 +93,7 @@ impl SqlitePollSource {
             hold_dead: dead_letter == DeadLetterPolicy::HoldAggregate,
             on_delivered: config.on_delivered,
             lease: Lease::new(holder, config.lease_ttl),
+            positions: None,
             lease_ttl: config.lease_ttl,
             writer: WriteConnection::new(&pool, config.busy_timeout),
             pool,
@@ -151,11 +155,20 @@ impl SqlitePollSource {
             }
         }
         .map_err(|e| self.err("reading a batch", e))?;
-        let events = rows
+        let mut events = rows
             .iter()
             .map(decode)
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| self.err("reading a claimed event", e))?;
+        self.positions = None;
+        if self.ordering != Ordering::None && !events.is_empty() {
+            let heads = rows
+                .iter()
+                .map(|r| r.try_get::<i64, _>(9))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| self.err("reading a claimed event", e))?;
+            self.positions = Some(aggregate_seq::assign(&mut events, &heads));
+        }
         Ok(Fetched {
             more: events.len() >= limit,
             events,
@@ -182,6 +195,7 @@ impl SqlitePollSource {
                 Outcome::Released => {}
             }
         }
+        let positions = self.positions.take();
         let conn = self.writer.begin().await?;
         let written = write_outcomes(
             conn,
@@ -193,6 +207,7 @@ impl SqlitePollSource {
                 delivered,
                 retries,
                 dead,
+                positions: positions.as_ref().map(|p| (p, settlements)),
             },
         )
         .await;
@@ -211,10 +226,12 @@ impl SqlitePollSource {
 }
 
 /// A batch's outcomes, one list per statement.
-struct Outcomes {
+struct Outcomes<'a> {
     delivered: Vec<i64>,
     retries: Vec<serde_json::Value>,
     dead: Vec<serde_json::Value>,
+    /// The batch's delivery positions and its settlements (ordering on).
+    positions: Option<(&'a AssignedPositions, &'a [Settlement])>,
 }
 
 /// Runs the settle statements in the open write transaction: renew the lease, then one
@@ -225,7 +242,7 @@ async fn write_outcomes(
     lease: &Lease,
     on_delivered: OnDelivered,
     now: i64,
-    outcomes: Outcomes,
+    outcomes: Outcomes<'_>,
 ) -> Result<bool, sqlx::Error> {
     let still_held = lease.renew_in(&mut *conn, queries, now).await?;
     if !outcomes.delivered.is_empty() {
@@ -252,6 +269,16 @@ async fn write_outcomes(
             .bind(now)
             .execute(&mut *conn)
             .await?;
+    }
+    // With the outcomes, in the same transaction; a dead letter counts only when recorded.
+    if let Some((positions, settlements)) = outcomes.positions {
+        let advanced = positions.advanced(settlements, still_held);
+        if !advanced.is_empty() {
+            sqlx::query(stmt(&queries.positions_advance))
+                .bind(serde_json::to_string(&advanced).unwrap_or_default())
+                .execute(&mut *conn)
+                .await?;
+        }
     }
     Ok(still_held)
 }

@@ -52,6 +52,11 @@ pub trait Harness: Send + Sync + 'static {
     fn stored(&self, id: Uuid) -> impl Future<Output = anyhow::Result<Option<StoredEvent>>> + Send;
     /// Whether several sources may relay one outbox concurrently (replicas).
     fn replicas(&self) -> usize;
+    /// Whether the source numbers each aggregate's deliveries (`aggregate_seq`,
+    /// `outbox_core::aggregate_seq`): the polling sources do, CDC does not (yet).
+    fn assigns_positions(&self) -> bool {
+        true
+    }
     /// The commit-order oracle of [`concurrent_writers_reach_the_broker_in_commit_order`]:
     /// in ONE transaction, writes `event` and bumps a per-aggregate business counter
     /// (`UPDATE counters SET n = n + 1 WHERE aggregate = ... RETURNING n`, creating the row
@@ -625,6 +630,9 @@ pub async fn concurrent_writers_reach_the_broker_in_commit_order<H: Harness>(
         .iter()
         .map(|(aggregate, id, n)| (*id, (aggregate.clone(), *n)))
         .collect();
+    if h.assigns_positions() {
+        positions_count_up_per_aggregate(&first_deliveries(&published))?;
+    }
     let mut seen: HashMap<String, Vec<i64>> = HashMap::new();
     for e in first_deliveries(&published) {
         if let Some((aggregate, n)) = commit_position.get(&e.id) {
@@ -640,6 +648,96 @@ pub async fn concurrent_writers_reach_the_broker_in_commit_order<H: Harness>(
             "aggregate {aggregate}: the broker saw commit positions {got:?}, expected {expected:?} (commit order, nothing missing)"
         );
     }
+    Ok(())
+}
+
+/// The `aggregate_seq` header of a published event.
+fn position_of(e: &Event) -> Option<u64> {
+    e.headers
+        .iter()
+        .find(|(n, _)| n == outbox_core::message::header::AGGREGATE_SEQ)
+        .and_then(|(_, v)| v.parse().ok())
+}
+
+/// In `events` (first deliveries, in publish order), each aggregate's positions are 1, 2, 3, …
+fn positions_count_up_per_aggregate(events: &[Event]) -> anyhow::Result<()> {
+    let mut seen: HashMap<(&str, &str), Vec<Option<u64>>> = HashMap::new();
+    for e in events {
+        seen.entry((&e.aggregate_type, &e.aggregate_id))
+            .or_default()
+            .push(position_of(e));
+    }
+    for ((t, id), got) in seen {
+        let expected: Vec<Option<u64>> = (1..=got.len() as u64).map(Some).collect();
+        ensure!(
+            got == expected,
+            "aggregate {t}/{id}: delivery positions {got:?}, expected {expected:?}"
+        );
+    }
+    Ok(())
+}
+
+/// The polling sources number each aggregate's deliveries 1, 2, 3, … (`aggregate_seq`): a
+/// retried event keeps its number on every attempt, a dead letter uses its number up (it may
+/// have reached the broker before its last attempt failed), and a relay restarted later goes
+/// on from where the last one stopped. Sources that do not number (CDC) add no header.
+pub async fn delivery_positions_are_contiguous_per_aggregate<H: Harness>(
+    h: &H,
+) -> anyhow::Result<()> {
+    let sink = Arc::new(ScriptedSink::new());
+    let ids = h
+        .write((1..=4).map(|n| event("pos", n)).collect(), true)
+        .await?;
+    let other = h.write(vec![event("pos-other", 1)], true).await?[0];
+    sink.fail(Match::EventId(ids[0]), SinkErrorKind::Transient, Times::Count(2));
+    sink.fail(Match::EventId(ids[2]), SinkErrorKind::Rejected, Times::Forever);
+    let config = test_relay_config(Ordering::PerAggregate, DeadLetterPolicy::Skip, 3);
+    let relay = RunningRelay::start(
+        config.clone(),
+        sink.clone(),
+        sources(h, 1, Ordering::PerAggregate, DeadLetterPolicy::Skip).await?,
+    );
+    sink.wait_for_published(4, WAIT).await?;
+    relay.stop().await?;
+    let later = h.write(vec![event("pos", 5)], true).await?[0];
+    let relay = RunningRelay::start(
+        config,
+        sink.clone(),
+        sources(h, 1, Ordering::PerAggregate, DeadLetterPolicy::Skip).await?,
+    );
+    sink.wait_for_published(5, WAIT).await?;
+    relay.stop().await?;
+
+    let numbered = |id: Uuid| -> Vec<Option<u64>> {
+        sink.attempts()
+            .into_iter()
+            .filter(|a| a.event.id == id)
+            .map(|a| position_of(&a.event))
+            .collect()
+    };
+    if !h.assigns_positions() {
+        for id in ids.iter().chain([&other, &later]) {
+            ensure!(
+                numbered(*id).iter().all(Option::is_none),
+                "a source that does not number deliveries added aggregate_seq to {id}"
+            );
+        }
+        return Ok(());
+    }
+    let expect = |id: Uuid, n: u64, attempts: usize| -> anyhow::Result<()> {
+        let got = numbered(id);
+        ensure!(
+            got == vec![Some(n); attempts],
+            "event {id}: positions on its attempts {got:?}, expected {attempts} × {n}"
+        );
+        Ok(())
+    };
+    expect(ids[0], 1, 3).context("a retried event keeps its position")?;
+    expect(ids[1], 2, 1)?;
+    expect(ids[2], 3, 1).context("a rejected event is published with its position")?;
+    expect(ids[3], 4, 1).context("the event after a dead letter does not reuse its position")?;
+    expect(later, 5, 1).context("a restarted relay goes on from the stored head")?;
+    expect(other, 1, 1).context("each aggregate counts on its own")?;
     Ok(())
 }
 
@@ -666,5 +764,6 @@ where
     check!(shutdown_drains_the_batch_in_flight);
     check!(claim_of_a_dead_relay_is_released);
     check!(concurrent_writers_reach_the_broker_in_commit_order);
+    check!(delivery_positions_are_contiguous_per_aggregate);
     Ok(())
 }

@@ -33,14 +33,87 @@ use std::error::Error as StdError;
 use std::fmt::Display;
 use std::hash::{Hash, Hasher};
 use std::num::{NonZeroU32, NonZeroUsize};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::InboxMessage;
+use futures::future::BoxFuture;
+
+use crate::{InboxError, InboxMessage};
 
 mod schedule;
 
 pub(crate) use schedule::{Lanes, Settle};
+
+/// Where a consumer loop's order gate reads which delivery position of an aggregate was
+/// applied last, and records one it passes without applying (a dead letter). Implemented by
+/// [`PgInbox::order_gate`](crate::PgInbox::order_gate) and
+/// [`SqliteInbox::order_gate`](crate::SqliteInbox::order_gate), whose positions the handler
+/// writes with the side effect (`begin_message` / `process_message`).
+pub trait OrderGate: Send + Sync + 'static {
+    /// The highest position of the aggregate this consumer applied; 0 when none.
+    fn applied<'a>(
+        &'a self,
+        aggregate_type: &'a str,
+        aggregate_id: &'a str,
+    ) -> BoxFuture<'a, Result<u64, InboxError>>;
+
+    /// Records that position `seq` is passed without being applied (its message was
+    /// dead-lettered), so that its successor need not wait for it.
+    fn pass<'a>(
+        &'a self,
+        aggregate_type: &'a str,
+        aggregate_id: &'a str,
+        seq: u64,
+    ) -> BoxFuture<'a, Result<(), InboxError>>;
+}
+
+/// Per-aggregate order at the consumer, across crashes, redeliveries and instances: a message
+/// whose `aggregate_seq` is more than one past the last applied position of its aggregate is
+/// held (not handled, not counted as an attempt, kept alive) until its predecessor is applied
+/// here or by another instance, or until `gap_timeout` passes; then it is handled with a
+/// warning and counted in [`ConsumerReport::gaps`]. Messages without a position (CDC, replays)
+/// pass at once. See `docs/inbox.md`, "Order at the consumer".
+#[derive(Clone)]
+pub struct ConsumerOrder {
+    gate: Arc<dyn OrderGate>,
+    gap_timeout: Duration,
+}
+
+impl ConsumerOrder {
+    /// Order by `gate`, with a gap timeout of 2 minutes.
+    pub fn new(gate: impl OrderGate) -> Self {
+        Self {
+            gate: Arc::new(gate),
+            gap_timeout: Duration::from_secs(120),
+        }
+    }
+
+    /// How long a message waits for a missing predecessor before it is handled anyway (the
+    /// predecessor was dead-lettered by the relay, or lost with a broker's retention). Keep
+    /// it above the broker's redelivery delay (JetStream `ack_wait`, Redis `claim_idle`).
+    #[must_use]
+    pub fn gap_timeout(mut self, timeout: Duration) -> Self {
+        self.gap_timeout = timeout;
+        self
+    }
+
+    pub(crate) fn gate(&self) -> &dyn OrderGate {
+        self.gate.as_ref()
+    }
+
+    pub(crate) fn timeout(&self) -> Duration {
+        self.gap_timeout
+    }
+}
+
+impl std::fmt::Debug for ConsumerOrder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConsumerOrder")
+            .field("gap_timeout", &self.gap_timeout)
+            .finish_non_exhaustive()
+    }
+}
 
 /// What a consumer loop calls for each message: any
 /// `Fn(InboxMessage) -> impl Future<Output = Result<(), E>>` (`Send`, `'static`), where `E`
@@ -200,6 +273,10 @@ pub struct ConsumerReport {
     /// Deliveries refused before any handler ran (the webhook receiver's bad, stale or
     /// unsigned requests).
     pub rejected: u64,
+    /// Times a message waited for its aggregate's previous position (order gate).
+    pub held: u64,
+    /// Messages handled after `gap_timeout` without their predecessor (order gate).
+    pub gaps: u64,
 }
 
 /// What the lanes did, counted as they go.
@@ -209,6 +286,8 @@ pub(crate) struct Counters {
     pub(crate) retried: AtomicU64,
     pub(crate) dead_lettered: AtomicU64,
     pub(crate) released: AtomicU64,
+    pub(crate) held: AtomicU64,
+    pub(crate) gaps: AtomicU64,
 }
 
 impl Counters {
@@ -223,6 +302,8 @@ impl Counters {
             dead_lettered: self.dead_lettered.load(Ordering::Relaxed),
             released: self.released.load(Ordering::Relaxed),
             rejected: 0,
+            held: self.held.load(Ordering::Relaxed),
+            gaps: self.gaps.load(Ordering::Relaxed),
         }
     }
 }

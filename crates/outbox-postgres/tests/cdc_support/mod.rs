@@ -155,6 +155,11 @@ impl Harness for CdcHarness {
         1
     }
 
+    // CDC does not number deliveries (yet): docs/inbox.md.
+    fn assigns_positions(&self) -> bool {
+        false
+    }
+
     /// In CDC mode delivered rows stay `pending`: delivery is recorded by the slot's confirmed
     /// position. Delivered = no longer in the slot's unconfirmed tail.
     async fn recorded_delivered(&self, id: Uuid) -> anyhow::Result<bool> {
