@@ -19,9 +19,9 @@
 
 use std::collections::HashMap;
 
+use crate::message::header;
 use crate::source::{Outcome, Settlement};
 use crate::{Event, Position};
-use crate::message::header;
 
 /// The positions given to one claimed batch, kept until it settles.
 #[derive(Debug, Default)]
@@ -142,9 +142,7 @@ mod tests {
         let assigned = assign(&mut batch, &[7, 0, 7, 7]);
         let seqs: Vec<&str> = batch.iter().map(seq_of).collect();
         assert_eq!(seqs, ["8", "1", "9", "10"]);
-        let dead = Outcome::DeadLetter {
-            reason: "r".into(),
-        };
+        let dead = Outcome::DeadLetter { reason: "r".into() };
         let retry = Outcome::Retry {
             not_before: time::OffsetDateTime::UNIX_EPOCH,
             error: "e".into(),

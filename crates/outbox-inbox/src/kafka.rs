@@ -37,8 +37,9 @@ use rdkafka::{Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 
 use crate::InboxMessage;
-use crate::lane::{ConsumerOrder, 
-    BoxError, ConsumerError, ConsumerReport, LanePolicy, Lanes, MessageHandler, Settle,
+use crate::lane::{
+    BoxError, ConsumerError, ConsumerOrder, ConsumerReport, LanePolicy, Lanes, MessageHandler,
+    Settle,
 };
 
 const BROKER: &str = "Kafka";
@@ -125,7 +126,13 @@ impl KafkaConsumer {
             timeout: self.dead_letter_timeout,
             partitions: Mutex::new(HashMap::new()),
         });
-        let lanes = Lanes::start(&self.policy, self.ordered.clone(), Arc::clone(&settle), handler, &shutdown);
+        let lanes = Lanes::start(
+            &self.policy,
+            self.ordered.clone(),
+            Arc::clone(&settle),
+            handler,
+            &shutdown,
+        );
         {
             let mut stream = consumer.stream();
             loop {

@@ -46,7 +46,9 @@ pub mod rabbitmq;
 pub mod redis;
 
 pub use error::{InboxError, MigrateError, MigrationReport};
-pub use lane::{ConsumerError, ConsumerOrder, ConsumerReport, LanePolicy, MessageHandler, OrderGate};
+pub use lane::{
+    ConsumerError, ConsumerOrder, ConsumerReport, LanePolicy, MessageHandler, OrderGate,
+};
 pub use message::{InboxMessage, MessageError};
 pub use postgres::PgInbox;
 pub use sql::SCHEMA_VERSION;

@@ -26,8 +26,9 @@ use futures::StreamExt as _;
 use tokio_util::sync::CancellationToken;
 
 use crate::InboxMessage;
-use crate::lane::{ConsumerOrder, 
-    BoxError, ConsumerError, ConsumerReport, LanePolicy, Lanes, MessageHandler, Settle,
+use crate::lane::{
+    BoxError, ConsumerError, ConsumerOrder, ConsumerReport, LanePolicy, Lanes, MessageHandler,
+    Settle,
 };
 
 /// Broker headers that are not the row's own.
@@ -89,26 +90,48 @@ impl JetStreamConsumer {
         let stream = js.get_stream(&self.stream).await.map_err(|e| {
             ConsumerError::broker(BROKER, format!("open stream {}", self.stream), e)
         })?;
-        let consumer: jetstream::consumer::PullConsumer = stream
-            .get_or_create_consumer(
-                &self.durable,
-                pull::Config {
-                    durable_name: Some(self.durable.clone()),
-                    filter_subject: self.filter_subject.clone(),
-                    ack_policy: jetstream::consumer::AckPolicy::Explicit,
-                    ack_wait: self.ack_wait,
-                    // The lanes count deliveries and terminate; JetStream's own limit would
-                    // stop redelivering silently.
-                    max_deliver: -1,
-                    max_ack_pending: i64::try_from(self.policy.max_in_flight.get())
-                        .unwrap_or(i64::MAX),
-                    ..Default::default()
-                },
-            )
+        let config = pull::Config {
+            durable_name: Some(self.durable.clone()),
+            filter_subject: self.filter_subject.clone(),
+            ack_policy: jetstream::consumer::AckPolicy::Explicit,
+            ack_wait: self.ack_wait,
+            // The lanes count deliveries and terminate; JetStream's own limit would
+            // stop redelivering silently.
+            max_deliver: -1,
+            max_ack_pending: i64::try_from(self.policy.max_in_flight.get()).unwrap_or(i64::MAX),
+            ..Default::default()
+        };
+        let mut consumer: jetstream::consumer::PullConsumer = stream
+            .get_or_create_consumer(&self.durable, config.clone())
             .await
             .map_err(|e| {
                 ConsumerError::broker(BROKER, format!("create consumer {}", self.durable), e)
             })?;
+        // An existing durable keeps the settings it was created with; the loop times its
+        // keep-alives from its own, so a changed `ack_wait` or `max_in_flight` is applied to
+        // the durable (or refused by the server with its reason), never silently ignored.
+        let existing = &consumer.cached_info().config;
+        if existing.ack_wait != config.ack_wait
+            || existing.max_ack_pending != config.max_ack_pending
+            || existing.max_deliver != config.max_deliver
+        {
+            tracing::info!(
+                durable = %self.durable,
+                ack_wait = ?config.ack_wait,
+                max_ack_pending = config.max_ack_pending,
+                "updating the durable consumer to the configured settings"
+            );
+            consumer = stream.update_consumer(config).await.map_err(|e| {
+                ConsumerError::broker(
+                    BROKER,
+                    format!(
+                        "update consumer {} to ack_wait {:?} and max_ack_pending {}",
+                        self.durable, self.ack_wait, self.policy.max_in_flight
+                    ),
+                    e,
+                )
+            })?;
+        }
         let mut messages = consumer
             .messages()
             .await
@@ -117,7 +140,13 @@ impl JetStreamConsumer {
         let settle = Arc::new(JetStreamSettle {
             ack_wait: self.ack_wait,
         });
-        let lanes = Lanes::start(&self.policy, self.ordered.clone(), settle, handler, &shutdown);
+        let lanes = Lanes::start(
+            &self.policy,
+            self.ordered.clone(),
+            settle,
+            handler,
+            &shutdown,
+        );
         loop {
             let next = tokio::select! {
                 () = shutdown.cancelled() => break,

@@ -11,8 +11,8 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use crate::error::{InboxError, MigrateError, MigrationReport};
-use crate::sql::{PG_MIGRATIONS, Queries, render, stmt};
 use crate::lane::{ConsumerOrder, OrderGate};
+use crate::sql::{PG_MIGRATIONS, Queries, render, stmt};
 use crate::{DEFAULT_TABLE, InboxMessage, Outcome, PURGE_BATCH};
 
 const BOOKKEEPING: &str = "CREATE TABLE IF NOT EXISTS {{qname:_migrations}} (
@@ -191,9 +191,13 @@ impl PgInbox {
         consumer: &str,
         message: &InboxMessage,
     ) -> Result<Option<Transaction<'static, Postgres>>, InboxError> {
-        let position = message
-            .aggregate_seq
-            .map(|seq| (message.aggregate_type.as_str(), message.aggregate_id.as_str(), seq));
+        let position = message.aggregate_seq.map(|seq| {
+            (
+                message.aggregate_type.as_str(),
+                message.aggregate_id.as_str(),
+                seq,
+            )
+        });
         self.begin_at(pool, consumer, message.id, position).await
     }
 
@@ -367,7 +371,10 @@ impl PgInbox {
 }
 
 /// Runs `handler` in `tx` (none: a duplicate) and commits on `Ok`.
-async fn finish<T, E, F>(tx: Option<Transaction<'static, Postgres>>, handler: F) -> Result<Outcome<T>, InboxError<E>>
+async fn finish<T, E, F>(
+    tx: Option<Transaction<'static, Postgres>>,
+    handler: F,
+) -> Result<Outcome<T>, InboxError<E>>
 where
     F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<T, E>>,
 {
@@ -400,10 +407,12 @@ impl OrderGate for InboxGate {
         aggregate_type: &'a str,
         aggregate_id: &'a str,
     ) -> BoxFuture<'a, Result<u64, InboxError>> {
-        Box::pin(
-            self.inbox
-                .applied_position(&self.pool, &self.consumer, aggregate_type, aggregate_id),
-        )
+        Box::pin(self.inbox.applied_position(
+            &self.pool,
+            &self.consumer,
+            aggregate_type,
+            aggregate_id,
+        ))
     }
 
     fn pass<'a>(

@@ -30,8 +30,9 @@ use lapin::{Connection, ConnectionProperties};
 use tokio_util::sync::CancellationToken;
 
 use crate::InboxMessage;
-use crate::lane::{ConsumerOrder, 
-    BoxError, ConsumerError, ConsumerReport, LanePolicy, Lanes, MessageHandler, Settle,
+use crate::lane::{
+    BoxError, ConsumerError, ConsumerOrder, ConsumerReport, LanePolicy, Lanes, MessageHandler,
+    Settle,
 };
 
 const BROKER: &str = "RabbitMQ";
@@ -110,7 +111,13 @@ impl QueueConsumer {
             .await
             .map_err(refused("consume"))?;
 
-        let lanes = Lanes::start(&self.policy, self.ordered.clone(), Arc::new(RabbitSettle), handler, &shutdown);
+        let lanes = Lanes::start(
+            &self.policy,
+            self.ordered.clone(),
+            Arc::new(RabbitSettle),
+            handler,
+            &shutdown,
+        );
         loop {
             let next = tokio::select! {
                 () = shutdown.cancelled() => break,

@@ -30,8 +30,9 @@ use redis::{AsyncConnectionConfig, Value};
 use tokio_util::sync::CancellationToken;
 
 use crate::InboxMessage;
-use crate::lane::{ConsumerOrder, 
-    BoxError, ConsumerError, ConsumerReport, LanePolicy, Lanes, MessageHandler, Settle,
+use crate::lane::{
+    BoxError, ConsumerError, ConsumerOrder, ConsumerReport, LanePolicy, Lanes, MessageHandler,
+    Settle,
 };
 
 const BROKER: &str = "Redis";
@@ -148,7 +149,13 @@ impl StreamConsumer {
             claim_idle: self.claim_idle,
             in_flight: Mutex::new(HashSet::new()),
         });
-        let lanes = Lanes::start(&self.policy, self.ordered.clone(), Arc::clone(&settle), handler, &shutdown);
+        let lanes = Lanes::start(
+            &self.policy,
+            self.ordered.clone(),
+            Arc::clone(&settle),
+            handler,
+            &shutdown,
+        );
 
         // Own pending entries first (a restart after a crash).
         let mut own = "0".to_owned();

@@ -16,8 +16,8 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use crate::error::{InboxError, MigrateError, MigrationReport};
-use crate::sql::{Queries, SQLITE_MIGRATIONS, render, stmt};
 use crate::lane::{ConsumerOrder, OrderGate};
+use crate::sql::{Queries, SQLITE_MIGRATIONS, render, stmt};
 use crate::{DEFAULT_TABLE, InboxMessage, Outcome, PURGE_BATCH};
 
 const BOOKKEEPING: &str = "CREATE TABLE IF NOT EXISTS {{name:_migrations}} (
@@ -151,9 +151,13 @@ impl SqliteInbox {
         consumer: &str,
         message: &InboxMessage,
     ) -> Result<Option<Transaction<'static, Sqlite>>, InboxError> {
-        let position = message
-            .aggregate_seq
-            .map(|seq| (message.aggregate_type.as_str(), message.aggregate_id.as_str(), seq));
+        let position = message.aggregate_seq.map(|seq| {
+            (
+                message.aggregate_type.as_str(),
+                message.aggregate_id.as_str(),
+                seq,
+            )
+        });
         self.begin_at(pool, consumer, message.id, position).await
     }
 
@@ -164,7 +168,10 @@ impl SqliteInbox {
         event_id: Uuid,
         position: Option<(&str, &str, u64)>,
     ) -> Result<Option<Transaction<'static, Sqlite>>, InboxError> {
-        let mut tx = pool.begin_with("BEGIN IMMEDIATE").await.map_err(InboxError::Database)?;
+        let mut tx = pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(InboxError::Database)?;
         let first = self
             .record(&mut *tx, consumer, event_id)
             .await
@@ -327,7 +334,10 @@ impl SqliteInbox {
 }
 
 /// Runs `handler` in `tx` (none: a duplicate) and commits on `Ok`.
-async fn finish<T, E, F>(tx: Option<Transaction<'static, Sqlite>>, handler: F) -> Result<Outcome<T>, InboxError<E>>
+async fn finish<T, E, F>(
+    tx: Option<Transaction<'static, Sqlite>>,
+    handler: F,
+) -> Result<Outcome<T>, InboxError<E>>
 where
     F: for<'c> FnOnce(&'c mut SqliteConnection) -> BoxFuture<'c, Result<T, E>>,
 {
@@ -360,10 +370,12 @@ impl OrderGate for InboxGate {
         aggregate_type: &'a str,
         aggregate_id: &'a str,
     ) -> BoxFuture<'a, Result<u64, InboxError>> {
-        Box::pin(
-            self.inbox
-                .applied_position(&self.pool, &self.consumer, aggregate_type, aggregate_id),
-        )
+        Box::pin(self.inbox.applied_position(
+            &self.pool,
+            &self.consumer,
+            aggregate_type,
+            aggregate_id,
+        ))
     }
 
     fn pass<'a>(

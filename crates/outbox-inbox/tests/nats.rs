@@ -89,3 +89,38 @@ async fn failures_retry_in_place_keeping_per_key_order_and_poison_is_terminated(
         )
         .await;
 }
+
+#[tokio::test]
+async fn a_durable_created_with_other_settings_is_updated_to_the_configured_ones() {
+    let nats = Nats::shared().await.expect("nats starts");
+    let prefix = unique();
+    publish(nats, &prefix, &common::order_events()[..1]).await;
+    let run_once = async |ack_wait: Duration, in_flight: usize| {
+        let mut config = JetStreamConsumer::new(nats.url(), prefix.to_uppercase(), "settings");
+        config.ack_wait = ack_wait;
+        config.policy = policy();
+        config.policy.max_in_flight = std::num::NonZeroUsize::new(in_flight).expect("not zero");
+        let token = CancellationToken::new();
+        token.cancel();
+        config
+            .run(
+                |_m: outbox_inbox::InboxMessage| async { Ok::<_, String>(()) },
+                token,
+            )
+            .await
+            .expect("runs");
+    };
+    run_once(Duration::from_secs(1), 32).await;
+    run_once(Duration::from_secs(3), 7).await;
+    let js = async_nats::jetstream::new(nats.connect().await.expect("connects"));
+    let stream = js.get_stream(prefix.to_uppercase()).await.expect("stream");
+    let info = stream
+        .consumer_info("settings")
+        .await
+        .expect("consumer info");
+    assert_eq!(
+        (info.config.ack_wait, info.config.max_ack_pending),
+        (Duration::from_secs(3), 7),
+        "the durable follows the loop's settings"
+    );
+}

@@ -99,11 +99,12 @@ async fn apply(pool: &PgPool, inbox: &PgInbox, m: InboxMessage) -> Result<(), St
     inbox
         .process_message(pool, "balances", &m, |conn| {
             async move {
-                let stored: i64 =
-                    sqlx::query_scalar("SELECT version FROM balances WHERE aggregate = $1 FOR UPDATE")
-                        .bind(&aggregate)
-                        .fetch_one(&mut *conn)
-                        .await?;
+                let stored: i64 = sqlx::query_scalar(
+                    "SELECT version FROM balances WHERE aggregate = $1 FOR UPDATE",
+                )
+                .bind(&aggregate)
+                .fetch_one(&mut *conn)
+                .await?;
                 if v != stored + 1 {
                     sqlx::query("INSERT INTO violations VALUES ($1, $2, $3)")
                         .bind(&aggregate)
@@ -112,11 +113,13 @@ async fn apply(pool: &PgPool, inbox: &PgInbox, m: InboxMessage) -> Result<(), St
                         .execute(&mut *conn)
                         .await?;
                 }
-                sqlx::query("UPDATE balances SET version = $2, applies = applies + 1 WHERE aggregate = $1")
-                    .bind(&aggregate)
-                    .bind(v)
-                    .execute(&mut *conn)
-                    .await?;
+                sqlx::query(
+                    "UPDATE balances SET version = $2, applies = applies + 1 WHERE aggregate = $1",
+                )
+                .bind(&aggregate)
+                .bind(v)
+                .execute(&mut *conn)
+                .await?;
                 Ok::<_, sqlx::Error>(())
             }
             .boxed()
@@ -215,11 +218,12 @@ async fn per_aggregate_order_holds_across_kills_and_two_instances() {
     }
     applied.unwrap_or_else(|_| panic!("not every version was applied"));
 
-    let violations: Vec<(String, i64, i64)> =
-        sqlx::query_as("SELECT aggregate, stored, applied FROM violations ORDER BY aggregate, applied")
-            .fetch_all(&pool)
-            .await
-            .expect("violations");
+    let violations: Vec<(String, i64, i64)> = sqlx::query_as(
+        "SELECT aggregate, stored, applied FROM violations ORDER BY aggregate, applied",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("violations");
     assert!(
         violations.is_empty(),
         "{} versions applied out of order (aggregate, stored, applied), e.g. {:?}",

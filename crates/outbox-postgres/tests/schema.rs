@@ -112,7 +112,13 @@ async fn a_custom_schema_and_table_work_end_to_end() -> anyhow::Result<()> {
     let fetched =
         outbox_core::Source::fetch(&mut source, 10, time::OffsetDateTime::now_utc()).await?;
     ensure!(fetched.events.len() == 1 && fetched.events[0].id == id);
-    ensure!(fetched.events[0].headers == vec![("tenant".to_owned(), "acme".to_owned())]);
+    ensure!(
+        fetched.events[0].headers
+            == vec![
+                ("tenant".to_owned(), "acme".to_owned()),
+                ("aggregate_seq".to_owned(), "1".to_owned())
+            ]
+    );
     Ok(())
 }
 

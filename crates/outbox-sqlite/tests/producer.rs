@@ -83,7 +83,11 @@ async fn a_batch_keeps_its_order_and_ids_and_commits_with_the_caller() {
     );
     assert_eq!(
         fetched.events[0].headers,
-        vec![("tenant".to_owned(), "acme".to_owned())]
+        vec![
+            ("tenant".to_owned(), "acme".to_owned()),
+            ("aggregate_seq".to_owned(), "1".to_owned())
+        ],
+        "the row's headers, then the delivery position the relay adds"
     );
 }
 

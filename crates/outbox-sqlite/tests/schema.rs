@@ -37,10 +37,14 @@ async fn concurrent_migrations_of_a_fresh_file_apply_it_once() {
     let b = connect(&config).await.expect("pool b");
     let (ra, rb) = tokio::join!(migrate(&a, &config.table), migrate(&b, &config.table));
     let (ra, rb) = (ra.expect("migrate a"), rb.expect("migrate b"));
-    assert_eq!(ra.applied.len() + rb.applied.len(), 1, "{ra:?} {rb:?}");
+    assert_eq!(
+        ra.applied.len() + rb.applied.len(),
+        SCHEMA_VERSION as usize,
+        "{ra:?} {rb:?}"
+    );
     assert_eq!(
         schema_version(&a, &config.table).await.expect("version"),
-        Some(1)
+        Some(SCHEMA_VERSION)
     );
 }
 
@@ -55,7 +59,10 @@ async fn an_unmigrated_table_has_no_version_and_tables_are_independent() {
     let report = migrate(&db.pool, &other)
         .await
         .expect("migrate second table");
-    assert_eq!(report.applied, vec![(1, "outbox_table")]);
+    assert_eq!(
+        report.applied,
+        vec![(1, "outbox_table"), (2, "aggregate_positions")]
+    );
 }
 
 #[tokio::test]
@@ -87,7 +94,11 @@ async fn a_plain_sql_producer_writes_four_columns_and_gets_a_uuid_v7() {
         &event.payload[..],
         br#"{"order_id":"o_91f2","total_cents":1250}"#
     );
-    assert_eq!(event.headers, vec![]);
+    assert_eq!(
+        event.headers,
+        vec![("aggregate_seq".to_owned(), "1".to_owned())],
+        "no headers of its own; the delivery position the relay adds"
+    );
     assert_eq!(event.id.get_version_num(), 7, "{}", event.id);
     assert_eq!(event.id.get_variant(), uuid::Variant::RFC4122);
     let (secs, _) = event.id.get_timestamp().expect("v7 timestamp").to_unix();

@@ -689,8 +689,16 @@ pub async fn delivery_positions_are_contiguous_per_aggregate<H: Harness>(
         .write((1..=4).map(|n| event("pos", n)).collect(), true)
         .await?;
     let other = h.write(vec![event("pos-other", 1)], true).await?[0];
-    sink.fail(Match::EventId(ids[0]), SinkErrorKind::Transient, Times::Count(2));
-    sink.fail(Match::EventId(ids[2]), SinkErrorKind::Rejected, Times::Forever);
+    sink.fail(
+        Match::EventId(ids[0]),
+        SinkErrorKind::Transient,
+        Times::Count(2),
+    );
+    sink.fail(
+        Match::EventId(ids[2]),
+        SinkErrorKind::Rejected,
+        Times::Forever,
+    );
     let config = test_relay_config(Ordering::PerAggregate, DeadLetterPolicy::Skip, 3);
     let relay = RunningRelay::start(
         config.clone(),

@@ -257,7 +257,13 @@ impl<S: Settle> Lanes<S> {
         );
         let slot = match Arc::clone(&self.slots).try_acquire_owned() {
             Ok(slot) => Some(Some(slot)),
-            Err(_) if self.shared.may_unblock(&key, incoming.message.aggregate_seq) => Some(None),
+            Err(_)
+                if self
+                    .shared
+                    .may_unblock(&key, incoming.message.aggregate_seq) =>
+            {
+                Some(None)
+            }
             Err(_) => tokio::select! {
                 biased; // after shutdown, never take a delivery in
                 () = shutdown.cancelled() => None,
