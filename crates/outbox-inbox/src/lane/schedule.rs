@@ -531,7 +531,13 @@ impl<S: Settle> Shared<S> {
                     );
                 }
                 Gate::Wait { since } => {
-                    self.hold(key, queued, since);
+                    if self.board().closed {
+                        // No more deliveries come to this loop: give it back for another
+                        // consumer (or the next start) instead of waiting out the gap.
+                        self.release(key, queued.incoming.handle).await;
+                    } else {
+                        self.hold(key, queued, since);
+                    }
                     return;
                 }
             }
@@ -679,6 +685,8 @@ mod tests {
     use std::num::NonZeroUsize;
     use std::sync::atomic::{AtomicU64, Ordering};
 
+    use super::super::ConsumerOrder;
+
     /// Records what the lanes did with each delivery (a stand-in for a broker: the logic
     /// under test is the lanes', the brokers' own tests use real servers).
     #[derive(Default)]
@@ -705,6 +713,126 @@ mod tests {
         async fn release(&self, h: u32) {
             self.0.lock().expect("lock").push(format!("release {h}"));
         }
+    }
+
+    /// Applied positions in memory (the inbox's table in the real loops).
+    #[derive(Default)]
+    struct Positions(Mutex<HashMap<(String, String), u64>>);
+
+    impl crate::lane::OrderGate for Arc<Positions> {
+        fn applied<'a>(
+            &'a self,
+            t: &'a str,
+            id: &'a str,
+        ) -> BoxFuture<'a, Result<u64, crate::InboxError>> {
+            let n = self
+                .0
+                .lock()
+                .expect("lock")
+                .get(&(t.to_owned(), id.to_owned()))
+                .copied()
+                .unwrap_or(0);
+            Box::pin(async move { Ok(n) })
+        }
+        fn pass<'a>(
+            &'a self,
+            t: &'a str,
+            id: &'a str,
+            seq: u64,
+        ) -> BoxFuture<'a, Result<(), crate::InboxError>> {
+            self.advance(t, id, seq);
+            Box::pin(async { Ok(()) })
+        }
+    }
+
+    impl Positions {
+        fn advance(&self, t: &str, id: &str, seq: u64) {
+            let mut map = self.0.lock().expect("lock");
+            let n = map.entry((t.to_owned(), id.to_owned())).or_insert(0);
+            *n = (*n).max(seq);
+        }
+    }
+
+    fn numbered(h: u32, key: &str, seq: u64) -> Incoming<u32> {
+        let mut i = incoming(h, key, 0);
+        i.message.aggregate_seq = Some(seq);
+        i
+    }
+
+    /// A handler that applies a message's position (as `begin_message` does) and logs it.
+    fn applying(positions: &Arc<Positions>, applied: &Arc<Mutex<Vec<u64>>>) -> impl MessageHandler {
+        let (positions, applied) = (Arc::clone(positions), Arc::clone(applied));
+        move |m: InboxMessage| {
+            let (positions, applied) = (Arc::clone(&positions), Arc::clone(&applied));
+            async move {
+                let seq = m.aggregate_seq.expect("numbered");
+                applied.lock().expect("lock").push(seq);
+                positions.advance(&m.aggregate_type, &m.aggregate_id, seq);
+                Ok::<_, String>(())
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_order_gate_holds_later_positions_until_the_missing_one_arrives() {
+        let log = Arc::new(Log::default());
+        let positions = Arc::new(Positions::default());
+        let applied = Arc::new(Mutex::new(Vec::new()));
+        let shutdown = CancellationToken::new();
+        let order = ConsumerOrder::new(Arc::clone(&positions));
+        let lanes = Lanes::start(
+            &LanePolicy::default(),
+            Some(order),
+            Arc::clone(&log),
+            applying(&positions, &applied),
+            &shutdown,
+        );
+        assert!(lanes.dispatch(numbered(3, "k", 3), &shutdown).await);
+        assert!(lanes.dispatch(numbered(2, "k", 2), &shutdown).await);
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(
+            applied.lock().expect("lock").is_empty(),
+            "2 and 3 wait for 1"
+        );
+        assert!(lanes.dispatch(numbered(1, "k", 1), &shutdown).await);
+        // Another instance applied 4 meanwhile; its redelivery here is still handed over (the
+        // inbox makes it a duplicate), and 5 follows without waiting.
+        positions.advance("A", "j", 4);
+        assert!(lanes.dispatch(numbered(5, "j", 5), &shutdown).await);
+        let report = lanes.finish().await;
+        let applied = applied.lock().expect("lock").clone();
+        let of_k: Vec<u64> = applied.iter().copied().filter(|s| *s != 5).collect();
+        assert_eq!(of_k, vec![1, 2, 3], "key k in position order: {applied:?}");
+        assert!(applied.contains(&5), "j's next position flows: {applied:?}");
+        assert!(report.held >= 1, "{report:?}");
+        assert_eq!((report.acked, report.gaps), (4, 0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_missing_position_is_given_up_on_after_the_gap_timeout() {
+        let log = Arc::new(Log::default());
+        let positions = Arc::new(Positions::default());
+        let applied = Arc::new(Mutex::new(Vec::new()));
+        let shutdown = CancellationToken::new();
+        let order = ConsumerOrder::new(Arc::clone(&positions)).gap_timeout(Duration::from_secs(30));
+        let lanes = Lanes::start(
+            &LanePolicy::default(),
+            Some(order),
+            Arc::clone(&log),
+            applying(&positions, &applied),
+            &shutdown,
+        );
+        assert!(lanes.dispatch(numbered(2, "k", 2), &shutdown).await);
+        assert!(lanes.dispatch(numbered(3, "k", 3), &shutdown).await);
+        tokio::time::sleep(Duration::from_secs(29)).await;
+        assert!(
+            applied.lock().expect("lock").is_empty(),
+            "still waiting for 1"
+        );
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(*applied.lock().expect("lock"), vec![2, 3]);
+        let report = lanes.finish().await;
+        assert_eq!((report.acked, report.gaps), (2, 1));
     }
 
     fn incoming(h: u32, key: &str, earlier_attempts: u32) -> Incoming<u32> {
