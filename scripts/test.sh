@@ -45,6 +45,13 @@ if [ "${OUTBOX_SKIP_LINT:-0}" != 1 ]; then
 
     step "cargo clippy --workspace --all-targets -- -D warnings"
     cargo clippy --workspace --all-targets -- -D warnings
+
+    step "outbox-inbox: a PostgreSQL-only consumer builds no SQLite"
+    if cargo tree -p outbox-inbox --no-default-features --features postgres,nats -e normal |
+        grep -q sqlite; then
+        echo "outbox-inbox with features postgres,nats depends on SQLite" >&2
+        exit 1
+    fi
 fi
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/outbox-test.XXXXXX")

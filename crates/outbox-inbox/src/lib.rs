@@ -12,6 +12,10 @@
 //!   `purge_older_than` (retention).
 //! - [`InboxMessage`]: a delivered message with the contract headers parsed back.
 //!
+//! Each database is a feature (`postgres`, `sqlite`; both on by default): a PostgreSQL-only
+//! consumer sets `default-features = false, features = ["postgres", "nats"]` and builds no
+//! SQLite.
+//!
 //! Consumer loops, each behind its own feature, all built on the [`lane`] module: ack only
 //! after the handler's commit, bounded concurrency with one message at a time per key
 //! `(aggregate_type, aggregate_id)`, handler errors retried in place with backoff (per-key
@@ -30,8 +34,10 @@
 mod error;
 pub mod lane;
 mod message;
+#[cfg(feature = "postgres")]
 mod postgres;
 mod sql;
+#[cfg(feature = "sqlite")]
 mod sqlite;
 
 #[cfg(feature = "http")]
@@ -50,8 +56,10 @@ pub use lane::{
     ConsumerError, ConsumerOrder, ConsumerReport, LanePolicy, MessageHandler, OrderGate,
 };
 pub use message::{InboxMessage, MessageError};
+#[cfg(feature = "postgres")]
 pub use postgres::PgInbox;
 pub use sql::SCHEMA_VERSION;
+#[cfg(feature = "sqlite")]
 pub use sqlite::SqliteInbox;
 
 /// What became of one delivery.

@@ -27,6 +27,7 @@ pub(crate) fn stmt(sql: &Arc<str>) -> sqlx::AssertSqlSafe<Arc<str>> {
     sqlx::AssertSqlSafe(Arc::clone(sql))
 }
 
+#[cfg(feature = "postgres")]
 /// PostgreSQL migrations, in order. Append only; never edit one that has shipped.
 pub(crate) const PG_MIGRATIONS: &[Migration] = &[
     Migration {
@@ -41,6 +42,7 @@ pub(crate) const PG_MIGRATIONS: &[Migration] = &[
     },
 ];
 
+#[cfg(feature = "sqlite")]
 /// SQLite migrations, in order. Append only; never edit one that has shipped.
 pub(crate) const SQLITE_MIGRATIONS: &[Migration] = &[
     Migration {
@@ -69,6 +71,7 @@ pub(crate) struct Queries {
 }
 
 impl Queries {
+    #[cfg(feature = "postgres")]
     pub(crate) fn postgres(schema: &Identifier, table: &Identifier) -> Self {
         let r = |t: &str| -> Arc<str> { render(t, Some(schema), table).into() };
         Self {
@@ -86,6 +89,7 @@ impl Queries {
         }
     }
 
+    #[cfg(feature = "sqlite")]
     pub(crate) fn sqlite(table: &Identifier) -> Self {
         let r = |t: &str| -> Arc<str> { render(t, None, table).into() };
         Self {
@@ -134,6 +138,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(all(feature = "postgres", feature = "sqlite"))]
     fn every_bundled_query_and_migration_renders_without_leftover_placeholders() {
         let pg = Queries::postgres(&id("public"), &id("seen"));
         let lite = Queries::sqlite(&id("seen"));
