@@ -50,8 +50,18 @@ pub struct JetStreamConsumer {
     /// How long JetStream waits for an ack before redelivering (a crashed consumer's
     /// messages come back after this). Default 30 s.
     pub ack_wait: Duration,
-    /// Lanes, in-flight bound (`max_ack_pending`), attempts and backoff.
+    /// Lanes, in-flight bound, attempts and backoff.
     pub policy: LanePolicy,
+    /// The durable's `max_ack_pending`: unacknowledged messages over ALL instances sharing
+    /// the durable. `None` (default): `max_in_flight`. The trade-off (docs/inbox.md, "NATS
+    /// JetStream"): after an instance dies, its unacknowledged messages keep their slots
+    /// until `ack_wait`, so with the default a dead instance that held the whole window
+    /// stalls the durable for up to `ack_wait`. Without the order gate, set it to
+    /// `instances × (max_in_flight + max_in_flight / 4)` and a dead instance's messages only
+    /// hold themselves. With the gate keep the default: a larger window lets two instances
+    /// fill their lanes with messages held for predecessors waiting in each other's pull
+    /// buffer, until `gap_timeout`.
+    pub max_ack_pending: Option<usize>,
     /// Per-aggregate order across crashes and instances (`None`: per-key order within this
     /// instance only). Build it with the inbox's `order_gate`; see [`ConsumerOrder`].
     pub ordered: Option<ConsumerOrder>,
@@ -72,8 +82,21 @@ impl JetStreamConsumer {
             filter_subject: String::new(),
             ack_wait: Duration::from_secs(30),
             policy: LanePolicy::default(),
+            max_ack_pending: None,
             ordered: None,
         }
+    }
+
+    /// Messages asked for per pull: a quarter of `max_in_flight`, at most 64 (they wait in
+    /// the client's buffer, without keep-alives, until the lanes take them).
+    fn pull_batch(&self) -> usize {
+        (self.policy.max_in_flight.get() / 4).clamp(1, 64)
+    }
+
+    /// The durable's `max_ack_pending` (see the field).
+    pub fn max_ack_pending(&self) -> usize {
+        self.max_ack_pending
+            .unwrap_or(self.policy.max_in_flight.get())
     }
 
     /// Runs until `shutdown` is cancelled, calling `handler` for each message (see
@@ -98,7 +121,7 @@ impl JetStreamConsumer {
             // The lanes count deliveries and terminate; JetStream's own limit would
             // stop redelivering silently.
             max_deliver: -1,
-            max_ack_pending: i64::try_from(self.policy.max_in_flight.get()).unwrap_or(i64::MAX),
+            max_ack_pending: i64::try_from(self.max_ack_pending()).unwrap_or(i64::MAX),
             ..Default::default()
         };
         let mut consumer: jetstream::consumer::PullConsumer = stream
@@ -126,13 +149,20 @@ impl JetStreamConsumer {
                     BROKER,
                     format!(
                         "update consumer {} to ack_wait {:?} and max_ack_pending {}",
-                        self.durable, self.ack_wait, self.policy.max_in_flight
+                        self.durable,
+                        self.ack_wait,
+                        self.max_ack_pending()
                     ),
                     e,
                 )
             })?;
         }
+        // Pulled messages wait in the client's buffer until the lanes take them, without
+        // keep-alives: keep that buffer small.
         let mut messages = consumer
+            .stream()
+            .max_messages_per_batch(self.pull_batch())
+            .heartbeat(Duration::from_secs(15))
             .messages()
             .await
             .map_err(|e| ConsumerError::broker(BROKER, "pull messages", e))?;

@@ -124,3 +124,62 @@ async fn a_durable_created_with_other_settings_is_updated_to_the_configured_ones
         "the durable follows the loop's settings"
     );
 }
+
+/// With `max_ack_pending` sized for several instances, a dead instance's unacknowledged
+/// messages hold only themselves: the live instance goes on with the backlog while the dead
+/// one's messages wait for `ack_wait` (set far beyond the test here). With the default
+/// (`max_in_flight`) the same dead window would hold every slot: nothing would be processed.
+#[tokio::test]
+async fn a_dead_instance_with_a_full_window_does_not_stall_the_durable() {
+    let nats = Nats::shared().await.expect("nats starts");
+    let prefix = unique();
+    let events: Vec<Event> = (0..200)
+        .map(|i| common::event(&format!("k{i}"), 0))
+        .collect();
+    publish(nats, &prefix, &events).await;
+    let mut config = JetStreamConsumer::new(nats.url(), prefix.to_uppercase(), "loyalty");
+    config.ack_wait = Duration::from_secs(600);
+    config.policy = policy();
+    let window = config.policy.max_in_flight.get() + 8;
+    config.max_ack_pending = Some(2 * window);
+    // The dead instance: it pulled a full window (max_in_flight + a pull batch) on the
+    // durable, as a loop with these settings would, and never acks.
+    let js = async_nats::jetstream::new(nats.connect().await.expect("connects"));
+    let stream = js.get_stream(prefix.to_uppercase()).await.expect("stream");
+    let dead: async_nats::jetstream::consumer::PullConsumer = stream
+        .get_or_create_consumer(
+            "loyalty",
+            async_nats::jetstream::consumer::pull::Config {
+                durable_name: Some("loyalty".to_owned()),
+                ack_policy: async_nats::jetstream::consumer::AckPolicy::Explicit,
+                ack_wait: config.ack_wait,
+                max_deliver: -1,
+                max_ack_pending: i64::try_from(config.max_ack_pending()).expect("fits"),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("durable");
+    let mut held = dead
+        .fetch()
+        .max_messages(window)
+        .messages()
+        .await
+        .expect("pull");
+    let mut taken = 0;
+    while let Some(m) = held.next().await {
+        m.expect("message");
+        taken += 1;
+    }
+    assert_eq!(taken, window, "the dead instance holds a full window");
+
+    let ledger = Ledger::new().await;
+    let token = CancellationToken::new();
+    let (handler, stop) = (ledger.handler(), token.clone());
+    let run = spawn(async move { config.run(handler, stop).await });
+    // Every message the dead instance does not hold is processed by the live one.
+    ledger.wait_processed(events.len() - window).await;
+    token.cancel();
+    let report = run.await.expect("task");
+    assert_eq!(report.acked, (events.len() - window) as u64);
+}
