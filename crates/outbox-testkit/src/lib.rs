@@ -27,6 +27,7 @@ pub mod faults;
 pub mod oracle;
 pub mod services;
 pub mod sink_conformance;
+pub mod tls;
 pub mod wait;
 
 use std::sync::{Mutex, MutexGuard, Once, PoisonError};

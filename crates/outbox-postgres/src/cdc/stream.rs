@@ -7,7 +7,7 @@ use std::time::Duration;
 use outbox_core::SourceError;
 use pgwire_replication::{
     FeedbackObserver, Lsn, PgWireError, ReplicationClient, ReplicationConfig, ReplicationEvent,
-    ReplicationMetrics,
+    ReplicationMetrics, SslMode, TlsConfig,
 };
 use sqlx::postgres::PgConnectOptions;
 use tokio::sync::watch;
@@ -55,10 +55,12 @@ impl Endpoint {
         let parsed = url::Url::parse(raw)
             .map_err(|e| format!("source.url: cannot read `{}`: {e}", config.url.redacted()))?;
         let password = parsed.password().map(percent_decode).unwrap_or_default();
+        let socket = options.get_socket().is_some();
         let host = match options.get_socket() {
             Some(dir) => dir.display().to_string(),
             None => options.get_host().to_owned(),
         };
+        let tls = tls_config(&parsed, socket, &host)?;
         let database = options
             .get_database()
             .unwrap_or(options.get_username())
@@ -76,11 +78,65 @@ impl Endpoint {
         .with_status_interval(STATUS_INTERVAL)
         .with_wakeup_interval(config.heartbeat_interval)
         .with_options(SESSION_OPTIONS)
-        .with_application_name("outbox-cdc");
+        .with_application_name("outbox-cdc")
+        .with_tls(tls);
         Ok(Self {
             config: replication,
         })
     }
+}
+
+/// The replication session's TLS, from the URL's libpq parameters (`sslmode`, `sslrootcert`,
+/// `sslcert`, `sslkey`), so it is secured exactly like the relay's other connections. No
+/// `sslmode` means `prefer`, as in libpq and sqlx; a Unix socket never uses TLS (as in libpq).
+fn tls_config(url: &url::Url, socket: bool, host: &str) -> Result<TlsConfig, String> {
+    let mut mode = None;
+    let (mut ca, mut cert, mut key) = (None, None, None);
+    for (name, value) in url.query_pairs() {
+        match &*name {
+            "sslmode" => mode = Some(value.into_owned()),
+            "sslrootcert" => ca = Some(std::path::PathBuf::from(&*value)),
+            "sslcert" => cert = Some(std::path::PathBuf::from(&*value)),
+            "sslkey" => key = Some(std::path::PathBuf::from(&*value)),
+            _ => {}
+        }
+    }
+    if socket {
+        return Ok(TlsConfig::disabled());
+    }
+    let mode = match mode.as_deref().unwrap_or("prefer") {
+        "disable" => SslMode::Disable,
+        "allow" | "prefer" => SslMode::Prefer,
+        "require" => SslMode::Require,
+        "verify-ca" => SslMode::VerifyCa,
+        "verify-full" => SslMode::VerifyFull,
+        other => {
+            return Err(format!(
+                "source.url: sslmode `{other}` is not one of disable, allow, prefer, require, verify-ca, verify-full"
+            ));
+        }
+    };
+    let mut tls = TlsConfig {
+        mode,
+        ca_pem_path: ca,
+        ..TlsConfig::default()
+    };
+    // verify-full to an IP address checks the certificate's IP names, as libpq does (the
+    // replication client refuses an IP host unless the name to verify is given explicitly).
+    if mode == SslMode::VerifyFull && host.parse::<std::net::IpAddr>().is_ok() {
+        tls = tls.with_sni_hostname(host);
+    }
+    match (cert, key) {
+        (Some(cert), Some(key)) => tls = tls.with_client_cert(cert, key),
+        (None, None) => {}
+        _ => {
+            return Err(
+                "source.url: sslcert and sslkey go together (a client certificate and its key)"
+                    .to_owned(),
+            );
+        }
+    }
+    Ok(tls)
 }
 
 /// A started replication session.
@@ -270,5 +326,49 @@ mod tests {
         assert_eq!(wire_error("c", &missing).kind(), SourceErrorKind::Fatal);
         let io = PgWireError::Io(Arc::new(std::io::Error::other("reset")));
         assert_eq!(wire_error("c", &io).kind(), SourceErrorKind::Unavailable);
+    }
+
+    #[test]
+    fn the_replication_session_takes_its_tls_from_the_url_like_libpq() {
+        let tls = |url: &str, socket: bool| {
+            let url = url::Url::parse(url).expect("url");
+            let host = url.host_str().unwrap_or_default().to_owned();
+            tls_config(&url, socket, &host)
+        };
+        let full = tls(
+            "postgres://a@127.0.0.1/db?sslmode=verify-full&sslrootcert=/ca.pem",
+            false,
+        )
+        .expect("valid");
+        assert_eq!(full.mode, SslMode::VerifyFull);
+        assert_eq!(full.ca_pem_path, Some("/ca.pem".into()));
+        assert_eq!(
+            full.sni_hostname.as_deref(),
+            Some("127.0.0.1"),
+            "IP names checked"
+        );
+        let named = tls("postgres://a@db.internal/db?sslmode=verify-full", false).expect("ok");
+        assert_eq!(named.sni_hostname, None, "the host name itself is checked");
+        assert_eq!(
+            tls("postgres://a@h/db", false).expect("ok").mode,
+            SslMode::Prefer
+        );
+        assert_eq!(
+            tls("postgres://a@h/db?sslmode=require", true)
+                .expect("ok")
+                .mode,
+            SslMode::Disable,
+            "no TLS over a Unix socket"
+        );
+        let client = tls(
+            "postgres://a@h/db?sslmode=verify-ca&sslcert=/c.pem&sslkey=/c.key",
+            false,
+        )
+        .expect("ok");
+        assert_eq!(client.client_cert_pem_path, Some("/c.pem".into()));
+        let bad = tls("postgres://a@h/db?sslmode=strict", false).expect_err("refused");
+        assert!(bad.contains("sslmode `strict`"), "{bad}");
+        let half = tls("postgres://a@h/db?sslcert=/c.pem", false).expect_err("refused");
+        assert!(half.contains("sslcert and sslkey"), "{half}");
     }
 }

@@ -118,6 +118,47 @@ impl Postgres {
         .context("PostgreSQL did not exit after SIGQUIT")
     }
 
+    /// Turns TLS on for a private server with this certificate and key (copied into the data
+    /// directory, owned by the server's user, mode 0600), by `ALTER SYSTEM` and a reload.
+    /// Clients choose: plain connections keep working.
+    pub async fn enable_tls(&self, cert: &Path, key: &Path) -> anyhow::Result<()> {
+        let data = self.0.private_root("enable TLS")?.join("data");
+        for (from, name) in [(cert, "server.crt"), (key, "server.key")] {
+            let to = data.join(name);
+            std::fs::copy(from, &to)
+                .with_context(|| format!("copying {} to {}", from.display(), to.display()))?;
+            std::fs::set_permissions(&to, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+            if process::running_as_root() {
+                let status = std::process::Command::new("chown")
+                    .arg("postgres:")
+                    .arg(&to)
+                    .status()
+                    .context("running chown")?;
+                anyhow::ensure!(status.success(), "chown postgres {} failed", to.display());
+            }
+        }
+        let mut conn = PgConnection::connect(self.admin_url()).await?;
+        // Two statements: ALTER SYSTEM cannot run in the implicit transaction of a batch.
+        for sql in ["ALTER SYSTEM SET ssl = on", "SELECT pg_reload_conf()"] {
+            sqlx::raw_sql(sql)
+                .execute(&mut conn)
+                .await
+                .with_context(|| format!("turning ssl on: {sql}"))?;
+        }
+        // The reload is asynchronous: wait until a new session reports it.
+        crate::wait::eventually(std::time::Duration::from_secs(30), || async {
+            let Ok(mut c) = PgConnection::connect(self.admin_url()).await else {
+                return false;
+            };
+            sqlx::query_scalar::<_, String>("SHOW ssl")
+                .fetch_one(&mut c)
+                .await
+                .is_ok_and(|v| v == "on")
+        })
+        .await
+        .context("PostgreSQL did not turn ssl on")
+    }
+
     /// The server's log file (`None` for an external server).
     pub fn log_path(&self) -> Option<PathBuf> {
         self.0.log_path()

@@ -1,0 +1,91 @@
+//! [`TestCa`]: a throwaway certificate authority and a server certificate for 127.0.0.1 and
+//! `localhost`, made with the `openssl` command line tool, for tests of TLS connections.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, ensure};
+
+/// A CA and a server certificate it signed (EC P-256, valid two days), as PEM files in one
+/// directory.
+#[derive(Debug, Clone)]
+pub struct TestCa {
+    /// The CA's certificate: what a client trusts (`sslrootcert`, `ca_file`).
+    pub ca_cert: PathBuf,
+    /// The server's certificate, for `localhost` and `127.0.0.1`.
+    pub server_cert: PathBuf,
+    /// The server certificate's private key (unencrypted).
+    pub server_key: PathBuf,
+}
+
+impl TestCa {
+    /// Creates `dir` and writes `ca.pem`, `ca.key`, `server.pem` and `server.key` into it.
+    pub fn generate(dir: &Path) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let path = |name: &str| dir.join(name);
+        let ec = [
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+        ];
+        openssl(
+            Command::new("openssl")
+                .args(["req", "-x509"])
+                .args(ec)
+                .args(["-days", "2", "-subj", "/CN=outbox test CA"])
+                .args(["-addext", "basicConstraints=critical,CA:TRUE"])
+                .args(["-addext", "keyUsage=critical,keyCertSign,cRLSign"])
+                .arg("-keyout")
+                .arg(path("ca.key"))
+                .arg("-out")
+                .arg(path("ca.pem")),
+        )?;
+        openssl(
+            Command::new("openssl")
+                .arg("req")
+                .args(ec)
+                .args(["-subj", "/CN=localhost"])
+                .arg("-keyout")
+                .arg(path("server.key"))
+                .arg("-out")
+                .arg(path("server.csr")),
+        )?;
+        std::fs::write(
+            path("server.ext"),
+            "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n",
+        )?;
+        openssl(
+            Command::new("openssl")
+                .args(["x509", "-req", "-days", "2", "-CAcreateserial"])
+                .arg("-in")
+                .arg(path("server.csr"))
+                .arg("-CA")
+                .arg(path("ca.pem"))
+                .arg("-CAkey")
+                .arg(path("ca.key"))
+                .arg("-extfile")
+                .arg(path("server.ext"))
+                .arg("-out")
+                .arg(path("server.pem")),
+        )?;
+        Ok(Self {
+            ca_cert: path("ca.pem"),
+            server_cert: path("server.pem"),
+            server_key: path("server.key"),
+        })
+    }
+}
+
+fn openssl(command: &mut Command) -> anyhow::Result<()> {
+    let out = command
+        .output()
+        .context("running `openssl` (Debian package openssl)")?;
+    ensure!(
+        out.status.success(),
+        "{command:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
