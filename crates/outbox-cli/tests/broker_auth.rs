@@ -225,6 +225,62 @@ async fn the_nats_sink_authenticates_with_a_token_or_a_password_and_says_when_re
     Ok(())
 }
 
+/// TLS: the server's certificate verified with the configured CA (`tls_ca`), and a server that
+/// verifies clients accepts the relay's certificate (`tls_cert`, `tls_key`). A CA that did
+/// not sign the server's certificate: `doctor` is red and says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_nats_sink_verifies_the_server_with_the_configured_ca_and_presents_its_certificate()
+-> anyhow::Result<()> {
+    outbox_testkit::tls::install_crypto_provider();
+    let work = Workdir::new()?;
+    let ca = outbox_testkit::tls::TestCa::generate(&work.path().join("tls"))?;
+    let foreign = outbox_testkit::tls::TestCa::generate(&work.path().join("foreign"))?;
+    let (cert, key, ca_file) = (
+        ca.server_cert.display().to_string(),
+        ca.server_key.display().to_string(),
+        ca.ca_cert.display().to_string(),
+    );
+    let server = AuthServer::nats(&[
+        "--tls",
+        "--tlscert",
+        &cert,
+        "--tlskey",
+        &key,
+        "--tlsverify",
+        "--tlscacert",
+        &ca_file,
+    ])
+    .await?;
+    let client = async_nats::ConnectOptions::new()
+        .add_root_certificates(ca.ca_cert.clone())
+        .add_client_certificate(ca.client_cert.clone(), ca.client_key.clone())
+        .require_tls(true)
+        .connect(format!("nats://127.0.0.1:{}", server.port))
+        .await?;
+    let tls = |trusted: &std::path::Path| {
+        format!(
+            "[sink]\nkind = \"nats\"\nurl = \"nats://127.0.0.1:{}\"\ntls_ca = \"{}\"\ntls_cert = \"{}\"\ntls_key = \"{}\"\nconnect_timeout = \"2s\"\n",
+            server.port,
+            trusted.display(),
+            ca.client_cert.display(),
+            ca.client_key.display(),
+        )
+    };
+    let sink = format!("{}{}", tls(&ca.ca_cert), nats_stream("TLSMUTUAL"));
+    relay_delivers(&work, &sink, "nats-tls", || {
+        count_stream(client, "TLSMUTUAL")
+    })
+    .await?;
+    doctor_refuses(
+        &work,
+        "nats-foreign-ca",
+        &tls(&foreign.ca_cert),
+        "cannot connect to NATS",
+    )
+    .await?;
+    Ok(())
+}
+
 fn nats_stream(stream: &str) -> String {
     format!("stream = \"{stream}\"\ndestination = \"{stream}.{{aggregate_id}}\"\n")
 }

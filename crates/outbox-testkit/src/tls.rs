@@ -16,10 +16,21 @@ pub struct TestCa {
     pub server_cert: PathBuf,
     /// The server certificate's private key (unencrypted).
     pub server_key: PathBuf,
+    /// A client certificate (CN `outbox-relay`), for servers that verify clients.
+    pub client_cert: PathBuf,
+    /// The client certificate's private key (unencrypted).
+    pub client_key: PathBuf,
+}
+
+/// Chooses rustls' crypto provider for the test process (its dependencies enable two, so
+/// rustls cannot pick one by itself). Call before a test's own TLS client connects.
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
 impl TestCa {
-    /// Creates `dir` and writes `ca.pem`, `ca.key`, `server.pem` and `server.key` into it.
+    /// Creates `dir` and writes `ca.pem`, `ca.key`, `server.pem`, `server.key`, `client.pem`
+    /// and `client.key` into it.
     pub fn generate(dir: &Path) -> anyhow::Result<Self> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let path = |name: &str| dir.join(name);
@@ -42,38 +53,56 @@ impl TestCa {
                 .arg("-out")
                 .arg(path("ca.pem")),
         )?;
-        openssl(
-            Command::new("openssl")
-                .arg("req")
-                .args(ec)
-                .args(["-subj", "/CN=localhost"])
-                .arg("-keyout")
-                .arg(path("server.key"))
-                .arg("-out")
-                .arg(path("server.csr")),
-        )?;
-        std::fs::write(
-            path("server.ext"),
-            "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n",
-        )?;
-        openssl(
-            Command::new("openssl")
-                .args(["x509", "-req", "-days", "2", "-CAcreateserial"])
-                .arg("-in")
-                .arg(path("server.csr"))
-                .arg("-CA")
-                .arg(path("ca.pem"))
-                .arg("-CAkey")
-                .arg(path("ca.key"))
-                .arg("-extfile")
-                .arg(path("server.ext"))
-                .arg("-out")
-                .arg(path("server.pem")),
-        )?;
+        for (name, subject, extensions) in [
+            (
+                "server",
+                "/CN=localhost",
+                "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
+            ),
+            (
+                "client",
+                "/CN=outbox-relay",
+                "extendedKeyUsage=clientAuth\n",
+            ),
+        ] {
+            let file = |ext: &str| path(&format!("{name}.{ext}"));
+            openssl(
+                Command::new("openssl")
+                    .arg("req")
+                    .args(ec)
+                    .args(["-subj", subject])
+                    .arg("-keyout")
+                    .arg(file("key"))
+                    .arg("-out")
+                    .arg(file("csr")),
+            )?;
+            std::fs::write(
+                file("ext"),
+                format!(
+                    "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\n{extensions}"
+                ),
+            )?;
+            openssl(
+                Command::new("openssl")
+                    .args(["x509", "-req", "-days", "2", "-CAcreateserial"])
+                    .arg("-in")
+                    .arg(file("csr"))
+                    .arg("-CA")
+                    .arg(path("ca.pem"))
+                    .arg("-CAkey")
+                    .arg(path("ca.key"))
+                    .arg("-extfile")
+                    .arg(file("ext"))
+                    .arg("-out")
+                    .arg(file("pem")),
+            )?;
+        }
         Ok(Self {
             ca_cert: path("ca.pem"),
             server_cert: path("server.pem"),
             server_key: path("server.key"),
+            client_cert: path("client.pem"),
+            client_key: path("client.key"),
         })
     }
 }

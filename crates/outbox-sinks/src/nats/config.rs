@@ -60,6 +60,13 @@ pub struct NatsConfig {
     pub token: Option<Secret>,
     /// Path of a NATS `.creds` file (user JWT and NKey seed). Mutually exclusive with `token`.
     pub credentials: Option<PathBuf>,
+    /// Path of a PEM file of CA certificates to verify the server with (instead of the
+    /// system's roots). Setting it requires TLS, whatever the URL's scheme.
+    pub tls_ca: Option<PathBuf>,
+    /// Path of a client certificate (PEM) for servers that verify clients (`tls_key` too).
+    pub tls_cert: Option<PathBuf>,
+    /// Path of the client certificate's private key (PEM).
+    pub tls_key: Option<PathBuf>,
     /// Longest wait for the TCP + NATS handshake when connecting. Default `5s`.
     #[serde(with = "humantime_serde")]
     pub connect_timeout: Duration,
@@ -82,6 +89,9 @@ impl std::fmt::Debug for NatsConfig {
             .field("max_payload", &self.max_payload)
             .field("token", &self.token)
             .field("credentials", &self.credentials)
+            .field("tls_ca", &self.tls_ca)
+            .field("tls_cert", &self.tls_cert)
+            .field("tls_key", &self.tls_key)
             .field("connect_timeout", &self.connect_timeout)
             .field("ack_timeout", &self.ack_timeout)
             .finish()
@@ -99,6 +109,9 @@ impl Default for NatsConfig {
             max_payload: None,
             token: None,
             credentials: None,
+            tls_ca: None,
+            tls_cert: None,
+            tls_key: None,
             connect_timeout: Duration::from_secs(5),
             ack_timeout: Duration::from_secs(10),
         }
@@ -171,6 +184,12 @@ impl NatsConfig {
             return Err(ConfigError::new(
                 "credentials",
                 "set either `token` or `credentials`, not both",
+            ));
+        }
+        if self.tls_cert.is_some() != self.tls_key.is_some() {
+            return Err(ConfigError::new(
+                "tls_cert",
+                "set `tls_cert` and `tls_key` together (a client certificate and its key)",
             ));
         }
         if matches!(&self.token, Some(t) if t.expose().is_empty()) {

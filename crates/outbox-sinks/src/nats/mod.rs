@@ -215,6 +215,15 @@ async fn connect_client(
             .with_source(e)
         })?;
     }
+    // This build links both of rustls' crypto providers (its dependencies enable both), so
+    // rustls cannot pick one by itself: choose ring for the process unless one is chosen.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    if let Some(ca) = &config.tls_ca {
+        options = options.add_root_certificates(ca.clone()).require_tls(true);
+    }
+    if let (Some(cert), Some(key)) = (&config.tls_cert, &config.tls_key) {
+        options = options.add_client_certificate(cert.clone(), key.clone());
+    }
     let client = options.connect(servers.as_slice()).await.map_err(|e| {
         let message = format!("cannot connect to NATS at {url}");
         match e.kind() {
