@@ -315,6 +315,81 @@ async fn the_redis_sink_authenticates_as_an_acl_user_and_says_when_refused() -> 
     Ok(())
 }
 
+/// `rediss://`: the server verified with `tls_ca`, the relay's client certificate accepted by
+/// a server that requires one; a foreign CA makes `doctor` red.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_redis_sink_speaks_tls_verifying_the_server_and_presenting_its_certificate()
+-> anyhow::Result<()> {
+    outbox_testkit::tls::install_crypto_provider();
+    let work = Workdir::new()?;
+    let ca = outbox_testkit::tls::TestCa::generate(&work.path().join("tls"))?;
+    let foreign = outbox_testkit::tls::TestCa::generate(&work.path().join("foreign"))?;
+    let files = [&ca.server_cert, &ca.server_key, &ca.ca_cert].map(|p| p.display().to_string());
+    let server = AuthServer::start(&["redis-server", "/usr/bin/redis-server"], |port, store| {
+        [
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--tls-port",
+            &port.to_string(),
+            "--tls-cert-file",
+            &files[0],
+            "--tls-key-file",
+            &files[1],
+            "--tls-ca-cert-file",
+            &files[2],
+            "--tls-auth-clients",
+            "yes",
+            "--dir",
+            store,
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ]
+        .iter()
+        .map(|a| (*a).to_owned())
+        .collect()
+    })
+    .await?;
+    let url = format!("rediss://127.0.0.1:{}", server.port);
+    let sink = |trusted: &std::path::Path| {
+        format!(
+            "[sink]\nkind = \"redis\"\nurl = \"{url}\"\ndestination = \"tls.orders\"\ntls_ca = \"{}\"\ntls_cert = \"{}\"\ntls_key = \"{}\"\nconnect_timeout = \"2s\"\n",
+            trusted.display(),
+            ca.client_cert.display(),
+            ca.client_key.display()
+        )
+    };
+    let certificates = redis::TlsCertificates {
+        client_tls: Some(redis::ClientTlsConfig {
+            client_cert: std::fs::read(&ca.client_cert)?,
+            client_key: std::fs::read(&ca.client_key)?,
+        }),
+        root_cert: Some(std::fs::read(&ca.ca_cert)?),
+    };
+    relay_delivers(&work, &sink(&ca.ca_cert), "redis-tls", || async {
+        let mut conn = redis::Client::build_with_tls(url.as_str(), certificates)?
+            .get_multiplexed_async_connection()
+            .await?;
+        let n: usize = redis::cmd("XLEN")
+            .arg("tls.orders")
+            .query_async(&mut conn)
+            .await?;
+        Ok(n)
+    })
+    .await?;
+    doctor_refuses(
+        &work,
+        "redis-foreign-ca",
+        &sink(&foreign.ca_cert),
+        "cannot connect",
+    )
+    .await?;
+    Ok(())
+}
+
 /// `outbox doctor` on `sink` (a wrong secret): red, exit 1, the verdict says `expected`, no
 /// log chatter beside it, and no secret of this file printed.
 async fn doctor_refuses(

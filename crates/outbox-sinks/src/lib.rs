@@ -74,6 +74,7 @@ pub(crate) use build_sink;
 
 mod error;
 mod secret;
+mod tls;
 
 #[cfg(feature = "http")]
 pub mod http;

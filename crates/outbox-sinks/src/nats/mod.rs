@@ -215,9 +215,7 @@ async fn connect_client(
             .with_source(e)
         })?;
     }
-    // This build links both of rustls' crypto providers (its dependencies enable both), so
-    // rustls cannot pick one by itself: choose ring for the process unless one is chosen.
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    crate::tls::choose_crypto_provider();
     if let Some(ca) = &config.tls_ca {
         options = options.add_root_certificates(ca.clone()).require_tls(true);
     }

@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::num::NonZeroUsize;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use outbox_core::{Destination, SinkError};
@@ -26,9 +27,9 @@ use crate::secret::redact_url;
 #[derive(Clone, PartialEq, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RedisConfig {
-    /// Server URL: `redis://[[user]:password@]host[:port][/db]`, or
-    /// `redis+unix:///path/to/redis.sock[?db=N]`. TLS (`rediss://`) is not built in. The
-    /// password is never printed. Default `redis://127.0.0.1:6379`.
+    /// Server URL: `redis://[[user]:password@]host[:port][/db]`, `rediss://…` (TLS), or
+    /// `redis+unix:///path/to/redis.sock[?db=N]`. The password is never printed. Default
+    /// `redis://127.0.0.1:6379`.
     #[serde(serialize_with = "outbox_core::redact::serde_redacted::url")]
     pub url: String,
     /// Stream key template; may use `{aggregate_type}`, `{event_type}` and `{aggregate_id}`.
@@ -51,6 +52,14 @@ pub struct RedisConfig {
     /// counts as the server being unavailable. Default `10s`.
     #[serde(with = "humantime_serde")]
     pub response_timeout: Duration,
+    /// With `rediss://`: path of a PEM file of CAs to verify the server with (instead of the
+    /// system's roots).
+    pub tls_ca: Option<PathBuf>,
+    /// With `rediss://`: path of a client certificate (PEM) for servers that verify clients
+    /// (`tls-auth-clients`); `tls_key` too.
+    pub tls_cert: Option<PathBuf>,
+    /// Path of the client certificate's private key (PEM).
+    pub tls_key: Option<PathBuf>,
 }
 
 impl Default for RedisConfig {
@@ -62,6 +71,9 @@ impl Default for RedisConfig {
             max_payload: None,
             connect_timeout: Duration::from_secs(5),
             response_timeout: Duration::from_secs(10),
+            tls_ca: None,
+            tls_cert: None,
+            tls_key: None,
         }
     }
 }
@@ -75,6 +87,9 @@ impl fmt::Debug for RedisConfig {
             .field("max_payload", &self.max_payload)
             .field("connect_timeout", &self.connect_timeout)
             .field("response_timeout", &self.response_timeout)
+            .field("tls_ca", &self.tls_ca)
+            .field("tls_cert", &self.tls_cert)
+            .field("tls_key", &self.tls_key)
             .finish()
     }
 }
@@ -92,19 +107,15 @@ impl RedisConfig {
             return Err(ConfigError::new("url", "must not be empty"));
         }
         let shown = redact_url(url);
-        if url.starts_with("rediss://") {
-            return Err(ConfigError::new(
-                "url",
-                format!("`{shown}`: TLS (rediss://) is not supported by this build"),
-            ));
-        }
-        if !(url.starts_with("redis://")
+        let tls = url.starts_with("rediss://");
+        if !(tls
+            || url.starts_with("redis://")
             || url.starts_with("redis+unix://")
             || url.starts_with("unix://"))
         {
             return Err(ConfigError::new(
                 "url",
-                format!("`{shown}` must start with redis:// or redis+unix://"),
+                format!("`{shown}` must start with redis://, rediss:// or redis+unix://"),
             ));
         }
         let info = url.into_connection_info().map_err(|e| {
@@ -132,9 +143,54 @@ impl RedisConfig {
                 "renders to an empty stream key for a sample event",
             ));
         }
-        redis::Client::open(info).map_err(|e| {
-            ConfigError::new("url", format!("`{shown}` cannot be used ({:?})", e.kind()))
-        })
+        let certificates = self.tls_certificates(tls)?;
+        crate::tls::choose_crypto_provider();
+        match certificates {
+            Some(certificates) => redis::Client::build_with_tls(info, certificates),
+            None => redis::Client::open(info),
+        }
+        .map_err(|e| ConfigError::new("url", format!("`{shown}` cannot be used ({:?})", e.kind())))
+    }
+
+    /// The CA and client certificate files, read; `None` when none is set. Refused without
+    /// `rediss://`: they would be silently unused.
+    fn tls_certificates(&self, tls: bool) -> Result<Option<redis::TlsCertificates>, ConfigError> {
+        if self.tls_cert.is_some() != self.tls_key.is_some() {
+            return Err(ConfigError::new(
+                "tls_cert",
+                "set `tls_cert` and `tls_key` together (a client certificate and its key)",
+            ));
+        }
+        if self.tls_ca.is_none() && self.tls_cert.is_none() {
+            return Ok(None);
+        }
+        if !tls {
+            return Err(ConfigError::new(
+                "tls_ca",
+                "TLS files are set but `url` is not rediss://",
+            ));
+        }
+        let read = |key: &str, path: &PathBuf| {
+            std::fs::read(path).map_err(|e| {
+                ConfigError::new(key, format!("cannot read `{}`: {e}", path.display()))
+            })
+        };
+        let root_cert = self
+            .tls_ca
+            .as_ref()
+            .map(|p| read("tls_ca", p))
+            .transpose()?;
+        let client_tls = match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => Some(redis::ClientTlsConfig {
+                client_cert: read("tls_cert", cert)?,
+                client_key: read("tls_key", key)?,
+            }),
+            _ => None,
+        };
+        Ok(Some(redis::TlsCertificates {
+            client_tls,
+            root_cert,
+        }))
     }
 
     /// Validates, connects, and reads the server's argument size limit.
@@ -209,7 +265,18 @@ mod tests {
         let cases = [
             ("url = \"\"", "sink.url: must not be empty"),
             ("url = \"http://h\"", "sink.url: `http://h` must start with"),
-            ("url = \"rediss://h\"", "sink.url: `rediss://h`: TLS"),
+            (
+                "url = \"redis://h\"\ntls_ca = \"/ca.pem\"",
+                "sink.tls_ca: TLS files are set but `url` is not rediss://",
+            ),
+            (
+                "url = \"rediss://h\"\ntls_ca = \"/no/such/ca.pem\"",
+                "sink.tls_ca: cannot read `/no/such/ca.pem`",
+            ),
+            (
+                "url = \"rediss://h\"\ntls_cert = \"/c.pem\"",
+                "sink.tls_cert: set `tls_cert` and `tls_key` together",
+            ),
             (
                 "url = \"redis://:pw@h:notaport\"",
                 "sink.url: `redis://:***@h:notaport`",
