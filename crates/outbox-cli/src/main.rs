@@ -155,8 +155,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 fn init_tracing(format: LogFormat, default_level: &str) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_env("OUTBOX_LOG")
-        // sqlx logs every server NOTICE ("schema already exists, skipping") at info.
-        .unwrap_or_else(|_| EnvFilter::new(format!("{default_level},sqlx=warn")));
+        // sqlx logs every server NOTICE ("schema already exists, skipping") at info; the
+        // RabbitMQ client's certificate verifier logs each refused certificate at error,
+        // which the sink's own error already reports with the reason.
+        .unwrap_or_else(|_| {
+            EnvFilter::new(format!(
+                "{default_level},sqlx=warn,rustls_platform_verifier=off"
+            ))
+        });
     // Colours only on a terminal: log files and journald get plain text.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()

@@ -390,6 +390,73 @@ async fn the_redis_sink_speaks_tls_verifying_the_server_and_presenting_its_certi
     Ok(())
 }
 
+/// `amqps://`: the broker verified with `tls_ca`, the relay's client certificate required by
+/// the broker (`verify_peer`, `fail_if_no_peer_cert`); a foreign CA makes `doctor` red. The
+/// test's own connection (queue set-up, counting) uses the broker's plain listener.
+#[cfg(feature = "rabbitmq")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rabbitmq_sink_speaks_tls_verifying_the_broker_and_presenting_its_certificate()
+-> anyhow::Result<()> {
+    use lapin::options::{QueueBindOptions, QueueDeclareOptions};
+    use lapin::types::FieldTable;
+    use lapin::{Connection, ConnectionProperties};
+
+    outbox_testkit::tls::install_crypto_provider();
+    let work = Workdir::new()?;
+    let ca = outbox_testkit::tls::TestCa::generate(&work.path().join("tls"))?;
+    let foreign = outbox_testkit::tls::TestCa::generate(&work.path().join("foreign"))?;
+    let broker = outbox_testkit::services::RabbitMq::start().await?;
+    let amqps = broker.enable_tls(&ca).await?;
+    let connection = Connection::connect(broker.url(), ConnectionProperties::default()).await?;
+    let channel = connection.create_channel().await?;
+    channel
+        .queue_declare(
+            "tls.orders".into(),
+            QueueDeclareOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    channel
+        .queue_bind(
+            "tls.orders".into(),
+            "amq.topic".into(),
+            "tls.#".into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    let sink = |trusted: &std::path::Path| {
+        format!(
+            "[sink]\nkind = \"rabbitmq\"\nurl = \"{amqps}\"\nexchange = \"amq.topic\"\ndeclare_exchange = false\ndestination = \"tls.{{aggregate_id}}\"\ntls_ca = \"{}\"\ntls_cert = \"{}\"\ntls_key = \"{}\"\nconnect_timeout = \"3s\"\n",
+            trusted.display(),
+            ca.client_cert.display(),
+            ca.client_key.display()
+        )
+    };
+    relay_delivers(&work, &sink(&ca.ca_cert), "rabbitmq-tls", || async {
+        let queue = channel
+            .queue_declare(
+                "tls.orders".into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..QueueDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await?;
+        Ok(queue.message_count() as usize)
+    })
+    .await?;
+    doctor_refuses(
+        &work,
+        "rabbitmq-foreign-ca",
+        &sink(&foreign.ca_cert),
+        "RabbitMQ",
+    )
+    .await?;
+    Ok(())
+}
+
 /// `outbox doctor` on `sink` (a wrong secret): red, exit 1, the verdict says `expected`, no
 /// log chatter beside it, and no secret of this file printed.
 async fn doctor_refuses(

@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::num::NonZeroUsize;
+use std::path::PathBuf;
 use std::str::FromStr as _;
 use std::time::Duration;
 
@@ -65,6 +66,14 @@ pub struct RabbitMqConfig {
     /// disk alarm). Default `10s`.
     #[serde(with = "humantime_serde")]
     pub confirm_timeout: Duration,
+    /// With `amqps://`: path of a PEM file of CAs to verify the broker with (instead of the
+    /// system's roots).
+    pub tls_ca: Option<PathBuf>,
+    /// With `amqps://`: path of a client certificate (PEM) for brokers that verify clients
+    /// (`ssl_options.verify = verify_peer`); `tls_key` too.
+    pub tls_cert: Option<PathBuf>,
+    /// Path of the client certificate's private key (PEM, PKCS#8).
+    pub tls_key: Option<PathBuf>,
 }
 
 impl Default for RabbitMqConfig {
@@ -78,6 +87,9 @@ impl Default for RabbitMqConfig {
             max_message_size: NonZeroUsize::new(16 * 1024 * 1024).expect("16 MiB is not zero"),
             connect_timeout: Duration::from_secs(5),
             confirm_timeout: Duration::from_secs(10),
+            tls_ca: None,
+            tls_cert: None,
+            tls_key: None,
         }
     }
 }
@@ -93,6 +105,9 @@ impl fmt::Debug for RabbitMqConfig {
             .field("max_message_size", &self.max_message_size)
             .field("connect_timeout", &self.connect_timeout)
             .field("confirm_timeout", &self.confirm_timeout)
+            .field("tls_ca", &self.tls_ca)
+            .field("tls_cert", &self.tls_cert)
+            .field("tls_key", &self.tls_key)
             .finish()
     }
 }
@@ -101,6 +116,7 @@ impl RabbitMqConfig {
     /// Checks every value without touching the network; the error names the key.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.uri().map(drop)?;
+        self.tls().map(drop)?;
         if self.exchange.len() > MAX_SHORT_STRING {
             return Err(ConfigError::new(
                 "exchange",
@@ -161,6 +177,44 @@ impl RabbitMqConfig {
                 ),
             )
         })
+    }
+
+    /// The TLS files, read (default: the system's roots, no client certificate). Refused
+    /// without `amqps://`: they would be silently unused.
+    pub(super) fn tls(&self) -> Result<lapin::tcp::OwnedTLSConfig, ConfigError> {
+        if self.tls_cert.is_some() != self.tls_key.is_some() {
+            return Err(ConfigError::new(
+                "tls_cert",
+                "set `tls_cert` and `tls_key` together (a client certificate and its key)",
+            ));
+        }
+        let mut tls = lapin::tcp::OwnedTLSConfig::default();
+        if self.tls_ca.is_none() && self.tls_cert.is_none() {
+            return Ok(tls);
+        }
+        if !self.url.trim().starts_with("amqps://") {
+            return Err(ConfigError::new(
+                "tls_ca",
+                "TLS files are set but `url` is not amqps://",
+            ));
+        }
+        let read = |key: &str, path: &PathBuf| {
+            std::fs::read(path).map_err(|e| {
+                ConfigError::new(key, format!("cannot read `{}`: {e}", path.display()))
+            })
+        };
+        if let Some(ca) = &self.tls_ca {
+            tls.cert_chain = Some(String::from_utf8(read("tls_ca", ca)?).map_err(|_| {
+                ConfigError::new("tls_ca", format!("`{}` is not PEM text", ca.display()))
+            })?);
+        }
+        if let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) {
+            tls.identity = Some(lapin::tcp::OwnedIdentity::PKCS8 {
+                pem: read("tls_cert", cert)?,
+                key: read("tls_key", key)?,
+            });
+        }
+        Ok(tls)
     }
 
     /// Validates, connects, declares (or checks) the exchange and opens a channel with

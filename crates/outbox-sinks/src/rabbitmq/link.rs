@@ -102,9 +102,15 @@ impl RabbitMqSink {
         let properties = ConnectionProperties::default().with_connection_name(LongString::from(
             concat!("outbox/", env!("CARGO_PKG_VERSION")),
         ));
+        crate::tls::choose_crypto_provider();
+        let runtime = lapin::runtime::default_runtime().map_err(|e| SetupError {
+            misconfigured: true,
+            message: "no async runtime for the RabbitMQ client".to_owned(),
+            source: Some(e),
+        })?;
         let connection = match tokio::time::timeout(
             self.connect_timeout,
-            Connection::connect(&self.url, properties),
+            Connection::connect_with_config(&self.url, properties, self.tls.clone(), runtime),
         )
         .await
         {

@@ -60,6 +60,7 @@ const PERSISTENT: u8 = 2;
 pub struct RabbitMqSink {
     url: String,
     shown_url: String,
+    tls: lapin::tcp::OwnedTLSConfig,
     exchange: String,
     declare_exchange: bool,
     destination: Destination,
@@ -86,8 +87,12 @@ impl fmt::Debug for RabbitMqSink {
 impl RabbitMqSink {
     async fn connect(config: RabbitMqConfig) -> Result<Self, SinkError> {
         let url = config.url.trim().to_owned();
+        let tls = config
+            .tls()
+            .map_err(|e| SinkError::rejected(e.to_string()))?;
         let sink = Self {
             shown_url: redact_url(&url),
+            tls,
             url,
             exchange: config.exchange,
             declare_exchange: config.declare_exchange,

@@ -79,6 +79,40 @@ impl RabbitMq {
     /// The largest message body (`max_message_size`) that brokers started by this module
     /// accept: 1 MiB. A larger one closes the publishing channel with `PRECONDITION_FAILED`.
     pub const MAX_MESSAGE_SIZE: usize = 1024 * 1024;
+
+    /// Adds a TLS listener to a private broker (certificates of `ca`; clients must present a
+    /// certificate `ca` signed), restarts it, and returns the `amqps://` URL of the default
+    /// vhost once the TLS port accepts connections.
+    pub async fn enable_tls(&self, ca: &crate::tls::TestCa) -> anyhow::Result<String> {
+        let root = self.0.private_root("enable TLS")?.to_owned();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let mut conf = std::fs::read_to_string(root.join("rabbitmq.conf"))?;
+        conf.push_str(&format!(
+            "listeners.ssl.1 = 127.0.0.1:{port}\n\
+             ssl_options.cacertfile = {}\n\
+             ssl_options.certfile = {}\n\
+             ssl_options.keyfile = {}\n\
+             ssl_options.verify = verify_peer\n\
+             ssl_options.fail_if_no_peer_cert = true\n",
+            ca.ca_cert.display(),
+            ca.server_cert.display(),
+            ca.server_key.display()
+        ));
+        std::fs::write(root.join("rabbitmq.conf"), conf)?;
+        self.restart().await?;
+        crate::wait::eventually(Self::READY, || async {
+            tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_ok()
+        })
+        .await
+        .with_context(|| format!("the TLS listener on {port} never accepted"))?;
+        Ok(format!("amqps://guest:guest@127.0.0.1:{port}/%2f"))
+    }
+
+    const READY: Duration = Duration::from_secs(60);
 }
 
 launcher_methods! {
