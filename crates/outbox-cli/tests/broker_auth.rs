@@ -457,6 +457,45 @@ async fn the_rabbitmq_sink_speaks_tls_verifying_the_broker_and_presenting_its_ce
     Ok(())
 }
 
+/// HTTPS with mutual TLS: the endpoint verified with `tls_ca` only (a private CA), the
+/// relay's client certificate required by the endpoint; a foreign CA makes `doctor` red.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_http_sink_verifies_a_private_ca_and_presents_its_client_certificate()
+-> anyhow::Result<()> {
+    outbox_testkit::tls::install_crypto_provider();
+    let work = Workdir::new()?;
+    let ca = outbox_testkit::tls::TestCa::generate(&work.path().join("tls"))?;
+    let foreign = outbox_testkit::tls::TestCa::generate(&work.path().join("foreign"))?;
+    let hooks = outbox_testkit::services::HttpReceiver::start().await?;
+    let front = outbox_testkit::tls::TlsFront::start(&ca, hooks.addr()).await?;
+    let sink = |trusted: &std::path::Path| {
+        format!(
+            "[sink]\nkind = \"http\"\nurl = \"{}/in\"\ntls_ca = \"{}\"\ntls_cert = \"{}\"\ntls_key = \"{}\"\ntimeout = \"3s\"\n",
+            front.url(),
+            trusted.display(),
+            ca.client_cert.display(),
+            ca.client_key.display()
+        )
+    };
+    relay_delivers(&work, &sink(&ca.ca_cert), "http-tls", || async {
+        // Events are POSTs; the relay's start-up health check is not one.
+        Ok(hooks
+            .received()
+            .iter()
+            .filter(|r| r.accepted() && r.method == "POST")
+            .count())
+    })
+    .await?;
+    doctor_refuses(
+        &work,
+        "http-foreign-ca",
+        &sink(&foreign.ca_cert),
+        "certificate",
+    )
+    .await?;
+    Ok(())
+}
+
 /// `outbox doctor` on `sink` (a wrong secret): red, exit 1, the verdict says `expected`, no
 /// log chatter beside it, and no secret of this file printed.
 async fn doctor_refuses(

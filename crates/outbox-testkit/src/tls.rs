@@ -1,10 +1,14 @@
 //! [`TestCa`]: a throwaway certificate authority and a server certificate for 127.0.0.1 and
 //! `localhost`, made with the `openssl` command line tool, for tests of TLS connections.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
 
 use anyhow::{Context, ensure};
+use rustls::pki_types::pem::PemObject as _;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 /// A CA and a server certificate it signed (EC P-256, valid two days), as PEM files in one
 /// directory.
@@ -117,4 +121,66 @@ fn openssl(command: &mut Command) -> anyhow::Result<()> {
         String::from_utf8_lossy(&out.stderr)
     );
     Ok(())
+}
+
+/// A TLS terminator on a free port of 127.0.0.1 in front of a plain TCP server (e.g. an
+/// [`HttpReceiver`](crate::services::HttpReceiver)): it presents the server certificate of a
+/// [`TestCa`], requires a client certificate that CA signed, and relays the bytes. Stops on
+/// drop.
+#[derive(Debug)]
+pub struct TlsFront {
+    addr: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl TlsFront {
+    /// Starts terminating TLS for `target`.
+    pub async fn start(ca: &TestCa, target: SocketAddr) -> anyhow::Result<Self> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let certs = CertificateDer::pem_file_iter(&ca.server_cert)?
+            .collect::<Result<Vec<_>, _>>()
+            .context("reading the server certificate")?;
+        let key = PrivateKeyDer::from_pem_file(&ca.server_key).context("reading the server key")?;
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(CertificateDer::from_pem_file(&ca.ca_cert).context("reading the CA")?)?;
+        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+            Arc::new(roots),
+            Arc::clone(&provider),
+        )
+        .build()?;
+        let config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()?
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(certs, key)?;
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
+        let addr = listener.local_addr()?;
+        let task = tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    // A refused handshake (no or a foreign client certificate) just ends here.
+                    let Ok(mut tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let Ok(mut plain) = tokio::net::TcpStream::connect(target).await else {
+                        return;
+                    };
+                    let _ = tokio::io::copy_bidirectional(&mut tls, &mut plain).await;
+                });
+            }
+        });
+        Ok(Self { addr, task })
+    }
+
+    /// `https://127.0.0.1:PORT` (no trailing slash).
+    pub fn url(&self) -> String {
+        format!("https://{}", self.addr)
+    }
+}
+
+impl Drop for TlsFront {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }

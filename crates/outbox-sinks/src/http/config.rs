@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::num::NonZeroUsize;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use outbox_core::{Destination, SinkError};
@@ -49,6 +50,14 @@ pub struct HttpConfig {
     /// `application/octet-stream` (a row's own `content-type` header still wins).
     #[serde(serialize_with = "outbox_core::redact::serde_redacted::values")]
     pub headers: BTreeMap<String, String>,
+    /// With `https://`: path of a PEM file of CAs to verify the endpoint with, INSTEAD of the
+    /// system's roots (a private CA).
+    pub tls_ca: Option<PathBuf>,
+    /// With `https://`: path of a client certificate (PEM) for endpoints that verify clients
+    /// (mutual TLS); `tls_key` too.
+    pub tls_cert: Option<PathBuf>,
+    /// Path of the client certificate's private key (PEM).
+    pub tls_key: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for HttpConfig {
@@ -63,6 +72,9 @@ impl std::fmt::Debug for HttpConfig {
             .field("timeout", &self.timeout)
             .field("max_concurrency", &self.max_concurrency)
             .field("headers", &headers)
+            .field("tls_ca", &self.tls_ca)
+            .field("tls_cert", &self.tls_cert)
+            .field("tls_key", &self.tls_key)
             .finish()
     }
 }
@@ -75,6 +87,9 @@ impl Default for HttpConfig {
             timeout: Duration::from_secs(10),
             max_concurrency: NonZeroUsize::new(64).expect("64 is not zero"),
             headers: BTreeMap::new(),
+            tls_ca: None,
+            tls_cert: None,
+            tls_key: None,
         }
     }
 }
@@ -85,6 +100,10 @@ pub(super) struct Validated {
     pub(super) origin: Url,
     pub(super) signer: Option<Signer>,
     pub(super) headers: reqwest::header::HeaderMap,
+    /// The CAs of `tls_ca` (empty: the system's roots).
+    pub(super) roots: Vec<reqwest::Certificate>,
+    /// The client certificate and key of `tls_cert` / `tls_key`.
+    pub(super) identity: Option<reqwest::Identity>,
 }
 
 impl HttpConfig {
@@ -146,12 +165,71 @@ impl HttpConfig {
             })?;
             headers.append(header_name, header_value);
         }
+        let (roots, identity) = self.tls(origin_url.scheme() == "https")?;
         Ok(Validated {
             url,
             origin: origin_url,
             signer,
             headers,
+            roots,
+            identity,
         })
+    }
+
+    /// The TLS files, read and parsed. Refused without `https://`: they would be unused.
+    fn tls(
+        &self,
+        https: bool,
+    ) -> Result<(Vec<reqwest::Certificate>, Option<reqwest::Identity>), ConfigError> {
+        if self.tls_cert.is_some() != self.tls_key.is_some() {
+            return Err(ConfigError::new(
+                "tls_cert",
+                "set `tls_cert` and `tls_key` together (a client certificate and its key)",
+            ));
+        }
+        if self.tls_ca.is_none() && self.tls_cert.is_none() {
+            return Ok((Vec::new(), None));
+        }
+        if !https {
+            return Err(ConfigError::new(
+                "tls_ca",
+                "TLS files are set but `url` is not https://",
+            ));
+        }
+        let read = |key: &str, path: &PathBuf| {
+            std::fs::read(path).map_err(|e| {
+                ConfigError::new(key, format!("cannot read `{}`: {e}", path.display()))
+            })
+        };
+        let roots = match &self.tls_ca {
+            Some(ca) => {
+                reqwest::Certificate::from_pem_bundle(&read("tls_ca", ca)?).map_err(|e| {
+                    ConfigError::new(
+                        "tls_ca",
+                        format!("`{}` is not a PEM CA file: {e}", ca.display()),
+                    )
+                })?
+            }
+            None => Vec::new(),
+        };
+        let identity = match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => {
+                let mut pem = read("tls_cert", cert)?;
+                pem.push(b'\n');
+                pem.extend(read("tls_key", key)?);
+                Some(reqwest::Identity::from_pem(&pem).map_err(|e| {
+                    ConfigError::new(
+                        "tls_cert",
+                        format!(
+                            "`{}` with its key is not a usable certificate: {e}",
+                            cert.display()
+                        ),
+                    )
+                })?)
+            }
+            _ => None,
+        };
+        Ok((roots, identity))
     }
 
     /// Validates and prepares the HTTP client. Does not contact the endpoint (see

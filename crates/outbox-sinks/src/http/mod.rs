@@ -66,11 +66,18 @@ impl fmt::Debug for HttpSink {
 
 impl HttpSink {
     fn new(config: HttpConfig, validated: config::Validated) -> Result<Self, SinkError> {
-        let client = reqwest::Client::builder()
+        let mut builder = reqwest::Client::builder()
             .timeout(config.timeout)
             .connect_timeout(config.timeout)
             .redirect(reqwest::redirect::Policy::none())
-            .user_agent(concat!("outbox/", env!("CARGO_PKG_VERSION")))
+            .user_agent(concat!("outbox/", env!("CARGO_PKG_VERSION")));
+        if !validated.roots.is_empty() {
+            builder = builder.tls_certs_only(validated.roots);
+        }
+        if let Some(identity) = validated.identity {
+            builder = builder.identity(identity);
+        }
+        let client = builder
             .build()
             .map_err(|e| SinkError::rejected("cannot set up the HTTP client").with_source(e))?;
         Ok(Self {
