@@ -181,26 +181,16 @@ impl HttpConfig {
         &self,
         https: bool,
     ) -> Result<(Vec<reqwest::Certificate>, Option<reqwest::Identity>), ConfigError> {
-        if self.tls_cert.is_some() != self.tls_key.is_some() {
-            return Err(ConfigError::new(
-                "tls_cert",
-                "set `tls_cert` and `tls_key` together (a client certificate and its key)",
-            ));
-        }
-        if self.tls_ca.is_none() && self.tls_cert.is_none() {
+        if !crate::tls::files_in_use(
+            self.tls_ca.as_deref(),
+            self.tls_cert.as_deref(),
+            self.tls_key.as_deref(),
+            https,
+            "https://",
+        )? {
             return Ok((Vec::new(), None));
         }
-        if !https {
-            return Err(ConfigError::new(
-                "tls_ca",
-                "TLS files are set but `url` is not https://",
-            ));
-        }
-        let read = |key: &str, path: &PathBuf| {
-            std::fs::read(path).map_err(|e| {
-                ConfigError::new(key, format!("cannot read `{}`: {e}", path.display()))
-            })
-        };
+        let read = crate::tls::read;
         let roots = match &self.tls_ca {
             Some(ca) => {
                 reqwest::Certificate::from_pem_bundle(&read("tls_ca", ca)?).map_err(|e| {

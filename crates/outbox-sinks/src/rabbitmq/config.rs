@@ -182,27 +182,17 @@ impl RabbitMqConfig {
     /// The TLS files, read (default: the system's roots, no client certificate). Refused
     /// without `amqps://`: they would be silently unused.
     pub(super) fn tls(&self) -> Result<lapin::tcp::OwnedTLSConfig, ConfigError> {
-        if self.tls_cert.is_some() != self.tls_key.is_some() {
-            return Err(ConfigError::new(
-                "tls_cert",
-                "set `tls_cert` and `tls_key` together (a client certificate and its key)",
-            ));
-        }
         let mut tls = lapin::tcp::OwnedTLSConfig::default();
-        if self.tls_ca.is_none() && self.tls_cert.is_none() {
+        if !crate::tls::files_in_use(
+            self.tls_ca.as_deref(),
+            self.tls_cert.as_deref(),
+            self.tls_key.as_deref(),
+            self.url.trim().starts_with("amqps://"),
+            "amqps://",
+        )? {
             return Ok(tls);
         }
-        if !self.url.trim().starts_with("amqps://") {
-            return Err(ConfigError::new(
-                "tls_ca",
-                "TLS files are set but `url` is not amqps://",
-            ));
-        }
-        let read = |key: &str, path: &PathBuf| {
-            std::fs::read(path).map_err(|e| {
-                ConfigError::new(key, format!("cannot read `{}`: {e}", path.display()))
-            })
-        };
+        let read = crate::tls::read;
         if let Some(ca) = &self.tls_ca {
             tls.cert_chain = Some(String::from_utf8(read("tls_ca", ca)?).map_err(|_| {
                 ConfigError::new("tls_ca", format!("`{}` is not PEM text", ca.display()))

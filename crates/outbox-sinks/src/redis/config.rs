@@ -155,26 +155,16 @@ impl RedisConfig {
     /// The CA and client certificate files, read; `None` when none is set. Refused without
     /// `rediss://`: they would be silently unused.
     fn tls_certificates(&self, tls: bool) -> Result<Option<redis::TlsCertificates>, ConfigError> {
-        if self.tls_cert.is_some() != self.tls_key.is_some() {
-            return Err(ConfigError::new(
-                "tls_cert",
-                "set `tls_cert` and `tls_key` together (a client certificate and its key)",
-            ));
-        }
-        if self.tls_ca.is_none() && self.tls_cert.is_none() {
+        if !crate::tls::files_in_use(
+            self.tls_ca.as_deref(),
+            self.tls_cert.as_deref(),
+            self.tls_key.as_deref(),
+            tls,
+            "rediss://",
+        )? {
             return Ok(None);
         }
-        if !tls {
-            return Err(ConfigError::new(
-                "tls_ca",
-                "TLS files are set but `url` is not rediss://",
-            ));
-        }
-        let read = |key: &str, path: &PathBuf| {
-            std::fs::read(path).map_err(|e| {
-                ConfigError::new(key, format!("cannot read `{}`: {e}", path.display()))
-            })
-        };
+        let read = crate::tls::read;
         let root_cert = self
             .tls_ca
             .as_ref()
