@@ -289,7 +289,8 @@ async fn receive(
     }
     let contract = headers.iter().filter_map(|(name, value)| {
         let name = name.as_str().strip_prefix(HEADER_PREFIX)?;
-        Some((name, value.to_str().ok()?))
+        // UTF-8 bytes, as the relay sends them (an aggregate id `Zürich-1`).
+        Some((name, std::str::from_utf8(value.as_bytes()).ok()?))
     });
     let message = match InboxMessage::from_headers(contract, &[], body) {
         Ok(m) => m,

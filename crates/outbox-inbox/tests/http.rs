@@ -193,3 +193,25 @@ async fn requests_of_one_key_are_handled_one_at_a_time() {
     shutdown.cancel();
     assert_eq!(server.await.expect("task").acked, 10);
 }
+
+#[tokio::test]
+async fn a_non_ascii_aggregate_id_reaches_the_handler_intact() {
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let shutdown = CancellationToken::new();
+    let record = Arc::clone(&seen);
+    let (addr, server) = serve(
+        move |m: InboxMessage| {
+            record.lock().expect("lock").push(m.aggregate_id);
+            async { Ok::<_, String>(()) }
+        },
+        &shutdown,
+    )
+    .await;
+    let sink = sink(addr).await;
+    let mut zurich = event("Zürich-1", 0);
+    zurich.headers.clear();
+    publish(&sink, &zurich).await.expect("delivered");
+    shutdown.cancel();
+    server.await.expect("task");
+    assert_eq!(*seen.lock().expect("lock"), ["Zürich-1"]);
+}

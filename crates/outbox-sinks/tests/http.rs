@@ -354,3 +354,35 @@ async fn a_slow_endpoint_times_out_as_transient() {
     assert_eq!(err.kind(), SinkErrorKind::Transient, "{err}");
     assert!(err.to_string().contains("no response"), "{err}");
 }
+
+#[tokio::test]
+async fn non_ascii_header_values_arrive_as_utf8_bytes_and_a_line_break_is_rejected() {
+    let receiver = Receiver::start().await;
+    let sink = build(receiver.config()).await;
+    let mut text = event("Zürich-1", b"{}");
+    text.headers.push(("note".to_owned(), "café ☕".to_owned()));
+    let mut broken = event("o_2", b"{}");
+    broken
+        .headers
+        .push(("note".to_owned(), "line\r\nx-injected: 1".to_owned()));
+    let deliveries = sink
+        .publish(&[text.clone(), broken])
+        .await
+        .expect("publishes");
+    assert!(deliveries[0].is_ok(), "{deliveries:?}");
+    let refused = deliveries[1]
+        .as_ref()
+        .expect_err("a line break cannot be carried");
+    assert_eq!(refused.kind(), SinkErrorKind::Rejected);
+    assert!(refused.to_string().contains("`note`"), "{refused}");
+
+    let requests = receiver.requests();
+    assert_eq!(requests.len(), 1, "the rejected event was not sent");
+    let utf8 = |name: &str| {
+        std::str::from_utf8(requests[0].headers.get(name).expect(name).as_bytes())
+            .expect("UTF-8")
+            .to_owned()
+    };
+    assert_eq!(utf8("outbox-aggregate_id"), "Zürich-1");
+    assert_eq!(utf8("outbox-note"), "café ☕");
+}

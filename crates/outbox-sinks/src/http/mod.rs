@@ -20,7 +20,10 @@
 //! | 408, 429, 5xx, no response within `timeout`, connection lost mid-request | `Transient` (retried with backoff) |
 //! | connection refused, DNS failure, connect timeout | `Unavailable` (the whole batch when every request failed so) |
 //! | 3xx and any other 4xx | `Rejected` (dead-lettered) with the status and the first 200 bytes of the response body |
-//! | header name or value that HTTP cannot carry | `Rejected` |
+//! | header name that HTTP cannot carry, or a value with a control character | `Rejected` |
+//!
+//! Header values go as their UTF-8 bytes: non-ASCII text (an aggregate id `Zürich-1`) is
+//! carried as is; receivers read the header's bytes as UTF-8 (`WebhookReceiver` does).
 
 mod config;
 mod signature;
@@ -103,7 +106,10 @@ impl HttpSink {
             let prefixed = format!("outbox-{name}");
             match (
                 HeaderName::from_bytes(prefixed.as_bytes()),
-                HeaderValue::from_str(value),
+                // The UTF-8 bytes as they are (non-ASCII is legal "obs-text" in HTTP/1.1 and
+                // in HTTP/2): an aggregate id `Zürich-1` arrives as those UTF-8 bytes, not
+                // dead-lettered. Only control characters (a line break) cannot be carried.
+                HeaderValue::from_bytes(value.as_bytes()),
             ) {
                 (Ok(n), Ok(v)) => {
                     if name.eq_ignore_ascii_case("content-type") {
@@ -117,7 +123,9 @@ impl HttpSink {
                     ));
                 }
                 (_, Err(_)) => {
-                    invalid = Some(format!("header `{name}` has a value HTTP cannot carry"));
+                    invalid = Some(format!(
+                        "header `{name}` has a value HTTP cannot carry (a control character)"
+                    ));
                 }
             }
         });
