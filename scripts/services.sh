@@ -23,6 +23,8 @@ services_install() {
     services_redis_bin >/dev/null 2>&1 || missing+=(redis-server)
     services_rabbitmq_bin >/dev/null 2>&1 || missing+=(rabbitmq-server)
     services_pgbouncer_bin >/dev/null 2>&1 || missing+=(pgbouncer)
+    # The MySQL/MariaDB tests start their own mariadbd (outbox-testkit's MariaDb).
+    command -v mariadbd >/dev/null 2>&1 || [ -x /usr/sbin/mariadbd ] || missing+=(mariadb-server)
     # The TLS tests make their certificates with the openssl command line tool.
     command -v openssl >/dev/null 2>&1 || missing+=(openssl)
     [ ${#missing[@]} -eq 0 ] && return 0

@@ -13,6 +13,7 @@
 mod http;
 #[cfg(feature = "kafka")]
 mod kafka;
+mod mariadb;
 mod methods;
 mod nats;
 mod pgbouncer;
@@ -25,6 +26,7 @@ mod server;
 pub use http::{HttpReceiver, Request};
 #[cfg(feature = "kafka")]
 pub use kafka::{KAFKA_BROKERS_ENV, Kafka, TANSU_BIN_ENV, find_tansu};
+pub use mariadb::{MYSQL_URL_ENV, MariaDb};
 pub use nats::{NATS_URL_ENV, Nats};
 pub use pgbouncer::PgBouncer;
 pub use postgres::{DATABASE_URL_ENV, Postgres};

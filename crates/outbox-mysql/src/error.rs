@@ -1,0 +1,3 @@
+//! Errors of the MySQL crate.
+
+pub use outbox_core::EnqueueError;

@@ -1,0 +1,113 @@
+//! Schema migrations for one outbox table, with their own bookkeeping table
+//! (`<table>_migrations`, next to the outbox table; never the application's).
+//!
+//! MySQL commits every DDL statement on its own, so a migration is not one transaction.
+//! Instead `migrate` holds a named lock (`GET_LOCK`) on one connection for its whole run, so
+//! two `migrate`s never interleave, and every statement is idempotent (`IF NOT EXISTS`, a
+//! trigger dropped before it is created): a run cut off half-way is finished by the next.
+
+use outbox_core::Identifier;
+pub use outbox_core::migration::MigrateError;
+use outbox_core::migration::{self, Migration};
+use sqlx::{Acquire as _, Executor as _, MySqlPool};
+
+use crate::sql::{render, statements};
+
+/// Every migration, in order. Append only; never edit one that has shipped.
+pub(crate) const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    name: "outbox_table",
+    sql: include_str!("../migrations/0001_outbox_table.sql"),
+}];
+
+/// The schema version this build of the library expects.
+pub const SCHEMA_VERSION: i32 = 1;
+
+const BOOKKEEPING: &str = "CREATE TABLE IF NOT EXISTS {{name:_migrations}} (
+    version    INT          NOT NULL PRIMARY KEY,
+    name       VARCHAR(100) NOT NULL,
+    checksum   VARCHAR(32)  NOT NULL,
+    applied_at DATETIME(6)  NOT NULL DEFAULT CURRENT_TIMESTAMP(6)
+) ENGINE = InnoDB";
+
+/// Longest wait for another `migrate` of the same table to finish.
+const LOCK_TIMEOUT_SECONDS: i32 = 60;
+
+/// What `migrate` did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MigrationReport {
+    /// Migrations applied by this call (version, name).
+    pub applied: Vec<(i32, &'static str)>,
+    /// The schema version after the call.
+    pub version: i32,
+}
+
+/// Creates or upgrades the outbox schema for `table` in the connection's database: the
+/// outbox table, the per-aggregate head rows, the numbering trigger and the bookkeeping
+/// table. Idempotent; concurrent calls wait for each other.
+pub async fn migrate(
+    pool: &MySqlPool,
+    table: &Identifier,
+) -> Result<MigrationReport, MigrateError> {
+    let name = table.to_string();
+    let db = |source| MigrateError::database("outbox", &name, source);
+    let mut pooled = pool.acquire().await.map_err(db)?;
+    let conn = pooled.acquire().await.map_err(db)?;
+    let lock = format!("outbox_migrate.{name}");
+    let got: Option<i32> = sqlx::query_scalar("SELECT GET_LOCK(?, ?)")
+        .bind(&lock)
+        .bind(LOCK_TIMEOUT_SECONDS)
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(db)?;
+    if got != Some(1) {
+        return Err(db(sqlx::Error::Protocol(format!(
+            "another `migrate` of `{name}` held the lock for {LOCK_TIMEOUT_SECONDS} s"
+        ))));
+    }
+    let result = async {
+        conn.execute(sqlx::AssertSqlSafe(render(BOOKKEEPING, table)))
+            .await
+            .map_err(db)?;
+        let applied: Vec<(i32, String)> = sqlx::query_as(sqlx::AssertSqlSafe(render(
+            "SELECT version, checksum FROM {{name:_migrations}} ORDER BY version",
+            table,
+        )))
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(db)?;
+        let plan = migration::plan(MIGRATIONS, &applied)
+            .map_err(|c| MigrateError::conflict("outbox", &name, c))?;
+        let mut report = MigrationReport {
+            applied: Vec::new(),
+            version: plan.current,
+        };
+        for (m, checksum) in plan.to_apply {
+            let sql = render(m.sql, table);
+            for statement in statements(&sql) {
+                conn.execute(sqlx::raw_sql(sqlx::AssertSqlSafe(statement.to_owned())))
+                    .await
+                    .map_err(db)?;
+            }
+            sqlx::query(sqlx::AssertSqlSafe(render(
+                "INSERT INTO {{name:_migrations}} (version, name, checksum) VALUES (?, ?, ?)",
+                table,
+            )))
+            .bind(m.version)
+            .bind(m.name)
+            .bind(&checksum)
+            .execute(&mut *conn)
+            .await
+            .map_err(db)?;
+            report.applied.push((m.version, m.name));
+            report.version = m.version;
+        }
+        Ok(report)
+    }
+    .await;
+    let _ = sqlx::query("SELECT RELEASE_LOCK(?)")
+        .bind(&lock)
+        .execute(&mut *conn)
+        .await;
+    result
+}

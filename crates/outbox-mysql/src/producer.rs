@@ -1,0 +1,77 @@
+//! [`MySqlOutbox`]: writes events into the outbox table inside the caller's transaction.
+
+use std::sync::Arc;
+
+use outbox_core::{Identifier, NewEvent};
+use sqlx::MySqlConnection;
+use uuid::Uuid;
+
+use crate::error::EnqueueError;
+use crate::sql::{Queries, stmt};
+
+/// The producer for one outbox table.
+///
+/// ```no_run
+/// # async fn example(pool: sqlx::MySqlPool) -> anyhow::Result<()> {
+/// use outbox_core::NewEvent;
+/// use outbox_mysql::MySqlOutbox;
+///
+/// let outbox = MySqlOutbox::default();
+/// let mut tx = pool.begin().await?;
+/// sqlx::query("UPDATE orders SET state = 'placed' WHERE id = ?").bind("o_1").execute(&mut *tx).await?;
+/// outbox.enqueue(&mut tx, &NewEvent::new("Order", "o_1", "order.placed", r#"{"total":1250}"#)).await?;
+/// tx.commit().await?; // the order and its event, or neither
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct MySqlOutbox {
+    table: Identifier,
+    queries: Arc<Queries>,
+}
+
+impl Default for MySqlOutbox {
+    /// The table `outbox`.
+    fn default() -> Self {
+        Self::new(Identifier::new("outbox").expect("a valid identifier"))
+    }
+}
+
+impl MySqlOutbox {
+    /// The producer for `table` (created by [`migrate`](crate::migrate)).
+    pub fn new(table: Identifier) -> Self {
+        let queries = Arc::new(Queries::new(&table));
+        Self { table, queries }
+    }
+
+    /// The outbox table.
+    pub fn table(&self) -> &Identifier {
+        &self.table
+    }
+
+    /// Writes `event` with the caller's connection, normally inside its open transaction
+    /// (`&mut tx`): the event commits or rolls back with the business data. Returns the
+    /// event id (`event.id`, or a new UUIDv7).
+    ///
+    /// The insert takes the aggregate's head row lock until the transaction ends: keep
+    /// transactions that write events short, and write one transaction's events for several
+    /// aggregates in a consistent order (or retry on a deadlock), as with any row lock.
+    pub async fn enqueue(
+        &self,
+        conn: &mut MySqlConnection,
+        event: &NewEvent,
+    ) -> Result<Uuid, EnqueueError> {
+        outbox_core::enqueue::validate(event)?;
+        let id = event.id.unwrap_or_else(Uuid::now_v7);
+        sqlx::query(stmt(&self.queries.insert))
+            .bind(id.hyphenated().to_string())
+            .bind(&event.aggregate_type)
+            .bind(&event.aggregate_id)
+            .bind(&event.event_type)
+            .bind(&event.payload[..])
+            .bind(outbox_core::enqueue::headers_json(event))
+            .execute(conn)
+            .await
+            .map_err(EnqueueError::database)?;
+        Ok(id)
+    }
+}

@@ -1,0 +1,78 @@
+//! The one place where a configured table name enters SQL.
+//!
+//! Queries and migrations live in `.sql` files with placeholders (`{{table}}`,
+//! `{{name:_suffix}}`), filled from a validated [`Identifier`] (letters, digits and `_`
+//! only) and written backquoted, MySQL's identifier quote. The bundled files contain no
+//! double quote of their own, so every `"` of the shared renderer's output is an identifier
+//! quote and becomes a backquote.
+
+use std::sync::Arc;
+
+use outbox_core::Identifier;
+
+/// Fills the placeholders of `template` for `table`.
+///
+/// # Panics
+/// On an unknown placeholder or a malformed suffix: bugs in this crate's `.sql` files
+/// (covered by tests), never caused by input.
+pub(crate) fn render(template: &str, table: &Identifier) -> String {
+    assert!(
+        !template.contains('"'),
+        "a double quote in bundled MySQL SQL (it would be a string literal)"
+    );
+    outbox_core::migration::render_sql(template, None, table, &[]).replace('"', "`")
+}
+
+/// The statements of a migration file, split at its `-- ;;` lines.
+pub(crate) fn statements(sql: &str) -> impl Iterator<Item = &str> {
+    sql.split("\n-- ;;\n")
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+}
+
+/// Every query of this crate, rendered once for one outbox table.
+#[derive(Debug, Clone)]
+pub(crate) struct Queries {
+    pub(crate) insert: Arc<str>,
+}
+
+impl Queries {
+    pub(crate) fn new(table: &Identifier) -> Self {
+        Self {
+            insert: render(include_str!("../queries/outbox_insert.sql"), table).into(),
+        }
+    }
+}
+
+/// A rendered statement, marked as audited for sqlx: its only dynamic parts are validated,
+/// quoted identifiers inserted by [`render`].
+pub(crate) fn stmt(sql: &Arc<str>) -> sqlx::AssertSqlSafe<Arc<str>> {
+    sqlx::AssertSqlSafe(Arc::clone(sql))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table() -> Identifier {
+        Identifier::new("events").expect("valid")
+    }
+
+    #[test]
+    fn placeholders_render_to_backquoted_identifiers() {
+        assert_eq!(
+            render("{{table}} {{name:_aggregate_heads}}", &table()),
+            "`events` `events_aggregate_heads`"
+        );
+    }
+
+    #[test]
+    fn every_bundled_file_renders_without_leftover_placeholders() {
+        assert!(!Queries::new(&table()).insert.contains("{{"));
+        for m in crate::migrate::MIGRATIONS {
+            let sql = render(m.sql, &table());
+            assert!(!sql.contains("{{"), "{}", m.name);
+            assert!(statements(&sql).count() > 1, "{}", m.name);
+        }
+    }
+}

@@ -1,0 +1,176 @@
+//! [`MariaDb`]: a MariaDB (MySQL-compatible) server for tests on 127.0.0.1, with a fresh
+//! database per test.
+//!
+//! A started server gets its own data directory (`mariadb-install-db`, root without a
+//! password over TCP) and listens on 127.0.0.1 only.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use sqlx::Connection as _;
+use sqlx::mysql::MySqlConnection;
+
+use super::methods::launcher_methods;
+use super::process;
+use super::server::{Server, ServerSpec};
+
+/// Environment variable with the URL of an existing server as a user that may create
+/// databases (`mysql://root@127.0.0.1:PORT`) that [`MariaDb::shared`] uses instead of starting
+/// its own. `scripts/test.sh` sets it so a whole test run shares one server.
+pub const MYSQL_URL_ENV: &str = "OUTBOX_TEST_MYSQL_URL";
+
+/// A MariaDB server: either one started by this process from the installed binaries, or an
+/// existing one (MariaDB or MySQL) named by [`MYSQL_URL_ENV`].
+///
+/// ```no_run
+/// # async fn example() -> anyhow::Result<()> {
+/// use outbox_testkit::services::MariaDb;
+///
+/// let url = MariaDb::shared().await?.fresh_database().await?;
+/// let pool = sqlx::MySqlPool::connect(&url).await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct MariaDb(Server<MariaDbServer>);
+
+/// A `mariadbd` this process starts.
+#[derive(Debug)]
+struct MariaDbServer {
+    bin: PathBuf,
+    root: PathBuf,
+}
+
+launcher_methods! {
+    impl MariaDb {
+        /// The server shared by every test of this process: the one named by
+        /// [`MYSQL_URL_ENV`] when it is set, otherwise one started on first use that stops
+        /// when the process exits. Take a [`MariaDb::fresh_database`]; never stop it.
+        fn shared;
+        /// A private server owned by the returned value (stopped and its data removed on
+        /// drop).
+        fn start;
+        /// `mysql://root@127.0.0.1:PORT` (no database).
+        fn url;
+        /// The TCP port on 127.0.0.1.
+        fn port;
+        /// Stops a private server. Refused for the shared server.
+        fn stop;
+        /// Starts a private server again on the same port with the same data.
+        fn restart;
+        /// True while a server this process started is running (always true for an external
+        /// one).
+        fn is_running;
+    }
+}
+
+impl MariaDb {
+    /// Creates a database with a unique name and returns its URL.
+    pub async fn fresh_database(&self) -> anyhow::Result<String> {
+        let name = format!("outbox_test_{}", uuid::Uuid::now_v7().simple());
+        let mut conn = MySqlConnection::connect(self.url())
+            .await
+            .with_context(|| format!("connecting to {}", self.url()))?;
+        // `name` is built here from hex digits only: safe to splice.
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+            .execute(&mut conn)
+            .await
+            .with_context(|| format!("creating database {name}"))?;
+        conn.close().await.ok();
+        Ok(format!("{}/{name}", self.url().trim_end_matches('/')))
+    }
+}
+
+impl ServerSpec for MariaDbServer {
+    const NAME: &'static str = "mariadbd";
+    const LABEL: &'static str = "MariaDB";
+    const SHARED: &'static str = "the shared MariaDB server";
+    const START_PRIVATE: &'static str = "MariaDb::start()";
+    const DIR_PREFIX: &'static str = "outbox-mariadb-";
+    const URL_ENV: &'static str = MYSQL_URL_ENV;
+
+    /// Finds `mariadbd` and creates the data directory with `mariadb-install-db`.
+    fn setup(root: &Path) -> anyhow::Result<Self> {
+        let hint = "install MariaDB (`apt-get install -y mariadb-server`, or run scripts/test.sh), \
+                    or set OUTBOX_TEST_MYSQL_URL to an existing server";
+        let bin = process::find_program("mariadbd")
+            .with_context(|| format!("`mariadbd` not found in PATH or /usr/sbin: {hint}"))?;
+        let install = process::find_program("mariadb-install-db")
+            .with_context(|| format!("`mariadb-install-db` not found: {hint}"))?;
+        let data = root.join("data");
+        let output = std::process::Command::new(install)
+            .arg("--no-defaults")
+            .arg(format!("--user={}", current_user()))
+            .arg(format!("--datadir={}", data.display()))
+            .args(["--auth-root-authentication-method=normal", "--skip-test-db"])
+            .output()
+            .context("running mariadb-install-db")?;
+        anyhow::ensure!(
+            output.status.success(),
+            "mariadb-install-db failed: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        Ok(Self {
+            bin,
+            root: root.to_owned(),
+        })
+    }
+
+    fn url(port: u16) -> String {
+        format!("mysql://root@127.0.0.1:{port}")
+    }
+
+    fn external_port(url: &str) -> anyhow::Result<u16> {
+        Ok(url
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.split('/').next())
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(3306))
+    }
+
+    async fn probe(url: &str, _port: u16) -> anyhow::Result<()> {
+        let mut conn = MySqlConnection::connect(url).await?;
+        sqlx::query("SELECT 1").execute(&mut conn).await?;
+        conn.close().await.ok();
+        Ok(())
+    }
+
+    fn program(&self) -> &Path {
+        &self.bin
+    }
+
+    fn args(&self, port: u16) -> Vec<OsString> {
+        let path = |name: &str| self.root.join(name).into_os_string();
+        let mut args: Vec<OsString> = vec![
+            "--no-defaults".into(),
+            format!("--user={}", current_user()).into(),
+            "--bind-address=127.0.0.1".into(),
+            format!("--port={port}").into(),
+            "--skip-name-resolve".into(),
+            // Tests want speed, not durability across power cuts.
+            "--innodb-flush-log-at-trx-commit=2".into(),
+            "--max-connections=500".into(),
+        ];
+        for (flag, name) in [
+            ("--datadir=", "data"),
+            ("--socket=", "mariadb.sock"),
+            ("--pid-file=", "mariadb.pid"),
+        ] {
+            let mut arg = OsString::from(flag);
+            arg.push(path(name));
+            args.push(arg);
+        }
+        args
+    }
+}
+
+/// The user name to run the server as: itself (root may run it with `--user=root`).
+fn current_user() -> String {
+    if process::running_as_root() {
+        "root".to_owned()
+    } else {
+        std::env::var("USER").unwrap_or_else(|_| "nobody".to_owned())
+    }
+}
