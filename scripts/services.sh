@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The servers the test suite talks to, on free ports of 127.0.0.1: PostgreSQL (logical WAL, for
 # the CDC tests), nats-server with JetStream, and tansu (a Kafka-protocol broker, memory
-# storage), redis-server and RabbitMQ. No Docker, no systemd: installed binaries, data and logs
+# storage), redis-server, RabbitMQ and MariaDB. No Docker, no systemd: installed binaries, data and logs
 # in one directory.
 #
 # scripts/test.sh sources this file and uses the functions below. It also runs on its own, to
@@ -23,7 +23,6 @@ services_install() {
     services_redis_bin >/dev/null 2>&1 || missing+=(redis-server)
     services_rabbitmq_bin >/dev/null 2>&1 || missing+=(rabbitmq-server)
     services_pgbouncer_bin >/dev/null 2>&1 || missing+=(pgbouncer)
-    # The MySQL/MariaDB tests start their own mariadbd (outbox-testkit's MariaDb).
     command -v mariadbd >/dev/null 2>&1 || [ -x /usr/sbin/mariadbd ] || missing+=(mariadb-server)
     # The TLS tests make their certificates with the openssl command line tool.
     command -v openssl >/dev/null 2>&1 || missing+=(openssl)
@@ -392,13 +391,71 @@ services_stop() {
         rm -f "$dir/redis/redis-server.pid"
     fi
     _services_stop_rabbitmq "$dir"
+    if [ -f "$dir/mariadb/mariadbd.pid" ]; then
+        pid=$(cat "$dir/mariadb/mariadbd.pid")
+        if kill -TERM "$pid" 2>/dev/null; then
+            for _i in $(seq 1 300); do
+                kill -0 "$pid" 2>/dev/null || break
+                sleep 0.1
+            done
+            kill -KILL "$pid" 2>/dev/null || true
+        fi
+        rm -f "$dir/mariadb/mariadbd.pid"
+    fi
+}
+
+# services_start_mariadb DIR: mariadb-install-db + mariadbd in DIR/mariadb (row-based binlog
+# on, for the CDC tests); exports OUTBOX_TEST_MYSQL_URL. Like the testkit's own MariaDb.
+services_start_mariadb() {
+    local root=$1/mariadb bin install user port _attempt pid _i
+    bin=$(command -v mariadbd 2>/dev/null || echo /usr/sbin/mariadbd)
+    install=$(command -v mariadb-install-db 2>/dev/null || echo /usr/bin/mariadb-install-db)
+    [ -x "$bin" ] && [ -x "$install" ] || {
+        echo "services: mariadbd / mariadb-install-db not found" >&2
+        return 1
+    }
+    user=$(id -un)
+    mkdir -p "$root"
+    if ! "$install" --no-defaults --user="$user" --datadir="$root/data" \
+        --auth-root-authentication-method=normal --skip-test-db >"$root/install.log" 2>&1; then
+        echo "services: mariadb-install-db failed" >&2
+        services_log_tail "$root/install.log"
+        return 1
+    fi
+    for _attempt in 1 2 3; do
+        port=$(services_free_port)
+        : >"$root/mariadb.log"
+        "$bin" --no-defaults --user="$user" --bind-address=127.0.0.1 --port="$port" \
+            --skip-name-resolve --innodb-flush-log-at-trx-commit=2 --max-connections=500 \
+            --datadir="$root/data" --socket="$root/mariadb.sock" --pid-file="$root/mariadb.pid" \
+            --log-bin="$root/data/binlog" --binlog-format=ROW --server-id=1 \
+            --log-error="$root/mariadb.log" </dev/null >>"$root/mariadb.out" 2>&1 &
+        pid=$!
+        echo "$pid" >"$root/mariadbd.pid"
+        for _i in $(seq 1 600); do
+            if grep -q "ready for connections" "$root/mariadb.log" &&
+                (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+                export OUTBOX_TEST_MYSQL_URL="mysql://root@127.0.0.1:$port"
+                echo "services: MariaDB ready at $OUTBOX_TEST_MYSQL_URL" >&2
+                return 0
+            fi
+            kill -0 "$pid" 2>/dev/null || break
+            sleep 0.1
+        done
+        kill -KILL "$pid" 2>/dev/null || true
+        rm -f "$root/mariadbd.pid"
+        grep -qi "address already in use" "$root/mariadb.log" || break
+    done
+    echo "services: mariadbd did not start" >&2
+    services_log_tail "$root/mariadb.log"
+    return 1
 }
 
 # services_start_all DIR: both servers; on failure stops whatever did start.
 services_start_all() {
     if ! services_start_postgres "$1" || ! services_start_nats "$1" ||
         ! services_start_kafka "$1" || ! services_start_redis "$1" ||
-        ! services_start_rabbitmq "$1"; then
+        ! services_start_rabbitmq "$1" || ! services_start_mariadb "$1"; then
         services_stop "$1"
         return 1
     fi
@@ -420,6 +477,7 @@ if [ "${BASH_SOURCE[0]}" = "$0" ]; then
         echo "export OUTBOX_TEST_KAFKA_BROKERS='$OUTBOX_TEST_KAFKA_BROKERS'"
         echo "export OUTBOX_TEST_REDIS_URL='$OUTBOX_TEST_REDIS_URL'"
         echo "export OUTBOX_TEST_AMQP_URL='$OUTBOX_TEST_AMQP_URL'"
+        echo "export OUTBOX_TEST_MYSQL_URL='$OUTBOX_TEST_MYSQL_URL'"
         ;;
     stop)
         services_stop "$dir"

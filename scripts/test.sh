@@ -69,7 +69,7 @@ step "services"
 services_start_all "$work"
 export OUTBOX_TEST_DATABASE_URL OUTBOX_TEST_NATS_URL
 export OUTBOX_TEST_KAFKA_BROKERS
-export OUTBOX_TEST_REDIS_URL OUTBOX_TEST_AMQP_URL
+export OUTBOX_TEST_REDIS_URL OUTBOX_TEST_AMQP_URL OUTBOX_TEST_MYSQL_URL
 
 # On failure, show what the servers said: a crash there explains many test failures at once.
 show_service_logs() {
@@ -78,6 +78,7 @@ show_service_logs() {
     services_log_tail "$work/kafka/tansu.log" 30
     services_log_tail "$work/redis/redis-server.log" 30
     services_log_tail "$work/rabbitmq/rabbitmq-server.log" 30
+    services_log_tail "$work/mariadb/mariadb.log" 30
 }
 
 # `-p NAME` arguments narrow the run (nextest and doc tests) instead of --workspace.

@@ -56,6 +56,45 @@ pub mod serde_redacted {
     }
 }
 
+/// A database URL whose password never appears in logs or `Debug` output.
+#[derive(Clone, PartialEq, Eq, serde::Deserialize)]
+#[serde(transparent)]
+pub struct DatabaseUrl(String);
+
+impl DatabaseUrl {
+    /// Wraps a URL.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self(url.into())
+    }
+    /// The URL with its password, for connecting.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+    /// The URL with any password replaced by `***`.
+    pub fn redacted(&self) -> String {
+        redact_url(&self.0)
+    }
+}
+
+/// Serialized redacted: the effective config `outbox check-config` prints shows `***`.
+impl serde::Serialize for DatabaseUrl {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.redacted())
+    }
+}
+
+impl std::fmt::Debug for DatabaseUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.redacted())
+    }
+}
+
+impl std::fmt::Display for DatabaseUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.redacted())
+    }
+}
+
 /// Replaces every secret in `text` (a URL or a `key=value` connection string) with `***`.
 pub fn redact_url(text: &str) -> String {
     let (head, rest) = match text.find("://") {

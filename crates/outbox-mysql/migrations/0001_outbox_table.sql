@@ -34,7 +34,12 @@ CREATE TABLE IF NOT EXISTS {{table}} (
     PRIMARY KEY (position),
     UNIQUE KEY {{name:_id_key}} (id),
     KEY {{name:_pending_idx}} (state, position),
-    KEY {{name:_aggregate_idx}} (aggregate_type, aggregate_id, seq),
+    -- An aggregate's events by state: the relay's is an earlier event of this aggregate
+    -- still pending, retrying or dead? probes read only that state's few entries, however
+    -- many delivered events the aggregate has.
+    KEY {{name:_aggregate_idx}} (aggregate_type, aggregate_id, state, seq),
+    -- Throughput for status and metrics, and retention's oldest-first deletes.
+    KEY {{name:_delivered_at_idx}} (delivered_at),
     CONSTRAINT {{name:_state_check}} CHECK (state IN ('pending', 'delivered', 'dead')),
     CONSTRAINT {{name:_headers_check}} CHECK (JSON_VALID(headers) AND JSON_TYPE(headers) = 'OBJECT')
 ) ENGINE = InnoDB

@@ -1,5 +1,6 @@
-//! MySQL and MariaDB support for `outbox`: the outbox table (`migrate`) and the producer
-//! (`MySqlOutbox::enqueue` in the caller's own transaction).
+//! MySQL and MariaDB support for `outbox`: the outbox table (`migrate`), the producer
+//! (`MySqlOutbox::enqueue` in the caller's own transaction) and the polling relay source
+//! ([`MySqlPollSource`]).
 //!
 //! **Per-aggregate order in commit order.** MySQL has no transaction-scoped advisory locks,
 //! and `AUTO_INCREMENT` follows insert order, not commit order. The table's `BEFORE INSERT`
@@ -7,15 +8,28 @@
 //! (`<table>_aggregate_heads`): its upsert locks that row until the producer's transaction
 //! ends, so a second transaction for the same aggregate waits, and `seq` = 1, 2, 3, … follows
 //! commit order with no gaps — for producers in any language, also when a producer writes the
-//! outbox row before it locks its business row. See `docs/mysql.md`.
+//! outbox row before it locks its business row. The relay delivers an aggregate's events only
+//! as a run of consecutive `seq`s after the last one settled. See `docs/mysql.md`.
 //!
-//! Not built yet: the polling relay, binlog CDC, the inbox and the operator commands.
+//! Not built yet: binlog CDC and the inbox.
 
+mod admin;
+mod backend;
+mod config;
+mod connect;
 mod error;
 mod migrate;
+mod poll;
 mod producer;
+mod server;
 mod sql;
 
+pub use admin::MySqlAdmin;
+pub use backend::MySqlBackend;
+pub use config::{DatabaseUrl, Mode, MySqlConfig, OnDelivered};
+pub use connect::connect;
 pub use error::EnqueueError;
-pub use migrate::{MigrateError, MigrationReport, SCHEMA_VERSION, migrate};
+pub use migrate::{MigrateError, MigrationReport, SCHEMA_VERSION, migrate, schema_version};
+pub use poll::MySqlPollSource;
 pub use producer::MySqlOutbox;
+pub use server::{ServerVersion, server_version};

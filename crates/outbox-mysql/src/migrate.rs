@@ -111,3 +111,27 @@ pub async fn migrate(
         .await;
     result
 }
+
+/// The schema version recorded for `table`, or `None` when it was never migrated.
+pub async fn schema_version(
+    pool: &MySqlPool,
+    table: &Identifier,
+) -> Result<Option<i32>, sqlx::Error> {
+    let result = sqlx::query_scalar(sqlx::AssertSqlSafe(render(
+        "SELECT MAX(version) FROM {{name:_migrations}}",
+        table,
+    )))
+    .fetch_one(pool)
+    .await;
+    match result {
+        Ok(v) => Ok(v),
+        Err(sqlx::Error::Database(db))
+            if db
+                .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+                .is_some_and(|e| e.number() == 1146) =>
+        {
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}

@@ -34,12 +34,29 @@ pub(crate) fn statements(sql: &str) -> impl Iterator<Item = &str> {
 #[derive(Debug, Clone)]
 pub(crate) struct Queries {
     pub(crate) insert: Arc<str>,
+    pub(crate) claim_batch: Arc<str>,
+    pub(crate) claim_batch_unordered: Arc<str>,
+    pub(crate) claim_gaps: Arc<str>,
+    pub(crate) mark_delivered: Arc<str>,
+    pub(crate) delete_delivered: Arc<str>,
+    pub(crate) schedule_retry: Arc<str>,
+    pub(crate) dead_letter: Arc<str>,
+    pub(crate) backlog: Arc<str>,
 }
 
 impl Queries {
     pub(crate) fn new(table: &Identifier) -> Self {
+        let r = |sql: &str| -> Arc<str> { render(sql, table).into() };
         Self {
-            insert: render(include_str!("../queries/outbox_insert.sql"), table).into(),
+            insert: r(include_str!("../queries/outbox_insert.sql")),
+            claim_batch: r(include_str!("../queries/outbox_claim_batch.sql")),
+            claim_batch_unordered: r(include_str!("../queries/outbox_claim_batch_unordered.sql")),
+            claim_gaps: r(include_str!("../queries/outbox_claim_gaps.sql")),
+            mark_delivered: r(include_str!("../queries/outbox_mark_delivered.sql")),
+            delete_delivered: r(include_str!("../queries/outbox_delete_delivered.sql")),
+            schedule_retry: r(include_str!("../queries/outbox_schedule_retry.sql")),
+            dead_letter: r(include_str!("../queries/outbox_dead_letter.sql")),
+            backlog: r(include_str!("../queries/outbox_backlog.sql")),
         }
     }
 }
@@ -68,7 +85,20 @@ mod tests {
 
     #[test]
     fn every_bundled_file_renders_without_leftover_placeholders() {
-        assert!(!Queries::new(&table()).insert.contains("{{"));
+        let q = Queries::new(&table());
+        for sql in [
+            &q.insert,
+            &q.claim_batch,
+            &q.claim_batch_unordered,
+            &q.claim_gaps,
+            &q.mark_delivered,
+            &q.delete_delivered,
+            &q.schedule_retry,
+            &q.dead_letter,
+            &q.backlog,
+        ] {
+            assert!(!sql.contains("{{") && sql.contains("`events`"), "{sql}");
+        }
         for m in crate::migrate::MIGRATIONS {
             let sql = render(m.sql, &table());
             assert!(!sql.contains("{{"), "{}", m.name);

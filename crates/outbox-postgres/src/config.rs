@@ -1,6 +1,5 @@
 //! `[source]` settings for PostgreSQL (`kind = "postgres"`).
 
-use std::fmt;
 use std::time::Duration;
 
 use outbox_core::{Identifier, QualifiedTable};
@@ -30,49 +29,12 @@ pub enum OnDelivered {
     Delete,
 }
 
-/// A database URL whose password never appears in logs or `Debug` output.
-#[derive(Clone, PartialEq, Eq, Deserialize)]
-#[serde(transparent)]
-pub struct DatabaseUrl(String);
-
-impl DatabaseUrl {
-    /// Wraps a URL.
-    pub fn new(url: impl Into<String>) -> Self {
-        Self(url.into())
-    }
-    /// The URL with its password, for connecting.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-    /// The URL with any password replaced by `***`.
-    pub fn redacted(&self) -> String {
-        redact(&self.0)
-    }
-}
+pub use outbox_core::redact::DatabaseUrl;
 
 /// The URL with its password and secret parameters (`?password=`, `?sslpassword=`) replaced
 /// by `***`: the workspace's one redaction function, [`outbox_core::redact::redact_url`].
 pub fn redact(url: &str) -> String {
     outbox_core::redact::redact_url(url)
-}
-
-/// Serialized redacted: the effective config `outbox check-config` prints shows `***`.
-impl serde::Serialize for DatabaseUrl {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&self.redacted())
-    }
-}
-
-impl fmt::Debug for DatabaseUrl {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.redacted())
-    }
-}
-
-impl fmt::Display for DatabaseUrl {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.redacted())
-    }
 }
 
 /// PostgreSQL source settings.

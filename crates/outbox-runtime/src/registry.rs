@@ -132,6 +132,8 @@ source_registry! {
         Postgres(outbox_postgres::PostgresConfig),
         /// SQLite, the embedded default.
         Sqlite(outbox_sqlite::SqliteConfig),
+        /// MySQL 8 / MariaDB 10.6+: polling (`FOR UPDATE SKIP LOCKED`).
+        Mysql(outbox_mysql::MySqlConfig),
     }
 }
 

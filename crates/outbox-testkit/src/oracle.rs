@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use outbox_core::NewEvent;
-use sqlx::{PgPool, SqlitePool};
+use sqlx::{MySqlPool, PgPool, SqlitePool};
 use uuid::Uuid;
 
 /// The business table of the oracle.
@@ -153,4 +153,85 @@ pub async fn sqlite_write_counted(
     }
     tx.commit().await?;
     Ok((Uuid::parse_str(&id)?, n))
+}
+
+/// MySQL / MariaDB: see [`crate::conformance::Harness::write_counted`]. `table` is the
+/// outbox table (backquoted, from the harness's own validated config). A plain four-column
+/// `INSERT` as any producer would write it: the table's trigger orders it.
+pub async fn mysql_write_counted(
+    pool: &MySqlPool,
+    table: &str,
+    event: &NewEvent,
+    outbox_first: bool,
+    hold: Duration,
+) -> anyhow::Result<(Uuid, i64)> {
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "CREATE TABLE IF NOT EXISTS {COUNTERS} \
+         (aggregate_id VARCHAR(255) PRIMARY KEY, n BIGINT NOT NULL) ENGINE = InnoDB"
+    )))
+    .execute(pool)
+    .await?;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT IGNORE INTO {COUNTERS} VALUES (?, 0)"
+    )))
+    .bind(&event.aggregate_id)
+    .execute(pool)
+    .await?;
+    // Two lock orders (the aggregate's head row, the business row) can deadlock; InnoDB
+    // aborts one transaction and the application retries it.
+    loop {
+        match mysql_write_counted_once(pool, table, event, outbox_first, hold).await {
+            Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("40001") => continue,
+            other => return Ok(other?),
+        }
+    }
+}
+
+async fn mysql_write_counted_once(
+    pool: &MySqlPool,
+    table: &str,
+    event: &NewEvent,
+    outbox_first: bool,
+    hold: Duration,
+) -> Result<(Uuid, i64), sqlx::Error> {
+    let insert = format!(
+        "INSERT INTO {table} (aggregate_type, aggregate_id, event_type, payload, headers) \
+         VALUES (?, ?, ?, ?, ?)"
+    );
+    let read_id = format!("SELECT id FROM {table} WHERE position = LAST_INSERT_ID()");
+    let bump = format!("UPDATE {COUNTERS} SET n = n + 1 WHERE aggregate_id = ?");
+    let read_n = format!("SELECT n FROM {COUNTERS} WHERE aggregate_id = ?");
+    let mut tx = pool.begin().await?;
+    let mut id = String::new();
+    let mut n = 0;
+    for step in if outbox_first { [0, 1] } else { [1, 0] } {
+        if step == 0 {
+            sqlx::query(sqlx::AssertSqlSafe(insert.as_str()))
+                .bind(&event.aggregate_type)
+                .bind(&event.aggregate_id)
+                .bind(&event.event_type)
+                .bind(event.payload.as_ref())
+                .bind(headers(event))
+                .execute(&mut *tx)
+                .await?;
+            id = sqlx::query_scalar(sqlx::AssertSqlSafe(read_id.as_str()))
+                .fetch_one(&mut *tx)
+                .await?;
+        } else {
+            sqlx::query(sqlx::AssertSqlSafe(bump.as_str()))
+                .bind(&event.aggregate_id)
+                .execute(&mut *tx)
+                .await?;
+            n = sqlx::query_scalar(sqlx::AssertSqlSafe(read_n.as_str()))
+                .bind(&event.aggregate_id)
+                .fetch_one(&mut *tx)
+                .await?;
+        }
+        if step == if outbox_first { 0 } else { 1 } {
+            tokio::time::sleep(hold).await;
+        }
+    }
+    tx.commit().await?;
+    let id = Uuid::parse_str(&id).map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
+    Ok((id, n))
 }

@@ -1,0 +1,384 @@
+//! Read and repair views of one MySQL outbox table: the backlog (`status`, metrics), dead
+//! letters (`outbox dead ...`), `why`'s blocker, held aggregates and retention.
+//!
+//! MySQL has no `UPDATE ... RETURNING`: a retry or a purge first selects and locks its rows
+//! (`FOR UPDATE`), then changes exactly those, in one transaction.
+
+use std::ops::ControlFlow;
+use std::sync::Arc;
+use std::time::Duration;
+
+use outbox_core::admin::{
+    Blocker, DeadLetter, HeldAggregate, RetentionReport, RetrySelection, StoredEventDetail,
+};
+use outbox_core::source::{Backlog, Inspect};
+use outbox_core::{Identifier, SourceError};
+use sqlx::mysql::MySqlRow;
+use sqlx::{MySqlPool, Row};
+use time::{OffsetDateTime, PrimitiveDateTime};
+use uuid::Uuid;
+
+use crate::config::{MySqlConfig, OnDelivered};
+use crate::error::source_error;
+use crate::poll::utc;
+use crate::sql::{Queries, render, stmt};
+
+/// Every admin statement, rendered once for one table.
+#[derive(Debug)]
+struct AdminQueries {
+    dead_list: Arc<str>,
+    dead_show: Arc<str>,
+    dead_select: Arc<str>,
+    dead_retry: Arc<str>,
+    purge_select: Arc<str>,
+    delete_positions: Arc<str>,
+    why_blocker: Arc<str>,
+    held_aggregates: Arc<str>,
+    retention_count: Arc<str>,
+    retention_delete: Arc<str>,
+}
+
+impl AdminQueries {
+    fn new(table: &Identifier) -> Self {
+        let r = |sql: &str| -> Arc<str> { render(sql, table).into() };
+        Self {
+            dead_list: r(include_str!("../queries/outbox_dead_list.sql")),
+            dead_show: r(include_str!("../queries/outbox_dead_show.sql")),
+            dead_select: r(include_str!("../queries/outbox_dead_select.sql")),
+            dead_retry: r(include_str!("../queries/outbox_dead_retry.sql")),
+            purge_select: r(include_str!("../queries/outbox_dead_purge_select.sql")),
+            delete_positions: r(include_str!("../queries/outbox_delete_positions.sql")),
+            why_blocker: r(include_str!("../queries/outbox_why_blocker.sql")),
+            held_aggregates: r(include_str!("../queries/outbox_held_aggregates.sql")),
+            retention_count: r(include_str!("../queries/retention_count.sql")),
+            retention_delete: r(include_str!("../queries/retention_delete_batch.sql")),
+        }
+    }
+}
+
+/// Admin operations on one MySQL outbox table.
+#[derive(Debug, Clone)]
+pub struct MySqlAdmin {
+    pool: MySqlPool,
+    table: String,
+    keeps_delivered: bool,
+    queries: Arc<Queries>,
+    admin: Arc<AdminQueries>,
+}
+
+fn parse_id(text: String) -> Result<Uuid, sqlx::Error> {
+    Uuid::parse_str(&text).map_err(|e| sqlx::Error::Decode(Box::new(e)))
+}
+
+fn at(t: PrimitiveDateTime) -> OffsetDateTime {
+    t.assume_utc()
+}
+
+fn count(n: i64) -> u64 {
+    u64::try_from(n).unwrap_or(0)
+}
+
+impl MySqlAdmin {
+    /// Operations on `config`'s table using `pool` (see [`crate::connect`]).
+    pub fn new(pool: MySqlPool, config: &MySqlConfig) -> Self {
+        Self {
+            pool,
+            table: config.table.to_string(),
+            keeps_delivered: config.on_delivered == OnDelivered::Mark,
+            queries: Arc::new(Queries::new(&config.table)),
+            admin: Arc::new(AdminQueries::new(&config.table)),
+        }
+    }
+
+    fn err(&self, context: &str, e: sqlx::Error) -> SourceError {
+        source_error(context, &self.table, e)
+    }
+
+    /// Backlog counters at `now`. `delivered_last_minute` is `None` when delivered rows are
+    /// deleted (`on_delivered = "delete"`).
+    pub async fn backlog_at(&self, now: OffsetDateTime) -> Result<Backlog, SourceError> {
+        let now = utc(now);
+        let (pending, retrying, dead, oldest, delivered): (i64, i64, i64, Option<i64>, i64) =
+            sqlx::query_as(stmt(&self.queries.backlog))
+                .bind(now)
+                .bind(now)
+                .bind(now)
+                .fetch_one(&self.pool)
+                .await
+                .map_err(|e| self.err("reading the backlog", e))?;
+        // Microseconds as f64: exact for any age this relay will ever see.
+        #[allow(clippy::cast_precision_loss)]
+        let oldest = oldest.unwrap_or(0) as f64 / 1e6;
+        Ok(Backlog {
+            pending: count(pending),
+            retrying: count(retrying),
+            dead: count(dead),
+            oldest_pending_age_seconds: oldest.max(0.0),
+            delivered_last_minute: self.keeps_delivered.then(|| count(delivered)),
+        })
+    }
+
+    /// Dead letters in insert order, optionally filtered by event type and aggregate id.
+    pub async fn list(
+        &self,
+        event_type: Option<&str>,
+        aggregate_id: Option<&str>,
+        limit: i64,
+    ) -> Result<Vec<DeadLetter>, SourceError> {
+        let rows = sqlx::query(stmt(&self.admin.dead_list))
+            .bind(event_type)
+            .bind(event_type)
+            .bind(aggregate_id)
+            .bind(aggregate_id)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| self.err("listing dead letters", e))?;
+        rows.iter()
+            .map(|r| {
+                Ok(DeadLetter {
+                    id: parse_id(r.try_get(0)?)?,
+                    aggregate_type: r.try_get(1)?,
+                    aggregate_id: r.try_get(2)?,
+                    event_type: r.try_get(3)?,
+                    attempts: r.try_get(4)?,
+                    reason: r.try_get(5)?,
+                    created_at: at(r.try_get(6)?),
+                    dead_lettered_at: r.try_get::<Option<PrimitiveDateTime>, _>(7)?.map(at),
+                })
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(|e| self.err("listing dead letters", e))
+    }
+
+    /// One event in full at `now`, or `None` when no row has this id.
+    pub async fn show(
+        &self,
+        id: Uuid,
+        now: OffsetDateTime,
+    ) -> Result<Option<StoredEventDetail>, SourceError> {
+        let row = sqlx::query(stmt(&self.admin.dead_show))
+            .bind(id.hyphenated().to_string())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| self.err("reading an event", e))?;
+        let Some(r) = row else { return Ok(None) };
+        detail(&r, now)
+            .map(Some)
+            .map_err(|e| self.err("reading an event", e))
+    }
+
+    /// The first earlier undelivered event of `event`'s aggregate (`outbox why`), at `now`.
+    pub async fn blocker(
+        &self,
+        event: &StoredEventDetail,
+        now: OffsetDateTime,
+    ) -> Result<Option<Blocker>, SourceError> {
+        let row = sqlx::query(stmt(&self.admin.why_blocker))
+            .bind(utc(now))
+            .bind(&event.summary.aggregate_type)
+            .bind(&event.summary.aggregate_id)
+            .bind(event.seq)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| self.err("explaining an event", e))?;
+        row.map(|r| {
+            Ok(Blocker {
+                id: parse_id(r.try_get(0)?)?,
+                state: r.try_get(1)?,
+                attempts: r.try_get(2)?,
+                last_error: r.try_get(3)?,
+                backoff_until: r.try_get::<Option<PrimitiveDateTime>, _>(4)?.map(at),
+                created_at: at(r.try_get(5)?),
+            })
+        })
+        .transpose()
+        .map_err(|e: sqlx::Error| self.err("explaining an event", e))
+    }
+
+    /// Aggregates held by a retrying or dead head event (`outbox status`).
+    pub async fn held_aggregates(&self, limit: i64) -> Result<Vec<HeldAggregate>, SourceError> {
+        let rows = sqlx::query(stmt(&self.admin.held_aggregates))
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| self.err("reading held aggregates", e))?;
+        rows.iter()
+            .map(|r| {
+                Ok(HeldAggregate {
+                    aggregate_type: r.try_get(0)?,
+                    aggregate_id: r.try_get(1)?,
+                    head_id: parse_id(r.try_get(2)?)?,
+                    state: r.try_get(3)?,
+                    attempts: r.try_get(4)?,
+                    next_attempt_at: Some(at(r.try_get(5)?)),
+                    last_error: r.try_get(6)?,
+                    waiting: r.try_get(7)?,
+                })
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(|e| self.err("reading held aggregates", e))
+    }
+
+    /// Puts the selected dead letters back in line; returns the ids put back.
+    pub async fn retry(&self, selection: &RetrySelection) -> Result<Vec<Uuid>, SourceError> {
+        let (ids, event_type, all) = match selection {
+            RetrySelection::Ids(ids) => (
+                Some(
+                    serde_json::Value::from(
+                        ids.iter()
+                            .map(|id| id.hyphenated().to_string())
+                            .collect::<Vec<_>>(),
+                    )
+                    .to_string(),
+                ),
+                None,
+                false,
+            ),
+            RetrySelection::EventType(t) => (None, Some(t.clone()), false),
+            RetrySelection::All => (None, None, true),
+        };
+        let err = |e| self.err("retrying dead letters", e);
+        let mut tx = self.pool.begin().await.map_err(err)?;
+        let rows: Vec<(i64, String)> = sqlx::query_as(stmt(&self.admin.dead_select))
+            .bind(all)
+            .bind(ids)
+            .bind(event_type)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(err)?;
+        self.change(&mut tx, &self.admin.dead_retry, &rows)
+            .await
+            .map_err(err)?;
+        tx.commit().await.map_err(err)?;
+        rows.into_iter()
+            .map(|(_, id)| parse_id(id))
+            .collect::<Result<_, _>>()
+            .map_err(err)
+    }
+
+    /// Deletes dead letters dead-lettered before `before`; returns their ids.
+    pub async fn purge(
+        &self,
+        before: OffsetDateTime,
+        event_type: Option<&str>,
+    ) -> Result<Vec<Uuid>, SourceError> {
+        let err = |e| self.err("purging dead letters", e);
+        let mut tx = self.pool.begin().await.map_err(err)?;
+        let rows: Vec<(i64, String)> = sqlx::query_as(stmt(&self.admin.purge_select))
+            .bind(utc(before))
+            .bind(event_type)
+            .bind(event_type)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(err)?;
+        self.change(&mut tx, &self.admin.delete_positions, &rows)
+            .await
+            .map_err(err)?;
+        tx.commit().await.map_err(err)?;
+        rows.into_iter()
+            .map(|(_, id)| parse_id(id))
+            .collect::<Result<_, _>>()
+            .map_err(err)
+    }
+
+    /// Runs `sql` (one JSON array of positions) over the selected rows.
+    async fn change(
+        &self,
+        tx: &mut sqlx::Transaction<'static, sqlx::MySql>,
+        sql: &Arc<str>,
+        rows: &[(i64, String)],
+    ) -> Result<(), sqlx::Error> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let positions: Vec<i64> = rows.iter().map(|(p, _)| *p).collect();
+        sqlx::query(stmt(sql))
+            .bind(serde_json::Value::from(positions).to_string())
+            .execute(&mut **tx)
+            .await?;
+        Ok(())
+    }
+
+    /// How many rows a retention run at `now` keeping `keep` would delete, and the oldest
+    /// delivery time among them.
+    pub async fn retention_preview(
+        &self,
+        now: OffsetDateTime,
+        keep: Duration,
+    ) -> Result<(u64, Option<OffsetDateTime>), SourceError> {
+        let (n, oldest): (i64, Option<PrimitiveDateTime>) =
+            sqlx::query_as(stmt(&self.admin.retention_count))
+                .bind(utc(now - keep))
+                .fetch_one(&self.pool)
+                .await
+                .map_err(|e| self.err("counting delivered rows", e))?;
+        Ok((count(n), oldest.map(at)))
+    }
+
+    /// Deletes delivered rows delivered before `now - keep`, `batch` rows per statement,
+    /// sleeping `pause` between statements. `progress` gets the rows deleted so far after
+    /// each full batch; `Break` stops the run.
+    pub async fn retention_run(
+        &self,
+        now: OffsetDateTime,
+        keep: Duration,
+        batch: u32,
+        pause: Duration,
+        progress: &mut (dyn FnMut(u64) -> ControlFlow<()> + Send),
+    ) -> Result<RetentionReport, SourceError> {
+        let cutoff = utc(now - keep);
+        let batch = batch.max(1);
+        let mut report = RetentionReport::default();
+        loop {
+            let n = sqlx::query(stmt(&self.admin.retention_delete))
+                .bind(cutoff)
+                .bind(batch)
+                .execute(&self.pool)
+                .await
+                .map_err(|e| self.err("deleting a batch of delivered rows", e))?
+                .rows_affected();
+            report.batches += 1;
+            report.deleted += n;
+            if n < u64::from(batch) {
+                return Ok(report);
+            }
+            if progress(report.deleted).is_break() {
+                report.stopped = true;
+                return Ok(report);
+            }
+            tokio::time::sleep(pause).await;
+        }
+    }
+}
+
+/// A `outbox_dead_show.sql` row.
+fn detail(r: &MySqlRow, now: OffsetDateTime) -> Result<StoredEventDetail, sqlx::Error> {
+    let headers: String = r.try_get(5)?;
+    let next_attempt_at = at(r.try_get(13)?);
+    Ok(StoredEventDetail {
+        summary: DeadLetter {
+            id: parse_id(r.try_get(0)?)?,
+            aggregate_type: r.try_get(1)?,
+            aggregate_id: r.try_get(2)?,
+            event_type: r.try_get(3)?,
+            attempts: r.try_get(8)?,
+            reason: r.try_get(9)?,
+            created_at: at(r.try_get(6)?),
+            dead_lettered_at: r.try_get::<Option<PrimitiveDateTime>, _>(11)?.map(at),
+        },
+        state: r.try_get(7)?,
+        payload: r.try_get(4)?,
+        headers: serde_json::from_str(&headers).unwrap_or(serde_json::Value::String(headers)),
+        delivered_at: r.try_get::<Option<PrimitiveDateTime>, _>(10)?.map(at),
+        seq: r.try_get(12)?,
+        attempt_errors: Vec::new(),
+        backoff_until: (next_attempt_at > now).then_some(next_attempt_at),
+    })
+}
+
+impl Inspect for MySqlAdmin {
+    async fn backlog(&self) -> Result<Backlog, SourceError> {
+        self.backlog_at(OffsetDateTime::now_utc()).await
+    }
+}

@@ -1,0 +1,428 @@
+//! MySQL and MariaDB behind the core's backend seam: [`MySqlConfig`] opens a
+//! [`MySqlBackend`], which builds the relay's pipelines (one polling source per worker; any
+//! number of relay replicas) and answers the operator commands.
+
+use std::ops::ControlFlow;
+use std::sync::Arc;
+use std::time::Duration;
+
+use outbox_core::admin::{
+    DeadLetter, DeliveryModel, DoctorCheck, DoctorThresholds, EventStory, Explanation,
+    RetentionPreview, RetentionReport, RetentionSettings, RetrySelection, StatusReport,
+    StoredEventDetail, Verdict,
+};
+use outbox_core::backend::{
+    Backend, BackendConfig, BoxedSource, DeadLetterStore, Explain, OpenError, OpenOptions,
+    Pipelines, Producer, Retention, RetentionProgress,
+};
+use outbox_core::sink::BoxFuture;
+use outbox_core::{NewEvent, Ordering, RelayConfig, SourceError, Unsupported};
+use sqlx::MySqlPool;
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+use crate::admin::MySqlAdmin;
+use crate::config::MySqlConfig;
+use crate::migrate::{SCHEMA_VERSION, migrate, schema_version};
+use crate::poll::MySqlPollSource;
+use crate::producer::MySqlOutbox;
+use crate::server::server_version;
+
+impl BackendConfig for MySqlConfig {
+    const KIND: &'static str = "mysql";
+
+    fn claims_url(url: &str) -> bool {
+        url.starts_with("mysql://") || url.starts_with("mariadb://")
+    }
+
+    fn validate(&self, relay: &RelayConfig) -> Result<(), String> {
+        MySqlConfig::validate(self)?;
+        if relay.ordering == Ordering::Total {
+            return Err("relay.ordering: `total` is not offered by the MySQL polling source; use `none` or `per-aggregate`".into());
+        }
+        if self.claim_timeout <= relay.publish_timeout {
+            return Err(format!(
+                "source.claim_timeout: must be longer than relay.publish_timeout ({:?})",
+                relay.publish_timeout
+            ));
+        }
+        Ok(())
+    }
+
+    fn describe(&self) -> String {
+        format!("MySQL {}", self.url.redacted())
+    }
+
+    fn open(&self, options: OpenOptions) -> BoxFuture<'_, Result<Arc<dyn Backend>, OpenError>> {
+        Box::pin(async move {
+            let connections = self.max_connections.unwrap_or(options.connections);
+            let pool = crate::connect(self, connections).await.map_err(|e| {
+                OpenError::new(
+                    format!("cannot connect to MySQL at {}", self.url.redacted()),
+                    "check source.url (mysql://user:password@host:port/database) and that the server is running",
+                    e,
+                )
+            })?;
+            Ok(Arc::new(MySqlBackend::new(pool, self.clone())) as Arc<dyn Backend>)
+        })
+    }
+}
+
+/// An opened MySQL outbox.
+#[derive(Debug)]
+pub struct MySqlBackend {
+    pool: MySqlPool,
+    config: MySqlConfig,
+    admin: MySqlAdmin,
+    producer: MySqlProducer,
+}
+
+fn fatal(context: &str, e: &(dyn std::error::Error + 'static)) -> SourceError {
+    SourceError::fatal(format!("{context}: {}", outbox_core::relay::ErrorChain(e)))
+}
+
+impl MySqlBackend {
+    /// The backend over `pool` (see [`crate::connect`]).
+    pub fn new(pool: MySqlPool, config: MySqlConfig) -> Self {
+        Self {
+            admin: MySqlAdmin::new(pool.clone(), &config),
+            producer: MySqlProducer {
+                pool: pool.clone(),
+                outbox: MySqlOutbox::new(config.table.clone()),
+            },
+            pool,
+            config,
+        }
+    }
+
+    async fn story(&self, id: Uuid, now: OffsetDateTime) -> Result<Explanation, SourceError> {
+        let Some(event) = self.admin.show(id, now).await? else {
+            return Ok(Explanation::NotFound {
+                message: format!(
+                    "no event with id {id} in outbox table {} of {}",
+                    self.config.table,
+                    self.database()
+                ),
+                notes: Vec::new(),
+            });
+        };
+        let verdict = match (event.state.as_str(), event.backoff_until) {
+            ("delivered", _) => Verdict::Delivered,
+            ("dead", _) => Verdict::Dead,
+            (_, Some(until)) => Verdict::Backoff { until },
+            _ => match self.admin.blocker(&event, now).await? {
+                Some(blocker) => Verdict::BlockedByEarlier { blocker },
+                None => Verdict::Ready { ahead: 0 },
+            },
+        };
+        Ok(Explanation::Found(Box::new(EventStory {
+            event,
+            verdict,
+            model: DeliveryModel::Claims,
+        })))
+    }
+
+    async fn checks(&self, thresholds: DoctorThresholds) -> Vec<DoctorCheck> {
+        let table = &self.config.table;
+        let mut out = Vec::new();
+        match server_version(&self.pool).await {
+            Ok(v) => out.push(match v.check_polling() {
+                Ok(()) => DoctorCheck::ok("server", v.text.clone()),
+                Err(why) => {
+                    DoctorCheck::red("server", why, "upgrade to MySQL 8.0.4+ or MariaDB 10.6+")
+                }
+            }),
+            Err(e) => {
+                out.push(DoctorCheck::red(
+                    "server",
+                    format!(
+                        "cannot read the server version: {}",
+                        outbox_core::relay::ErrorChain(&e)
+                    ),
+                    "check source.url",
+                ));
+                return out;
+            }
+        }
+        match schema_version(&self.pool, table).await {
+            Ok(Some(v)) if v >= SCHEMA_VERSION => {
+                out.push(DoctorCheck::ok("schema", format!("version {v}")));
+            }
+            Ok(found) => {
+                out.push(DoctorCheck::red(
+                    "schema",
+                    format!(
+                        "outbox table {table} has schema version {}, this build expects {SCHEMA_VERSION}",
+                        found.map_or("none".to_owned(), |v| v.to_string()),
+                    ),
+                    "run `outbox migrate`",
+                ));
+                return out;
+            }
+            Err(e) => {
+                out.push(DoctorCheck::red(
+                    "schema",
+                    format!(
+                        "cannot read the schema version: {}",
+                        outbox_core::relay::ErrorChain(&e)
+                    ),
+                    "check the privileges of source.url's user (SELECT on the outbox tables)",
+                ));
+                return out;
+            }
+        }
+        match self.admin.backlog_at(OffsetDateTime::now_utc()).await {
+            Ok(b) => {
+                let stuck = thresholds.stuck_after.as_secs_f64();
+                out.push(if b.oldest_pending_age_seconds > stuck {
+                    DoctorCheck::red(
+                        "oldest_pending",
+                        format!(
+                            "the oldest ready event has waited {:.0}s (metrics.stuck_after = {stuck:.0}s; {} pending)",
+                            b.oldest_pending_age_seconds, b.pending
+                        ),
+                        "is `outbox relay` running? `outbox status` shows held aggregates",
+                    )
+                } else {
+                    DoctorCheck::ok(
+                        "oldest_pending",
+                        format!("{:.1}s ({} pending)", b.oldest_pending_age_seconds, b.pending),
+                    )
+                });
+                out.push(if b.dead > 0 {
+                    DoctorCheck::warn(
+                        "dead_letters",
+                        format!("{} dead-lettered event(s)", b.dead),
+                        "`outbox dead list` shows why; `outbox dead retry` puts them back in line",
+                    )
+                } else {
+                    DoctorCheck::ok("dead_letters", "none")
+                });
+            }
+            Err(e) => out.push(DoctorCheck::red(
+                "oldest_pending",
+                format!(
+                    "cannot read the backlog: {}",
+                    outbox_core::relay::ErrorChain(&e)
+                ),
+                "run `outbox migrate`",
+            )),
+        }
+        out
+    }
+}
+
+impl Backend for MySqlBackend {
+    fn kind(&self) -> &'static str {
+        MySqlConfig::KIND
+    }
+    fn database(&self) -> String {
+        self.config.url.redacted()
+    }
+    fn table(&self) -> String {
+        self.config.table.to_string()
+    }
+    fn migrate(&self) -> BoxFuture<'_, Result<Vec<String>, SourceError>> {
+        Box::pin(async move {
+            let report = migrate(&self.pool, &self.config.table)
+                .await
+                .map_err(|e| fatal("migrating the outbox", &e))?;
+            let mut lines: Vec<String> = report
+                .applied
+                .iter()
+                .map(|(v, name)| format!("applied migration {v} ({name})"))
+                .collect();
+            lines.push(format!(
+                "outbox table {} is at schema version {}",
+                self.config.table, report.version
+            ));
+            Ok(lines)
+        })
+    }
+    fn start_relay<'a>(
+        &'a self,
+        relay: &'a RelayConfig,
+    ) -> BoxFuture<'a, Result<Pipelines, SourceError>> {
+        Box::pin(async move {
+            let version = server_version(&self.pool)
+                .await
+                .map_err(|e| fatal("reading the server version", &e))?;
+            version.check_polling().map_err(SourceError::fatal)?;
+            match schema_version(&self.pool, &self.config.table).await {
+                Ok(Some(v)) if v >= SCHEMA_VERSION => {}
+                Ok(found) => {
+                    return Err(SourceError::fatal(format!(
+                        "outbox table {} has schema version {}, this build expects {SCHEMA_VERSION}; run `outbox migrate`",
+                        self.config.table,
+                        found.map_or("none".to_owned(), |v| v.to_string())
+                    )));
+                }
+                Err(e) => return Err(fatal("reading the schema version", &e)),
+            }
+            let sources = (0..relay.workers.get())
+                .map(|_| {
+                    BoxedSource::new(MySqlPollSource::new(
+                        self.pool.clone(),
+                        &self.config,
+                        relay.ordering,
+                        relay.dead_letter,
+                    ))
+                })
+                .collect();
+            Ok(Pipelines {
+                sources,
+                inspector: Arc::new(self.admin.clone()),
+                watchdog: None,
+                closed: None,
+            })
+        })
+    }
+    fn pending(&self) -> BoxFuture<'_, Result<Option<u64>, SourceError>> {
+        Box::pin(async move {
+            Ok(Some(
+                self.admin
+                    .backlog_at(OffsetDateTime::now_utc())
+                    .await?
+                    .pending,
+            ))
+        })
+    }
+    fn status(
+        &self,
+        now: OffsetDateTime,
+        _stuck_after: Duration,
+    ) -> BoxFuture<'_, Result<StatusReport, SourceError>> {
+        Box::pin(async move {
+            let backlog = self.admin.backlog_at(now).await?;
+            let mut status =
+                StatusReport::new(self.database(), self.config.table.to_string(), backlog);
+            status.held_aggregates = self.admin.held_aggregates(20).await?;
+            Ok(status)
+        })
+    }
+    fn doctor(&self, thresholds: DoctorThresholds) -> BoxFuture<'_, Vec<DoctorCheck>> {
+        Box::pin(self.checks(thresholds))
+    }
+    fn dead_letters(&self) -> Result<&dyn DeadLetterStore, Unsupported> {
+        Ok(&self.admin)
+    }
+    fn explain(&self) -> Result<&dyn Explain, Unsupported> {
+        Ok(self)
+    }
+    fn replay(&self) -> Result<&dyn outbox_core::backend::Replay, Unsupported> {
+        Err(Unsupported::new(self.kind(), "replay").with_hint(
+            "not built yet for MySQL; by hand: `UPDATE outbox SET state = 'pending', attempts = 0, \
+             next_attempt_at = '1970-01-01 00:00:01' WHERE ...` (each event keeps its place in its aggregate)",
+        ))
+    }
+    fn retention(&self) -> Result<&dyn Retention, Unsupported> {
+        Ok(&self.admin)
+    }
+    fn producer(&self) -> Result<&dyn Producer, Unsupported> {
+        Ok(&self.producer)
+    }
+}
+
+impl Explain for MySqlBackend {
+    fn explain(
+        &self,
+        id: Uuid,
+        now: OffsetDateTime,
+    ) -> BoxFuture<'_, Result<Explanation, SourceError>> {
+        Box::pin(self.story(id, now))
+    }
+}
+
+impl DeadLetterStore for MySqlAdmin {
+    fn list<'a>(
+        &'a self,
+        event_type: Option<&'a str>,
+        aggregate_id: Option<&'a str>,
+        limit: i64,
+    ) -> BoxFuture<'a, Result<Vec<DeadLetter>, SourceError>> {
+        Box::pin(MySqlAdmin::list(self, event_type, aggregate_id, limit))
+    }
+    fn show(&self, id: Uuid) -> BoxFuture<'_, Result<Option<StoredEventDetail>, SourceError>> {
+        Box::pin(MySqlAdmin::show(self, id, OffsetDateTime::now_utc()))
+    }
+    fn retry<'a>(
+        &'a self,
+        selection: &'a RetrySelection,
+    ) -> BoxFuture<'a, Result<Vec<Uuid>, SourceError>> {
+        Box::pin(MySqlAdmin::retry(self, selection))
+    }
+    fn purge<'a>(
+        &'a self,
+        before: OffsetDateTime,
+        event_type: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Vec<Uuid>, SourceError>> {
+        Box::pin(MySqlAdmin::purge(self, before, event_type))
+    }
+}
+
+impl Retention for MySqlAdmin {
+    fn preview(
+        &self,
+        now: OffsetDateTime,
+        keep: Duration,
+    ) -> BoxFuture<'_, Result<RetentionPreview, SourceError>> {
+        Box::pin(async move {
+            let (rows, oldest) = self.retention_preview(now, keep).await?;
+            Ok(RetentionPreview {
+                rows,
+                oldest,
+                ..RetentionPreview::default()
+            })
+        })
+    }
+    fn run<'a>(
+        &'a self,
+        now: OffsetDateTime,
+        settings: &'a RetentionSettings,
+        progress: &'a mut RetentionProgress<'_>,
+    ) -> BoxFuture<'a, Result<RetentionReport, SourceError>> {
+        Box::pin(async move {
+            let mut step = |n: u64| -> ControlFlow<()> { progress(n) };
+            self.retention_run(
+                now,
+                settings.keep,
+                settings.batch,
+                settings.pause,
+                &mut step,
+            )
+            .await
+        })
+    }
+}
+
+/// The producer library on the backend's own pool (`outbox bench`).
+#[derive(Debug)]
+struct MySqlProducer {
+    pool: MySqlPool,
+    outbox: MySqlOutbox,
+}
+
+impl MySqlProducer {
+    async fn write(&self, events: &[NewEvent]) -> Result<(), SourceError> {
+        let unavailable = |e: &(dyn std::error::Error + 'static)| {
+            SourceError::unavailable(outbox_core::relay::ErrorChain(e).to_string())
+        };
+        let mut tx = self.pool.begin().await.map_err(|e| unavailable(&e))?;
+        for event in events {
+            self.outbox
+                .enqueue(&mut tx, event)
+                .await
+                .map_err(|e| unavailable(&e))?;
+        }
+        tx.commit().await.map_err(|e| unavailable(&e))
+    }
+}
+
+impl Producer for MySqlProducer {
+    fn fill<'a>(&'a self, events: &'a [NewEvent]) -> BoxFuture<'a, Result<(), SourceError>> {
+        Box::pin(self.write(events))
+    }
+    fn commit<'a>(&'a self, events: &'a [NewEvent]) -> BoxFuture<'a, Result<(), SourceError>> {
+        Box::pin(self.write(events))
+    }
+}

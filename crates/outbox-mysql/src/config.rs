@@ -1,0 +1,158 @@
+//! `[source]` settings for MySQL and MariaDB (`kind = "mysql"`).
+
+use std::time::Duration;
+
+use outbox_core::Identifier;
+pub use outbox_core::redact::DatabaseUrl;
+use serde::Deserialize;
+
+/// How the relay reads the outbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    /// Claim batches with `FOR UPDATE SKIP LOCKED`, polling adaptively.
+    #[default]
+    Poll,
+    /// Read the row-based binlog (not built yet: refused at validation).
+    Cdc,
+}
+
+/// What happens to a row once the broker acknowledged its event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum OnDelivered {
+    /// Set `state = 'delivered'` and `delivered_at`; retention deletes it later.
+    #[default]
+    Mark,
+    /// Delete the row at once: nothing to clean up, no replay.
+    Delete,
+}
+
+/// MySQL / MariaDB source settings.
+#[derive(Debug, Clone, PartialEq, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct MySqlConfig {
+    /// Connection URL, e.g. `mysql://app@127.0.0.1:3306/app`; the database is the URL's path.
+    /// Env: `OUTBOX_DATABASE_URL`.
+    pub url: DatabaseUrl,
+    /// Name of the outbox table (in the URL's database).
+    #[serde(default = "default_table")]
+    pub table: Identifier,
+    /// `poll` (default) or `cdc`.
+    #[serde(default)]
+    pub mode: Mode,
+    /// `mark` (default) or `delete` delivered rows.
+    #[serde(default)]
+    pub on_delivered: OnDelivered,
+    /// Connections in the relay's pool (one per worker, plus one for status and metrics).
+    #[serde(default)]
+    pub max_connections: Option<u32>,
+    /// A claim transaction idle longer than this is ended by the server (MariaDB
+    /// `idle_transaction_timeout`; MySQL `wait_timeout` on the relay's own connections),
+    /// which frees its events for other replicas if this relay hangs. Must exceed
+    /// `relay.publish_timeout`.
+    #[serde(default = "default_claim_timeout", with = "humantime_serde")]
+    pub claim_timeout: Duration,
+    /// How long to wait for a connection (and for the database at start).
+    #[serde(default = "default_connect_timeout", with = "humantime_serde")]
+    pub connect_timeout: Duration,
+}
+
+fn default_table() -> Identifier {
+    Identifier::new("outbox").expect("valid")
+}
+fn default_claim_timeout() -> Duration {
+    Duration::from_secs(60)
+}
+fn default_connect_timeout() -> Duration {
+    Duration::from_secs(10)
+}
+
+impl MySqlConfig {
+    /// Settings with every default and the given URL.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: DatabaseUrl::new(url),
+            table: default_table(),
+            mode: Mode::Poll,
+            on_delivered: OnDelivered::Mark,
+            max_connections: None,
+            claim_timeout: default_claim_timeout(),
+            connect_timeout: default_connect_timeout(),
+        }
+    }
+
+    /// Checks what serde cannot; the error names the key.
+    pub fn validate(&self) -> Result<(), String> {
+        let url = self.url.expose();
+        let Some(rest) = url
+            .strip_prefix("mysql://")
+            .or_else(|| url.strip_prefix("mariadb://"))
+        else {
+            return Err(format!(
+                "source.url: `{}` is not a MySQL URL (expected mysql://user@host:port/database)",
+                self.url.redacted()
+            ));
+        };
+        let path = rest.split(['?', '#']).next().unwrap_or_default();
+        let database = path.split_once('/').map(|(_, db)| db).unwrap_or_default();
+        if database.is_empty() {
+            return Err(format!(
+                "source.url: `{}` names no database (expected mysql://user@host:port/database)",
+                self.url.redacted()
+            ));
+        }
+        if self.mode == Mode::Cdc {
+            return Err(
+                "source.mode: `cdc` (binlog) is not built yet for kind = \"mysql\"; use `poll`"
+                    .into(),
+            );
+        }
+        if self.claim_timeout < Duration::from_secs(1) {
+            return Err("source.claim_timeout: must be at least 1s".into());
+        }
+        Ok(())
+    }
+
+    /// The URL to connect with (`mariadb://` is accepted as a spelling of `mysql://`).
+    pub(crate) fn connect_url(&self) -> String {
+        let url = self.url.expose();
+        match url.strip_prefix("mariadb://") {
+            Some(rest) => format!("mysql://{rest}"),
+            None => url.to_owned(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_unknown_keys_and_urls() {
+        let c: MySqlConfig =
+            toml::from_str("url = \"mysql://app:pw@127.0.0.1:3306/app\"").expect("valid config");
+        assert_eq!(c, MySqlConfig::new("mysql://app:pw@127.0.0.1:3306/app"));
+        assert!(c.validate().is_ok());
+        assert!(!format!("{c:?}").contains("pw"), "{c:?}");
+        let err = toml::from_str::<MySqlConfig>("url = \"mysql://h/db\"\ntabel = \"o\"")
+            .expect_err("unknown key");
+        assert!(err.to_string().contains("unknown field `tabel`"), "{err}");
+        let err = toml::from_str::<MySqlConfig>("url = \"mysql://h/db\"\ntable = \"o; drop\"")
+            .expect_err("bad identifier");
+        assert!(err.to_string().contains("not a plain identifier"), "{err}");
+        for (url, says) in [
+            ("postgres://h/db", "not a MySQL URL"),
+            ("mysql://app:secret@h:3306", "names no database"),
+            ("mysql://app:secret@h:3306/?x=1", "names no database"),
+        ] {
+            let err = MySqlConfig::new(url).validate().expect_err(url);
+            assert!(err.contains(says) && err.starts_with("source.url"), "{err}");
+            assert!(!err.contains("secret"), "{err}");
+        }
+        let mut c = MySqlConfig::new("mariadb://h/db");
+        assert_eq!(c.connect_url(), "mysql://h/db");
+        c.mode = Mode::Cdc;
+        assert!(c.validate().expect_err("cdc").starts_with("source.mode"));
+    }
+}

@@ -1,0 +1,93 @@
+//! Shared test support: a fresh, migrated outbox in its own MariaDB database, and the
+//! conformance harness over it.
+
+#![allow(dead_code, unreachable_pub, missing_docs)]
+
+use outbox_core::{DeadLetterPolicy, NewEvent, Ordering};
+use outbox_mysql::{MySqlConfig, MySqlOutbox, MySqlPollSource, OnDelivered};
+use outbox_testkit::conformance::{Harness, StoredEvent};
+use outbox_testkit::services::MariaDb;
+use sqlx::MySqlPool;
+use uuid::Uuid;
+
+pub struct MySqlHarness {
+    pub pool: MySqlPool,
+    pub config: MySqlConfig,
+    pub outbox: MySqlOutbox,
+}
+
+impl MySqlHarness {
+    pub async fn new(on_delivered: OnDelivered) -> anyhow::Result<Self> {
+        outbox_testkit::init_tracing();
+        let url = MariaDb::shared().await?.fresh_database().await?;
+        let mut config = MySqlConfig::new(url);
+        config.on_delivered = on_delivered;
+        let pool = outbox_mysql::connect(&config, 30).await?;
+        outbox_mysql::migrate(&pool, &config.table).await?;
+        Ok(Self {
+            outbox: MySqlOutbox::new(config.table.clone()),
+            pool,
+            config,
+        })
+    }
+}
+
+impl Harness for MySqlHarness {
+    type Source = MySqlPollSource;
+
+    async fn source(
+        &self,
+        ordering: Ordering,
+        dead_letter: DeadLetterPolicy,
+    ) -> anyhow::Result<MySqlPollSource> {
+        Ok(MySqlPollSource::new(
+            self.pool.clone(),
+            &self.config,
+            ordering,
+            dead_letter,
+        ))
+    }
+
+    async fn write_counted(
+        &self,
+        event: NewEvent,
+        outbox_first: bool,
+        hold: std::time::Duration,
+    ) -> anyhow::Result<(Uuid, i64)> {
+        outbox_testkit::oracle::mysql_write_counted(
+            &self.pool,
+            "`outbox`",
+            &event,
+            outbox_first,
+            hold,
+        )
+        .await
+    }
+
+    async fn write(&self, events: Vec<NewEvent>, commit: bool) -> anyhow::Result<Vec<Uuid>> {
+        let mut tx = self.pool.begin().await?;
+        let mut ids = Vec::with_capacity(events.len());
+        for event in &events {
+            ids.push(self.outbox.enqueue(&mut tx, event).await?);
+        }
+        if commit {
+            tx.commit().await?;
+        } else {
+            tx.rollback().await?;
+        }
+        Ok(ids)
+    }
+
+    async fn stored(&self, id: Uuid) -> anyhow::Result<Option<StoredEvent>> {
+        let row: Option<(String, i32)> =
+            sqlx::query_as("SELECT state, attempts FROM outbox WHERE id = ?")
+                .bind(id.to_string())
+                .fetch_optional(&self.pool)
+                .await?;
+        Ok(row.map(|(state, attempts)| StoredEvent { state, attempts }))
+    }
+
+    fn replicas(&self) -> usize {
+        3
+    }
+}
