@@ -1,0 +1,61 @@
+//! The admin conformance suite against a real MariaDB, through the backend seam exactly as
+//! the `outbox` command uses it: status, doctor (red on a never-migrated database), dead
+//! letters (list, show, retry, purge), why, retention, and replay saying it is not offered.
+
+use std::sync::Arc;
+
+use outbox_core::NewEvent;
+use outbox_core::backend::{Backend, BackendConfig, OpenOptions};
+use outbox_mysql::{MySqlConfig, MySqlOutbox};
+use outbox_testkit::admin_conformance::{self, AdminHarness};
+use outbox_testkit::services::MariaDb;
+use sqlx::MySqlPool;
+use uuid::Uuid;
+
+struct MySqlAdminHarness {
+    pool: MySqlPool,
+    outbox: MySqlOutbox,
+    backend: Arc<dyn Backend>,
+}
+
+impl MySqlAdminHarness {
+    async fn new() -> anyhow::Result<Self> {
+        outbox_testkit::init_tracing();
+        let url = MariaDb::shared().await?.fresh_database().await?;
+        let config = MySqlConfig::new(url);
+        let backend = config.open(OpenOptions { connections: 4 }).await?;
+        backend.migrate().await?;
+        let pool = outbox_mysql::connect(&config, 4).await?;
+        Ok(Self {
+            pool,
+            outbox: MySqlOutbox::new(config.table.clone()),
+            backend,
+        })
+    }
+}
+
+impl AdminHarness for MySqlAdminHarness {
+    fn backend(&self) -> Arc<dyn Backend> {
+        self.backend.clone()
+    }
+    async fn write(&self, events: Vec<NewEvent>) -> anyhow::Result<Vec<Uuid>> {
+        let mut tx = self.pool.begin().await?;
+        let mut ids = Vec::with_capacity(events.len());
+        for event in &events {
+            ids.push(self.outbox.enqueue(&mut tx, event).await?);
+        }
+        tx.commit().await?;
+        Ok(ids)
+    }
+    async fn unmigrated(&self) -> anyhow::Result<Arc<dyn Backend>> {
+        let url = MariaDb::shared().await?.fresh_database().await?;
+        Ok(MySqlConfig::new(url)
+            .open(OpenOptions { connections: 1 })
+            .await?)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_backend_passes_the_admin_suite() -> anyhow::Result<()> {
+    admin_conformance::run_all(MySqlAdminHarness::new).await
+}
