@@ -426,7 +426,7 @@ services_start_mariadb() {
         port=$(services_free_port)
         : >"$root/mariadb.log"
         "$bin" --no-defaults --user="$user" --bind-address=127.0.0.1 --port="$port" \
-            --skip-name-resolve --innodb-flush-log-at-trx-commit=2 --max-connections=500 \
+            --skip-name-resolve --innodb-flush-log-at-trx-commit="${SERVICES_MARIADB_FLUSH:-2}" --max-connections=500 \
             --datadir="$root/data" --socket="$root/mariadb.sock" --pid-file="$root/mariadb.pid" \
             --log-bin="$root/data/binlog" --binlog-format=ROW --server-id=1 \
             --log-error="$root/mariadb.log" </dev/null >>"$root/mariadb.out" 2>&1 &

@@ -112,6 +112,17 @@ async fn produce(pool: MySqlPool, producer: usize) -> anyhow::Result<Written> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sigkilled_mysql_relays_lose_nothing_invent_nothing_and_keep_commit_order()
 -> anyhow::Result<()> {
+    sigkill_scenario("").await
+}
+
+/// The same with the lease-token claim (for servers without `SKIP LOCKED`): a killed relay's
+/// rows come back when its lease (`claim_timeout`) runs out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigkilled_mysql_relays_with_the_lease_claim_keep_every_guarantee() -> anyhow::Result<()> {
+    sigkill_scenario("claim = \"lease\"\nclaim_timeout = \"3s\"\n").await
+}
+
+async fn sigkill_scenario(source_extra: &str) -> anyhow::Result<()> {
     outbox_testkit::init_tracing();
     let url = MariaDb::shared().await?.fresh_database().await?;
     let nats = Nats::shared().await?;
@@ -124,10 +135,12 @@ async fn sigkilled_mysql_relays_lose_nothing_invent_nothing_and_keep_commit_orde
 [source]
 kind = "mysql"
 url = "{url}"
+{source_extra}
 [relay]
 batch_size = 40
 workers = 2
 poll_interval = "2ms"
+publish_timeout = "2s"
 [sink]
 kind = "nats"
 url = "{nats}"

@@ -30,6 +30,10 @@ CREATE TABLE IF NOT EXISTS {{table}} (
     last_error       TEXT         CHARACTER SET utf8mb4 NULL,
     delivered_at     DATETIME(6)  NULL,
     dead_lettered_at DATETIME(6)  NULL,
+    -- The lease-token claim (source.claim = lease, for servers without SKIP LOCKED): which
+    -- claim holds the row, until when. Unused by the SKIP LOCKED claim.
+    claimed_by       CHAR(36)     CHARACTER SET ascii COLLATE ascii_bin NULL,
+    claimed_until    DATETIME(6)  NULL,
 
     PRIMARY KEY (position),
     UNIQUE KEY {{name:_id_key}} (id),
@@ -38,6 +42,7 @@ CREATE TABLE IF NOT EXISTS {{table}} (
     -- still pending, retrying or dead? probes read only that state's few entries, however
     -- many delivered events the aggregate has.
     KEY {{name:_aggregate_idx}} (aggregate_type, aggregate_id, state, seq),
+    KEY {{name:_claimed_idx}} (claimed_by),
     -- Throughput for status and metrics, and retention's oldest-first deletes.
     KEY {{name:_delivered_at_idx}} (delivered_at),
     CONSTRAINT {{name:_state_check}} CHECK (state IN ('pending', 'delivered', 'dead')),

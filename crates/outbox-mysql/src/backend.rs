@@ -22,7 +22,8 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use crate::admin::MySqlAdmin;
-use crate::config::MySqlConfig;
+use crate::config::{ClaimMode, MySqlConfig};
+use crate::lease::MySqlLeaseSource;
 use crate::migrate::{SCHEMA_VERSION, migrate, schema_version};
 use crate::poll::MySqlPollSource;
 use crate::producer::MySqlOutbox;
@@ -247,7 +248,24 @@ impl Backend for MySqlBackend {
             let version = server_version(&self.pool)
                 .await
                 .map_err(|e| fatal("reading the server version", &e))?;
-            version.check_polling().map_err(SourceError::fatal)?;
+            let lease = match self.config.claim {
+                ClaimMode::SkipLocked => {
+                    version.check_polling().map_err(SourceError::fatal)?;
+                    false
+                }
+                ClaimMode::Lease => {
+                    version.check_lease().map_err(SourceError::fatal)?;
+                    true
+                }
+                ClaimMode::Auto => match version.check_polling() {
+                    Ok(()) => false,
+                    Err(why) => {
+                        version.check_lease().map_err(SourceError::fatal)?;
+                        tracing::warn!(server = %version.text, reason = %why, "using the lease-token claim (source.claim = \"auto\")");
+                        true
+                    }
+                },
+            };
             match schema_version(&self.pool, &self.config.table).await {
                 Ok(Some(v)) if v >= SCHEMA_VERSION => {}
                 Ok(found) => {
@@ -261,12 +279,22 @@ impl Backend for MySqlBackend {
             }
             let sources = (0..relay.workers.get())
                 .map(|_| {
-                    BoxedSource::new(MySqlPollSource::new(
-                        self.pool.clone(),
-                        &self.config,
-                        relay.ordering,
-                        relay.dead_letter,
-                    ))
+                    let (pool, config) = (self.pool.clone(), &self.config);
+                    if lease {
+                        BoxedSource::new(MySqlLeaseSource::new(
+                            pool,
+                            config,
+                            relay.ordering,
+                            relay.dead_letter,
+                        ))
+                    } else {
+                        BoxedSource::new(MySqlPollSource::new(
+                            pool,
+                            config,
+                            relay.ordering,
+                            relay.dead_letter,
+                        ))
+                    }
                 })
                 .collect();
             Ok(Pipelines {
@@ -408,12 +436,10 @@ impl MySqlProducer {
             SourceError::unavailable(outbox_core::relay::ErrorChain(e).to_string())
         };
         let mut tx = self.pool.begin().await.map_err(|e| unavailable(&e))?;
-        for event in events {
-            self.outbox
-                .enqueue(&mut tx, event)
-                .await
-                .map_err(|e| unavailable(&e))?;
-        }
+        self.outbox
+            .enqueue_batch(&mut tx, events)
+            .await
+            .map_err(|e| unavailable(&e))?;
         tx.commit().await.map_err(|e| unavailable(&e))
     }
 }

@@ -28,6 +28,21 @@ pub enum OnDelivered {
     Delete,
 }
 
+/// How the polling relay claims a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum ClaimMode {
+    /// `skip-locked` when the server has it (MySQL 8.0.4+, MariaDB 10.6+), else `lease`.
+    #[default]
+    Auto,
+    /// `SELECT … FOR UPDATE SKIP LOCKED` in a transaction held while the batch is published.
+    SkipLocked,
+    /// A claim token and expiry written on the rows (`claimed_by`, `claimed_until`), for
+    /// servers without `SKIP LOCKED`; no transaction is held while publishing. A relay that
+    /// dies leaves its rows claimed until `claim_timeout` passes.
+    Lease,
+}
+
 /// MySQL / MariaDB source settings.
 #[derive(Debug, Clone, PartialEq, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
@@ -44,13 +59,16 @@ pub struct MySqlConfig {
     /// `mark` (default) or `delete` delivered rows.
     #[serde(default)]
     pub on_delivered: OnDelivered,
+    /// `auto` (default), `skip-locked` or `lease`: see [`ClaimMode`].
+    #[serde(default)]
+    pub claim: ClaimMode,
     /// Connections in the relay's pool (one per worker, plus one for status and metrics).
     #[serde(default)]
     pub max_connections: Option<u32>,
     /// A claim transaction idle longer than this is ended by the server (MariaDB
     /// `idle_transaction_timeout`; MySQL `wait_timeout` on the relay's own connections),
-    /// which frees its events for other replicas if this relay hangs. Must exceed
-    /// `relay.publish_timeout`.
+    /// which frees its events for other replicas if this relay hangs; with `claim = "lease"`,
+    /// how long a claim's lease lasts. Must exceed `relay.publish_timeout`.
     #[serde(default = "default_claim_timeout", with = "humantime_serde")]
     pub claim_timeout: Duration,
     /// How long to wait for a connection (and for the database at start).
@@ -76,6 +94,7 @@ impl MySqlConfig {
             table: default_table(),
             mode: Mode::Poll,
             on_delivered: OnDelivered::Mark,
+            claim: ClaimMode::Auto,
             max_connections: None,
             claim_timeout: default_claim_timeout(),
             connect_timeout: default_connect_timeout(),

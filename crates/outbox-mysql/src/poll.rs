@@ -173,45 +173,14 @@ impl MySqlPollSource {
         tx: &mut Transaction<'static, MySql>,
         events: Vec<(Event, i64)>,
     ) -> Result<Vec<Event>, SourceError> {
-        // Each aggregate's first claimed seq, in batch order.
-        let mut first: Vec<(&str, &str, i64)> = Vec::new();
-        let mut seen: HashSet<(&str, &str)> = HashSet::new();
-        for (e, seq) in &events {
-            let key = (e.aggregate_type.as_str(), e.aggregate_id.as_str());
-            if seen.insert(key) {
-                first.push((key.0, key.1, *seq));
-            }
-        }
-        let probe = serde_json::to_string(&first).unwrap_or_default();
+        let probe = serde_json::to_string(&first_seqs(&events)).unwrap_or_default();
         let blocked: Vec<(String, String)> = sqlx::query_as(stmt(&self.queries.claim_gaps))
             .bind(probe)
             .bind(self.hold_dead)
             .fetch_all(&mut **tx)
             .await
             .map_err(|e| self.err("checking the claimed aggregates' earlier events", e))?;
-        let blocked: HashSet<(String, String)> = blocked.into_iter().collect();
-        // The next seq each aggregate may deliver; absent once its run has a hole.
-        let mut next: HashMap<(String, String), Option<i64>> = HashMap::new();
-        let mut out = Vec::with_capacity(events.len());
-        for (mut event, seq) in events {
-            let key = (event.aggregate_type.clone(), event.aggregate_id.clone());
-            let slot = next.entry(key).or_insert(Some(seq));
-            match slot {
-                Some(expected) if *expected == seq => *slot = Some(seq + 1),
-                _ => {
-                    *slot = None;
-                    continue;
-                }
-            }
-            if blocked.contains(&(event.aggregate_type.clone(), event.aggregate_id.clone())) {
-                continue;
-            }
-            event
-                .headers
-                .push((header::AGGREGATE_SEQ.to_owned(), seq.to_string()));
-            out.push(event);
-        }
-        Ok(out)
+        Ok(keep_runs(events, &blocked.into_iter().collect()).0)
     }
 
     async fn record(
@@ -275,8 +244,57 @@ impl MySqlPollSource {
     }
 }
 
+/// Each aggregate's first claimed `seq`, in batch order: (type, id, seq).
+pub(crate) fn first_seqs(events: &[(Event, i64)]) -> Vec<(&str, &str, i64)> {
+    let mut seen: HashSet<(&str, &str)> = HashSet::new();
+    events
+        .iter()
+        .filter_map(|(e, seq)| {
+            let key = (e.aggregate_type.as_str(), e.aggregate_id.as_str());
+            seen.insert(key).then_some((key.0, key.1, *seq))
+        })
+        .collect()
+}
+
+/// Keeps, per aggregate not in `blocked`, the run of consecutive `seq`s from its first
+/// claimed one, each with its `aggregate_seq` header. Returns the kept events and the
+/// positions of the others.
+pub(crate) fn keep_runs(
+    events: Vec<(Event, i64)>,
+    blocked: &HashSet<(String, String)>,
+) -> (Vec<Event>, Vec<i64>) {
+    // The next seq each aggregate may deliver; `None` once its run has a hole.
+    let mut next: HashMap<(String, String), Option<i64>> = HashMap::new();
+    let mut kept = Vec::with_capacity(events.len());
+    let mut dropped = Vec::new();
+    for (mut event, seq) in events {
+        let key = (event.aggregate_type.clone(), event.aggregate_id.clone());
+        let in_run = !blocked.contains(&key);
+        let slot = next.entry(key).or_insert(Some(seq));
+        let keep = match slot {
+            Some(expected) if *expected == seq => {
+                *slot = Some(seq + 1);
+                in_run
+            }
+            _ => {
+                *slot = None;
+                false
+            }
+        };
+        if keep {
+            event
+                .headers
+                .push((header::AGGREGATE_SEQ.to_owned(), seq.to_string()));
+            kept.push(event);
+        } else {
+            dropped.push(event.position.0);
+        }
+    }
+    (kept, dropped)
+}
+
 /// One claimed row: the event and its `seq`.
-fn decode(row: &MySqlRow) -> Result<(Event, i64), sqlx::Error> {
+pub(crate) fn decode(row: &MySqlRow) -> Result<(Event, i64), sqlx::Error> {
     let decode_err = |what: &str, e: &dyn std::fmt::Display| {
         sqlx::Error::Decode(format!("outbox row: invalid {what}: {e}").into())
     };
@@ -316,5 +334,52 @@ impl Source for MySqlPollSource {
         now: OffsetDateTime,
     ) -> Result<(), SourceError> {
         self.record(settlements, now).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(agg: &str, position: i64) -> Event {
+        Event {
+            id: Uuid::from_u128(position as u128),
+            position: Position(position),
+            aggregate_type: "A".into(),
+            aggregate_id: agg.into(),
+            event_type: "e".into(),
+            payload: Bytes::new(),
+            headers: vec![],
+            created_at: OffsetDateTime::UNIX_EPOCH,
+            attempts: 0,
+        }
+    }
+
+    #[test]
+    fn only_consecutive_runs_of_unblocked_aggregates_go_out() {
+        // x: 3, 4, (5 held elsewhere), 6; y: blocked; z: 1.
+        let events = vec![
+            (ev("x", 10), 3),
+            (ev("y", 11), 2),
+            (ev("x", 12), 4),
+            (ev("z", 13), 1),
+            (ev("x", 14), 6),
+            (ev("y", 15), 3),
+        ];
+        assert_eq!(
+            first_seqs(&events),
+            vec![("A", "x", 3), ("A", "y", 2), ("A", "z", 1)]
+        );
+        let blocked = HashSet::from([("A".to_owned(), "y".to_owned())]);
+        let (kept, dropped) = keep_runs(events, &blocked);
+        let kept: Vec<(i64, String)> = kept
+            .iter()
+            .map(|e| (e.position.0, e.headers[0].1.clone()))
+            .collect();
+        assert_eq!(
+            kept,
+            vec![(10, "3".into()), (12, "4".into()), (13, "1".into())]
+        );
+        assert_eq!(dropped, vec![11, 14, 15]);
     }
 }

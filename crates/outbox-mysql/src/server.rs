@@ -46,14 +46,32 @@ impl ServerVersion {
         }
     }
 
-    /// What the polling relay needs, or why this server cannot run it.
+    /// What the lease-token claim needs (`JSON_VALID` in the table's check constraint,
+    /// `RANDOM_BYTES` in its trigger): MySQL 5.7.8+, MariaDB 10.2.7+.
+    pub fn check_lease(&self) -> Result<(), String> {
+        let ok = if self.mariadb {
+            self.number >= (10, 2, 7)
+        } else {
+            self.number >= (5, 7, 8)
+        };
+        if ok {
+            return Ok(());
+        }
+        Err(format!(
+            "the server is {} {}; outbox needs MySQL 5.7.8+ or MariaDB 10.2.7+",
+            if self.mariadb { "MariaDB" } else { "MySQL" },
+            self.text
+        ))
+    }
+
+    /// What the `SKIP LOCKED` claim needs, or why this server cannot run it.
     pub fn check_polling(&self) -> Result<(), String> {
         if self.has_skip_locked() && self.has_json_table() {
             return Ok(());
         }
         Err(format!(
             "the server is {} {}; the polling relay needs `FOR UPDATE SKIP LOCKED` and `JSON_TABLE` \
-             (MySQL 8.0.4+ or MariaDB 10.6+); the lease-token claim for older servers is not built yet",
+             (MySQL 8.0.4+ or MariaDB 10.6+); set source.claim = \"lease\" (or \"auto\") for older servers",
             if self.mariadb { "MariaDB" } else { "MySQL" },
             self.text
         ))

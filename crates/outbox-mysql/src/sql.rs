@@ -34,6 +34,8 @@ pub(crate) fn statements(sql: &str) -> impl Iterator<Item = &str> {
 #[derive(Debug, Clone)]
 pub(crate) struct Queries {
     pub(crate) insert: Arc<str>,
+    /// `insert` up to (not including) its `VALUES`, for multi-row inserts.
+    pub(crate) insert_head: Arc<str>,
     pub(crate) claim_batch: Arc<str>,
     pub(crate) claim_batch_unordered: Arc<str>,
     pub(crate) claim_gaps: Arc<str>,
@@ -42,13 +44,27 @@ pub(crate) struct Queries {
     pub(crate) schedule_retry: Arc<str>,
     pub(crate) dead_letter: Arc<str>,
     pub(crate) backlog: Arc<str>,
+    pub(crate) lease_claim: Arc<str>,
+    pub(crate) lease_claimed: Arc<str>,
+    pub(crate) lease_retry: Arc<str>,
+    pub(crate) lease_dead_letter: Arc<str>,
+    /// The table, rendered, for statements built with a variable number of placeholders.
+    pub(crate) table: Arc<str>,
 }
 
 impl Queries {
     pub(crate) fn new(table: &Identifier) -> Self {
         let r = |sql: &str| -> Arc<str> { render(sql, table).into() };
+        let insert = r(include_str!("../queries/outbox_insert.sql"));
+        let insert_head: Arc<str> = insert
+            .split("VALUES")
+            .next()
+            .unwrap_or_default()
+            .trim_end()
+            .into();
         Self {
-            insert: r(include_str!("../queries/outbox_insert.sql")),
+            insert_head,
+            insert,
             claim_batch: r(include_str!("../queries/outbox_claim_batch.sql")),
             claim_batch_unordered: r(include_str!("../queries/outbox_claim_batch_unordered.sql")),
             claim_gaps: r(include_str!("../queries/outbox_claim_gaps.sql")),
@@ -57,6 +73,11 @@ impl Queries {
             schedule_retry: r(include_str!("../queries/outbox_schedule_retry.sql")),
             dead_letter: r(include_str!("../queries/outbox_dead_letter.sql")),
             backlog: r(include_str!("../queries/outbox_backlog.sql")),
+            lease_claim: r(include_str!("../queries/lease_claim.sql")),
+            lease_claimed: r(include_str!("../queries/lease_claimed.sql")),
+            lease_retry: r(include_str!("../queries/lease_retry.sql")),
+            lease_dead_letter: r(include_str!("../queries/lease_dead_letter.sql")),
+            table: r("{{table}}"),
         }
     }
 }
@@ -96,6 +117,11 @@ mod tests {
             &q.schedule_retry,
             &q.dead_letter,
             &q.backlog,
+            &q.lease_claim,
+            &q.lease_claimed,
+            &q.lease_retry,
+            &q.lease_dead_letter,
+            &q.table,
         ] {
             assert!(!sql.contains("{{") && sql.contains("`events`"), "{sql}");
         }

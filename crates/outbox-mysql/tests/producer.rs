@@ -214,3 +214,38 @@ async fn concurrent_producers_get_contiguous_positions_per_aggregate() -> anyhow
     }
     Ok(())
 }
+
+#[tokio::test]
+async fn enqueue_batch_writes_every_event_in_order_with_consecutive_positions() -> anyhow::Result<()>
+{
+    let (pool, outbox) = fresh().await?;
+    // More than one statement's worth, over three aggregates.
+    let events: Vec<NewEvent> = (0..outbox_mysql::BATCH_ROWS + 7)
+        .map(|i| {
+            NewEvent::new(
+                "Order",
+                format!("o-{}", i % 3),
+                "order.changed",
+                format!("{i}\0\u{ff}").into_bytes(),
+            )
+        })
+        .collect();
+    let mut tx = pool.begin().await?;
+    let ids = outbox.enqueue_batch(&mut tx, &events).await?;
+    tx.commit().await?;
+    assert_eq!(ids.len(), events.len());
+    let rows: Vec<(String, String, i64, Vec<u8>)> =
+        sqlx::query_as("SELECT id, aggregate_id, seq, payload FROM outbox ORDER BY position")
+            .fetch_all(&pool)
+            .await?;
+    assert_eq!(rows.len(), events.len());
+    let mut next = std::collections::HashMap::new();
+    for ((row, id), event) in rows.iter().zip(&ids).zip(&events) {
+        assert_eq!(row.0, id.to_string(), "ids in order");
+        assert_eq!(row.3, event.payload.to_vec(), "payload bytes exact");
+        let n = next.entry(row.1.clone()).or_insert(0_i64);
+        *n += 1;
+        assert_eq!(row.2, *n, "aggregate {} numbered 1, 2, 3, ...", row.1);
+    }
+    Ok(())
+}

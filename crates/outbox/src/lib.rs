@@ -21,7 +21,8 @@
 //! # let _ = id; Ok(()) }
 //! ```
 //!
-//! Features: `postgres` and `sqlite` (both on by default) select the database modules.
+//! Features: `postgres` and `sqlite` (both on by default) and `mysql` select the database
+//! modules.
 
 pub use outbox_core::{Event, Identifier, NewEvent, QualifiedTable};
 
@@ -39,6 +40,16 @@ pub mod postgres {
 #[cfg(feature = "sqlite")]
 pub mod sqlite {
     pub use outbox_sqlite::*;
+}
+
+/// MySQL 8 / MariaDB 10.6+ (feature `mysql`): [`enqueue`](mysql::enqueue),
+/// [`enqueue_batch`](mysql::enqueue_batch) into the table `outbox`,
+/// [`MySqlOutbox`](mysql::MySqlOutbox) for another table, and [`migrate`](mysql::migrate).
+#[cfg(feature = "mysql")]
+pub mod mysql {
+    pub use outbox_mysql::{
+        EnqueueError, MigrateError, MySqlOutbox, enqueue, enqueue_batch, migrate,
+    };
 }
 
 /// The consumer side (feature `inbox`): [`PgInbox`](inbox::PgInbox),

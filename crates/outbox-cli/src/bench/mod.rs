@@ -80,7 +80,7 @@ struct Common {
     /// Override `relay.batch_size`.
     #[arg(long)]
     batch_size: Option<NonZeroUsize>,
-    /// Override `relay.workers` (PostgreSQL polling only; SQLite and CDC run one pipeline).
+    /// Override `relay.workers` (PostgreSQL and MySQL polling; SQLite and CDC run one pipeline).
     #[arg(long)]
     workers: Option<NonZeroUsize>,
     /// Distinct aggregate ids, assigned round robin (`o_0`, `o_1`, ...).

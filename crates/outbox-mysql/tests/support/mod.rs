@@ -3,8 +3,11 @@
 
 #![allow(dead_code, unreachable_pub, missing_docs)]
 
+use outbox_core::backend::BoxedSource;
 use outbox_core::{DeadLetterPolicy, NewEvent, Ordering};
-use outbox_mysql::{MySqlConfig, MySqlOutbox, MySqlPollSource, OnDelivered};
+use outbox_mysql::{
+    ClaimMode, MySqlConfig, MySqlLeaseSource, MySqlOutbox, MySqlPollSource, OnDelivered,
+};
 use outbox_testkit::conformance::{Harness, StoredEvent};
 use outbox_testkit::services::MariaDb;
 use sqlx::MySqlPool;
@@ -18,10 +21,20 @@ pub struct MySqlHarness {
 
 impl MySqlHarness {
     pub async fn new(on_delivered: OnDelivered) -> anyhow::Result<Self> {
+        Self::with_claim(on_delivered, ClaimMode::SkipLocked).await
+    }
+
+    /// A fresh outbox relayed with the given claim. The lease claim gets a short lease
+    /// (longer than the suite's publish timeout), so a dead relay's rows come back soon.
+    pub async fn with_claim(on_delivered: OnDelivered, claim: ClaimMode) -> anyhow::Result<Self> {
         outbox_testkit::init_tracing();
         let url = MariaDb::shared().await?.fresh_database().await?;
         let mut config = MySqlConfig::new(url);
         config.on_delivered = on_delivered;
+        config.claim = claim;
+        if claim == ClaimMode::Lease {
+            config.claim_timeout = std::time::Duration::from_secs(8);
+        }
         let pool = outbox_mysql::connect(&config, 30).await?;
         outbox_mysql::migrate(&pool, &config.table).await?;
         Ok(Self {
@@ -33,19 +46,19 @@ impl MySqlHarness {
 }
 
 impl Harness for MySqlHarness {
-    type Source = MySqlPollSource;
+    type Source = BoxedSource;
 
     async fn source(
         &self,
         ordering: Ordering,
         dead_letter: DeadLetterPolicy,
-    ) -> anyhow::Result<MySqlPollSource> {
-        Ok(MySqlPollSource::new(
-            self.pool.clone(),
-            &self.config,
-            ordering,
-            dead_letter,
-        ))
+    ) -> anyhow::Result<BoxedSource> {
+        let (pool, config) = (self.pool.clone(), &self.config);
+        Ok(if config.claim == ClaimMode::Lease {
+            BoxedSource::new(MySqlLeaseSource::new(pool, config, ordering, dead_letter))
+        } else {
+            BoxedSource::new(MySqlPollSource::new(pool, config, ordering, dead_letter))
+        })
     }
 
     async fn write_counted(

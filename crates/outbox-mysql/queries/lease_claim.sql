@@ -1,0 +1,44 @@
+-- The lease-token claim (source.claim = lease): for servers without SKIP LOCKED or
+-- JSON_TABLE. Marks the next batch as held by one claim token until a server time.
+-- ? = now, ? = now, ? = 1 when a dead letter holds its aggregate, ? = limit, ? = token,
+-- ? = lease length in microseconds.
+--
+-- The candidates are chosen by a plain read in a derived table (MySQL refuses a subquery on
+-- the table an UPDATE changes unless it is materialized like this): pending, ready, not held
+-- by a live lease, and no earlier event of the aggregate waiting for its next attempt (or
+-- dead under hold-aggregate). The UPDATE then locks each candidate by primary key and checks
+-- again that it is still pending and free, so two relays never both take a row. A deadlock
+-- with a concurrent settle is run again by the relay.
+UPDATE {{table}} AS o
+JOIN (
+    SELECT c.position
+    FROM (
+        SELECT p.position
+        FROM {{table}} AS p
+        WHERE p.state = 'pending'
+          AND (p.claimed_until IS NULL OR p.claimed_until < NOW(6))
+          AND p.next_attempt_at <= ?
+          AND NOT EXISTS (
+              SELECT 1
+              FROM {{table}} AS e
+              WHERE e.aggregate_type = p.aggregate_type
+                AND e.aggregate_id = p.aggregate_id
+                AND e.state = 'pending'
+                AND e.seq < p.seq
+                AND e.next_attempt_at > ?
+          )
+          AND NOT (? AND EXISTS (
+              SELECT 1
+              FROM {{table}} AS e
+              WHERE e.aggregate_type = p.aggregate_type
+                AND e.aggregate_id = p.aggregate_id
+                AND e.state = 'dead'
+                AND e.seq < p.seq
+          ))
+        ORDER BY p.position
+        LIMIT ?
+    ) AS c
+) AS picked ON o.position = picked.position
+SET o.claimed_by = ?, o.claimed_until = NOW(6) + INTERVAL ? MICROSECOND
+WHERE o.state = 'pending'
+  AND (o.claimed_until IS NULL OR o.claimed_until < NOW(6))
