@@ -133,8 +133,7 @@ stream = "{tag}"
         relays[victim].wait().await?;
         // A marker per spawn: a relay killed before its start line (a loaded machine can take
         // longer than the pause to exec it) must not make the next one look unstarted.
-        append(
-            &work,
+        work.append_log(
             &format!("relay-{victim}.log"),
             "=== restarted by the test ===\n",
         )?;
@@ -217,15 +216,5 @@ stream = "{tag}"
             by_aggregate.get(agg)
         );
     }
-    Ok(())
-}
-
-fn append(work: &Workdir, log: &str, text: &str) -> anyhow::Result<()> {
-    use std::io::Write;
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(work.path().join(log))?;
-    f.write_all(text.as_bytes())?;
     Ok(())
 }

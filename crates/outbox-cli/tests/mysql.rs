@@ -50,16 +50,6 @@ async fn wait_drained(pool: &MySqlPool, stall: Duration) -> anyhow::Result<()> {
     }
 }
 
-fn append(work: &Workdir, log: &str, text: &str) -> anyhow::Result<()> {
-    use std::io::Write;
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(work.path().join(log))?;
-    f.write_all(text.as_bytes())?;
-    Ok(())
-}
-
 /// What the producers did: per aggregate, (commit-order counter value, event id); and the
 /// ids of rolled-back events.
 #[derive(Default)]
@@ -173,8 +163,7 @@ stream = "{tag}"
         let victim = rand::rng().random_range(0..relays.len());
         relays[victim].start_kill()?;
         relays[victim].wait().await?;
-        append(
-            &work,
+        work.append_log(
             &format!("relay-{victim}.log"),
             "=== restarted by the test ===\n",
         )?;

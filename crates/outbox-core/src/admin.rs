@@ -428,3 +428,44 @@ pub fn when(t: OffsetDateTime) -> String {
         .format(&time::format_description::well_known::Rfc3339)
         .unwrap_or_else(|_| t.to_string())
 }
+
+/// `doctor`'s backlog checks, the same for every database: the oldest ready event against
+/// `stuck_after` (red when older, with `stuck_hint` saying where to look), and dead letters
+/// (a warning when there are any).
+pub fn backlog_checks(
+    b: &crate::source::Backlog,
+    stuck_after: Duration,
+    stuck_hint: &str,
+) -> Vec<DoctorCheck> {
+    let age = b.oldest_pending_age_seconds;
+    let oldest = if age > stuck_after.as_secs_f64() {
+        DoctorCheck::red(
+            "oldest_pending",
+            format!(
+                "the oldest ready event has waited {age:.0}s (metrics.stuck_after = {}s; {} pending)",
+                stuck_after.as_secs(),
+                b.pending
+            ),
+            stuck_hint,
+        )
+    } else {
+        DoctorCheck::ok(
+            "oldest_pending",
+            format!("{age:.1}s ({} pending, {} retrying)", b.pending, b.retrying),
+        )
+    };
+    vec![oldest, dead_letter_check(b.dead)]
+}
+
+/// `doctor`'s dead-letter check: a warning when there are any.
+pub fn dead_letter_check(dead: u64) -> DoctorCheck {
+    if dead > 0 {
+        DoctorCheck::warn(
+            "dead_letters",
+            format!("{dead} dead-lettered event(s)"),
+            "`outbox dead list` shows why; `outbox dead retry` puts them back in line once fixed",
+        )
+    } else {
+        DoctorCheck::ok("dead_letters", "none")
+    }
+}

@@ -367,3 +367,17 @@ pub trait BackendConfig:
     /// Connects (or opens the file).
     fn open(&self, options: OpenOptions) -> BoxFuture<'_, Result<Arc<dyn Backend>, OpenError>>;
 }
+
+/// What a polling source does with a row once the broker acknowledged its event: the
+/// `source.on_delivered` setting of every database that keeps delivery in its rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum OnDelivered {
+    /// Set `state = 'delivered'` and `delivered_at`; retention deletes it later. Keeps history
+    /// for `replay` and `status`.
+    #[default]
+    Mark,
+    /// Delete the row at once: less write traffic (about half the WAL on PostgreSQL),
+    /// nothing to clean up, no replay.
+    Delete,
+}

@@ -173,33 +173,11 @@ impl MySqlBackend {
             }
         }
         match self.admin.backlog_at(OffsetDateTime::now_utc()).await {
-            Ok(b) => {
-                let stuck = thresholds.stuck_after.as_secs_f64();
-                out.push(if b.oldest_pending_age_seconds > stuck {
-                    DoctorCheck::red(
-                        "oldest_pending",
-                        format!(
-                            "the oldest ready event has waited {:.0}s (metrics.stuck_after = {stuck:.0}s; {} pending)",
-                            b.oldest_pending_age_seconds, b.pending
-                        ),
-                        "is `outbox relay` running? `outbox status` shows held aggregates",
-                    )
-                } else {
-                    DoctorCheck::ok(
-                        "oldest_pending",
-                        format!("{:.1}s ({} pending)", b.oldest_pending_age_seconds, b.pending),
-                    )
-                });
-                out.push(if b.dead > 0 {
-                    DoctorCheck::warn(
-                        "dead_letters",
-                        format!("{} dead-lettered event(s)", b.dead),
-                        "`outbox dead list` shows why; `outbox dead retry` puts them back in line",
-                    )
-                } else {
-                    DoctorCheck::ok("dead_letters", "none")
-                });
-            }
+            Ok(b) => out.extend(outbox_core::admin::backlog_checks(
+                &b,
+                thresholds.stuck_after,
+                "is a relay running and reaching the broker? `outbox status` shows held aggregates; `outbox why ID` explains one event",
+            )),
             Err(e) => out.push(DoctorCheck::red(
                 "oldest_pending",
                 format!(

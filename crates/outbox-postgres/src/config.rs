@@ -17,17 +17,7 @@ pub enum Mode {
     Cdc,
 }
 
-/// What happens to a row once the broker acknowledged its event.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, Default)]
-#[serde(rename_all = "kebab-case")]
-pub enum OnDelivered {
-    /// Set `state = 'delivered'` and `delivered_at`; retention deletes it later. Keeps history
-    /// for `replay` and `status`.
-    #[default]
-    Mark,
-    /// Delete the row at once: about half the WAL of `mark`, nothing to clean up, no replay.
-    Delete,
-}
+pub use outbox_core::backend::OnDelivered;
 
 pub use outbox_core::redact::DatabaseUrl;
 

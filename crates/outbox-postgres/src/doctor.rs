@@ -462,34 +462,13 @@ async fn backlog(
             )];
         }
     };
-    let age = b.oldest_pending_age_seconds;
-    let oldest = if age > stuck_after.as_secs_f64() {
-        DoctorCheck::red(
-            "oldest_pending",
-            format!(
-                "the oldest ready event has waited {age:.0}s (metrics.stuck_after = {}s; {} pending)",
-                stuck_after.as_secs(),
-                b.pending
-            ),
-            "is a relay running and reaching the broker? `outbox status` shows what holds delivery; `outbox why ID` explains one event",
-        )
-    } else {
-        DoctorCheck::ok(
-            "oldest_pending",
-            format!("{age:.1}s ({} pending, {} retrying)", b.pending, b.retrying),
-        )
-    };
-    vec![oldest, dead_letters(b.dead)]
+    outbox_core::admin::backlog_checks(
+        &b,
+        stuck_after,
+        "is a relay running and reaching the broker? `outbox status` shows what holds delivery; `outbox why ID` explains one event",
+    )
 }
 
 fn dead_letters(dead: u64) -> DoctorCheck {
-    if dead > 0 {
-        DoctorCheck::warn(
-            "dead_letters",
-            format!("{dead} dead-lettered event(s)"),
-            "`outbox dead list` shows why; `outbox dead retry` puts them back in line once fixed",
-        )
-    } else {
-        DoctorCheck::ok("dead_letters", "none")
-    }
+    outbox_core::admin::dead_letter_check(dead)
 }

@@ -6,18 +6,7 @@ use std::time::Duration;
 use outbox_core::Identifier;
 use serde::{Deserialize, Deserializer};
 
-/// What happens to a row once the broker acknowledged its event. (The same choice as
-/// `outbox_postgres::OnDelivered`, defined here so this crate does not depend on PostgreSQL.)
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, Default)]
-#[serde(rename_all = "kebab-case")]
-pub enum OnDelivered {
-    /// Set `state = 'delivered'` and `delivered_at`; retention deletes it later. Keeps history
-    /// for `replay` and `status`.
-    #[default]
-    Mark,
-    /// Delete the row at once: nothing to clean up, no replay.
-    Delete,
-}
+pub use outbox_core::backend::OnDelivered;
 
 /// How hard SQLite works to make a commit survive a power loss (`PRAGMA synchronous`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, Default)]

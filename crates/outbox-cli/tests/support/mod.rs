@@ -78,6 +78,17 @@ impl Workdir {
         Ok(child)
     }
 
+    /// Appends `text` to the log `log_name` in this directory (a marker between runs).
+    pub fn append_log(&self, log_name: &str, text: &str) -> anyhow::Result<()> {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join(log_name))?;
+        f.write_all(text.as_bytes())?;
+        Ok(())
+    }
+
     pub fn read_log(&self, log_name: &str) -> String {
         std::fs::read_to_string(self.dir.path().join(log_name)).unwrap_or_default()
     }
