@@ -79,10 +79,24 @@ async fn produce(pool: MySqlPool, producer: usize) -> anyhow::Result<Written> {
             format!("p{producer}"),
         );
         if rollback {
-            let mut tx = pool.begin().await?;
-            let id = outbox.enqueue(&mut tx, &event).await?;
-            tokio::time::sleep(hold).await;
-            tx.rollback().await?;
+            // As an application would: a transaction InnoDB picked as a deadlock victim is run
+            // again (here: written again, then rolled back on purpose).
+            let id = loop {
+                let mut tx = pool.begin().await?;
+                match outbox.enqueue(&mut tx, &event).await {
+                    Ok(id) => {
+                        tokio::time::sleep(hold).await;
+                        tx.rollback().await?;
+                        break id;
+                    }
+                    Err(e)
+                        if e.to_string().contains("1213") || format!("{e:?}").contains("1213") =>
+                    {
+                        tracing::info!("producer deadlock victim; writing again");
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            };
             out.rolled_back.push(id);
         } else {
             let (id, n) = outbox_testkit::oracle::mysql_write_counted(
@@ -300,6 +314,37 @@ async fn a_bad_mysql_url_is_one_clear_error_without_the_password() -> anyhow::Re
         .await?;
     out.assert_clear_error("source.url")?;
     ensure!(!out.stderr.contains("Sup3r"), "{out:?}");
+    // A user without SUPER on a server with binary logging: `migrate` says what to do.
+    let admin_url = MariaDb::shared().await?.fresh_database().await?;
+    let (base, database) = admin_url.rsplit_once('/').context("database in url")?;
+    let admin = sqlx::MySqlPool::connect(&admin_url).await?;
+    let user = format!("app_{}", &database[database.len() - 8..]);
+    // Built here from hex digits and constants.
+    for sql in [
+        format!("CREATE USER '{user}'@'%' IDENTIFIED BY 'pw'"),
+        format!("GRANT ALL ON {database}.* TO '{user}'@'%'"),
+    ] {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+            .execute(&admin)
+            .await?;
+    }
+    let host = base.trim_start_matches("mysql://root@");
+    let unprivileged = work.write_config(
+        "unprivileged.toml",
+        &format!("[source]\nkind = \"mysql\"\nurl = \"mysql://{user}:pw@{host}/{database}\"\n"),
+    )?;
+    let out = work
+        .run(&[
+            "migrate",
+            "--config",
+            unprivileged.to_str().context("path")?,
+        ])
+        .await?;
+    out.assert_clear_error("SUPER")?;
+    ensure!(
+        out.stderr.contains("log_bin_trust_function_creators"),
+        "{out:?}"
+    );
     let cdc = work.write_config(
         "cdc.toml",
         "[source]\nkind = \"mysql\"\nurl = \"mysql://app@127.0.0.1/app\"\nmode = \"cdc\"\n",

@@ -290,3 +290,105 @@ fn pg_port(url: &str) -> anyhow::Result<String> {
         .map_or("5432", |(_, p)| p)
         .to_owned())
 }
+
+/// The MySQL source's URL, in both forms (raw `@` and `:` in the password; percent-encoded),
+/// with the server up (a real user with that password) and down: no command and no relay
+/// debug log prints the password.
+#[tokio::test]
+async fn no_command_prints_a_mysql_password() -> anyhow::Result<()> {
+    const MY_PASSWORD: &str = "myPwRaw22";
+    let server = outbox_testkit::services::MariaDb::shared().await?;
+    let admin_url = server.fresh_database().await?;
+    let (base, database) = admin_url.rsplit_once('/').context("database in url")?;
+    let admin = sqlx::MySqlPool::connect(&admin_url).await?;
+    let user = format!("sec_{}", &database[database.len() - 8..]);
+    let password = format!("a:b@{MY_PASSWORD}");
+    // The user name is built here from hex digits and the password is this test's constant
+    // (CREATE USER takes no placeholders).
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE USER '{user}'@'%' IDENTIFIED BY '{password}'"
+    )))
+    .execute(&admin)
+    .await?;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "GRANT ALL ON {database}.* TO '{user}'@'%'"
+    )))
+    .execute(&admin)
+    .await?;
+    // An administrator creates the table and its trigger (with binary logging on, creating a
+    // trigger needs SUPER); the user's own `migrate` then finds nothing to do.
+    outbox_mysql::migrate(&admin, &outbox_core::Identifier::new("outbox")?).await?;
+    let host = base.trim_start_matches("mysql://root@");
+    let urls = [
+        format!("mysql://{user}:{password}@{host}/{database}"),
+        format!("mysql://{user}:a%3Ab%40{MY_PASSWORD}@{host}/{database}"),
+    ];
+    let markers = vec![MY_PASSWORD.to_owned()];
+    let work = Workdir::new()?;
+    let commands: &[&[&str]] = &[
+        &["check-config"],
+        &["migrate"],
+        &["status"],
+        &["status", "--json"],
+        &["doctor", "--sink-timeout", "3s"],
+        &["dead", "list"],
+        &["why", "0190f3c1-0000-7000-8000-000000000000"],
+    ];
+    for (i, url) in urls.iter().enumerate() {
+        let down = url.replace(host, &format!("127.0.0.1:{}", closed_port()?));
+        for (name, url, up) in [
+            (format!("up-{i}"), url, true),
+            (format!("down-{i}"), &down, false),
+        ] {
+            let path = work.write_config(
+                &format!("{name}.toml"),
+                &format!(
+                    "[source]\nkind = \"mysql\"\nurl = \"{url}\"\nconnect_timeout = \"2s\"\n[sink]\nkind = \"file\"\npath = \"{name}.jsonl\"\n"
+                ),
+            )?;
+            let cfg = path.to_str().context("utf-8 path")?;
+            for command in commands {
+                let mut args = command.to_vec();
+                args.extend(["--config", cfg]);
+                let out = work.run(&args).await?;
+                ensure_clean(
+                    &format!("`outbox {}`", args.join(" ")),
+                    &both(&out),
+                    &markers,
+                )?;
+                if up && command[0] != "why" {
+                    ensure!(
+                        out.code == Some(0),
+                        "`outbox {}` failed: {out:?}",
+                        args.join(" ")
+                    );
+                }
+            }
+            let log = format!("relay-{name}.log");
+            let mut relay = work
+                .command(&["relay", "--config", cfg])
+                .env("OUTBOX_LOG", "debug")
+                .stdout(std::process::Stdio::null())
+                .stderr(std::fs::File::create(work.path().join(&log))?)
+                .spawn()?;
+            outbox_testkit::wait::eventually(Duration::from_secs(60), || async {
+                let text = work.read_log(&log);
+                if up {
+                    text.contains("starting relay") && text.contains("claim")
+                        || text.contains("retention run finished")
+                } else {
+                    text.contains("error:") || text.contains("ERROR") || text.contains(" WARN ")
+                }
+            })
+            .await
+            .with_context(|| format!("relay ({name}):\n{}", work.read_log(&log)))?;
+            let _ = terminate(&mut relay, Duration::from_secs(30)).await;
+            ensure_clean(
+                &format!("the relay's debug log ({name})"),
+                &work.read_log(&log),
+                &markers,
+            )?;
+        }
+    }
+    Ok(())
+}

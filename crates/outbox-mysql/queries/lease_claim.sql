@@ -6,11 +6,11 @@
 -- The candidates are chosen by a plain read in a derived table (MySQL refuses a subquery on
 -- the table an UPDATE changes unless it is materialized like this): pending, ready, not held
 -- by a live lease, and no earlier event of the aggregate waiting for its next attempt (or
--- dead under hold-aggregate). The UPDATE then locks each candidate by primary key and checks
+-- dead under hold-aggregate). The UPDATE then locks each candidate by primary key (the
+-- candidates drive the join: scanning the table would wait on producers' new rows) and checks
 -- again that it is still pending and free, so two relays never both take a row. A deadlock
 -- with a concurrent settle is run again by the relay.
-UPDATE {{table}} AS o
-JOIN (
+UPDATE (
     SELECT c.position
     FROM (
         SELECT p.position
@@ -38,7 +38,8 @@ JOIN (
         ORDER BY p.position
         LIMIT ?
     ) AS c
-) AS picked ON o.position = picked.position
+) AS picked
+STRAIGHT_JOIN {{table}} AS o FORCE INDEX (PRIMARY) ON o.position = picked.position
 SET o.claimed_by = ?, o.claimed_until = NOW(6) + INTERVAL ? MICROSECOND
 WHERE o.state = 'pending'
   AND (o.claimed_until IS NULL OR o.claimed_until < NOW(6))

@@ -87,7 +87,7 @@ pub async fn migrate(
             for statement in statements(&sql) {
                 conn.execute(sqlx::raw_sql(sqlx::AssertSqlSafe(statement.to_owned())))
                     .await
-                    .map_err(db)?;
+                    .map_err(|e| trigger_privilege(&name, e).unwrap_or_else(db))?;
             }
             sqlx::query(sqlx::AssertSqlSafe(render(
                 "INSERT INTO {{name:_migrations}} (version, name, checksum) VALUES (?, ?, ?)",
@@ -133,5 +133,26 @@ pub async fn schema_version(
             Ok(None)
         }
         Err(e) => Err(e),
+    }
+}
+
+/// The server refused to create the trigger (`ER_BINLOG_CREATE_ROUTINE_NEED_SUPER`, 1419):
+/// with binary logging on, MySQL and MariaDB want `SUPER` (or
+/// `log_bin_trust_function_creators = 1`) for it. Says so and what to do.
+fn trigger_privilege(table: &str, e: sqlx::Error) -> Result<MigrateError, sqlx::Error> {
+    match &e {
+        sqlx::Error::Database(db)
+            if db
+                .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+                .is_some_and(|m| m.number() == 1419) =>
+        {
+            Ok(MigrateError::Layout(format!(
+                "creating the trigger of outbox table {table} needs the SUPER privilege while the \
+                 server's binary logging is on (MySQL error 1419): run `outbox migrate` once as an \
+                 administrator, or set log_bin_trust_function_creators = 1 on the server \
+                 (docs/mysql.md, \"What a DBA grants and sets\")"
+            )))
+        }
+        _ => Err(e),
     }
 }
