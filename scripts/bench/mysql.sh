@@ -50,6 +50,7 @@ RESULTS=$WORK/results.jsonl
 : >"$RESULTS"
 
 n=0
+# Sets DB_URL to a new database and n to its number (no subshell: n must persist).
 fresh_db() {
     n=$((n + 1))
     local db="bench_$n"
@@ -62,7 +63,7 @@ c = pymysql.connect(host=u.hostname, port=u.port, user=u.username or "root", pas
 c.cursor().execute(f"CREATE DATABASE {sys.argv[2]}")
 c.close()
 PY
-    echo "$MYSQL_URL/$db"
+    DB_URL="$MYSQL_URL/$db"
 }
 
 config() { # URL SINK ON_DELIVERED STREAM
@@ -93,7 +94,8 @@ PY
 backlog() { # KEY SINK ON_DELIVERED
     local i url
     for i in $(seq 1 "$REPEAT"); do
-        url=$(fresh_db)
+        fresh_db
+        url=$DB_URL
         config "$url" "$2" "$3" "B$n" >"$WORK/b$n.toml"
         "$BIN" migrate -c "$WORK/b$n.toml" >/dev/null
         "$BIN" bench backlog -c "$WORK/b$n.toml" --events "$ROWS" --sink "$2" --json \
@@ -106,7 +108,8 @@ backlog() { # KEY SINK ON_DELIVERED
 handwritten() {
     local i url
     for i in $(seq 1 "$REPEAT"); do
-        url=$(fresh_db)
+        fresh_db
+        url=$DB_URL
         config "$url" config mark "H$n" >"$WORK/h$n.toml"
         "$BIN" migrate -c "$WORK/h$n.toml" >/dev/null
         # The same backlog as `outbox bench backlog`: ROWS events over 1,000 aggregates,
@@ -143,7 +146,8 @@ PY
 
 steady() {
     local url
-    url=$(fresh_db)
+    fresh_db
+    url=$DB_URL
     config "$url" config mark "S$n" >"$WORK/s$n.toml"
     "$BIN" migrate -c "$WORK/s$n.toml" >/dev/null
     "$BIN" bench steady -c "$WORK/s$n.toml" --rate 1000 --duration 30s --json \

@@ -38,10 +38,10 @@ CREATE TABLE IF NOT EXISTS {{table}} (
     PRIMARY KEY (position),
     UNIQUE KEY {{name:_id_key}} (id),
     KEY {{name:_pending_idx}} (state, position),
-    -- An aggregate's events by state: the relay's is an earlier event of this aggregate
-    -- still pending, retrying or dead? probes read only that state's few entries, however
-    -- many delivered events the aggregate has.
-    KEY {{name:_aggregate_idx}} (aggregate_type, aggregate_id, state, seq),
+    -- An aggregate's events by state, in order: the relay's probes read one entry (the
+    -- aggregate's first pending or dead event, with its next attempt time) from the index
+    -- alone, however many events the aggregate has.
+    KEY {{name:_aggregate_idx}} (aggregate_type, aggregate_id, state, seq, next_attempt_at),
     KEY {{name:_claimed_idx}} (claimed_by),
     -- Throughput for status and metrics, and retention's oldest-first deletes.
     KEY {{name:_delivered_at_idx}} (delivered_at),

@@ -30,7 +30,7 @@ use uuid::Uuid;
 
 use crate::config::{MySqlConfig, OnDelivered};
 use crate::error::source_error;
-use crate::poll::{decode, first_seqs, keep_runs, utc};
+use crate::poll::{decode, first_seqs, keep_runs, order_by_seq, utc};
 use crate::sql::{Queries, stmt};
 
 /// Reads the outbox by polling with the lease-token claim. One instance per relay worker.
@@ -137,17 +137,19 @@ impl MySqlLeaseSource {
             .map(drop)
     }
 
-    /// The claimed aggregates that have an earlier pending (or held dead) event outside
-    /// this claim: one `EXISTS` per aggregate, in one statement.
+    /// The claimed aggregates whose first pending (or, held, dead) event comes before this
+    /// claim's first one: two index-only probes per aggregate, in one statement.
     async fn blocked(
         &self,
         firsts: &[(&str, &str, i64)],
     ) -> Result<HashSet<(String, String)>, SourceError> {
         let table = &self.queries.table;
         let one = format!(
-            "SELECT ? AS t, ? AS i FROM DUAL WHERE EXISTS (SELECT 1 FROM {table} AS e \
-             WHERE e.aggregate_type = ? AND e.aggregate_id = ? AND e.seq < ? \
-             AND (e.state = 'pending' OR (? AND e.state = 'dead')))"
+            "SELECT ? AS t, ? AS i FROM DUAL WHERE COALESCE((SELECT e.seq FROM {table} AS e \
+             WHERE e.aggregate_type = ? AND e.aggregate_id = ? AND e.state = 'pending' \
+             ORDER BY e.seq LIMIT 1), ?) < ? OR (? AND COALESCE((SELECT d.seq FROM {table} AS d \
+             WHERE d.aggregate_type = ? AND d.aggregate_id = ? AND d.state = 'dead' \
+             ORDER BY d.seq LIMIT 1), ?) < ?)"
         );
         // Only the number of parts varies; the table name is a rendered, validated
         // identifier and every value is bound.
@@ -160,7 +162,12 @@ impl MySqlLeaseSource {
                 .bind(*t)
                 .bind(*i)
                 .bind(*seq)
-                .bind(self.hold_dead);
+                .bind(*seq)
+                .bind(self.hold_dead)
+                .bind(*t)
+                .bind(*i)
+                .bind(*seq)
+                .bind(*seq);
         }
         let rows = q
             .fetch_all(&self.pool)
@@ -223,6 +230,7 @@ impl MySqlLeaseSource {
         let events = if self.ordering == Ordering::None {
             decoded.into_iter().map(|(e, _)| e).collect()
         } else {
+            order_by_seq(&mut decoded);
             let blocked = self.blocked(&first_seqs(&decoded)).await?;
             let (kept, dropped) = keep_runs(decoded, &blocked);
             // What may not go out is given back at once, for whoever may deliver it.

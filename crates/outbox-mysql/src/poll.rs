@@ -11,11 +11,13 @@
 //!   (or dead, under `hold-aggregate`), and locks what it takes; other replicas skip locked
 //!   rows.
 //! - A replica that skipped a locked row may have claimed later events of the same aggregate.
-//!   So, before anything goes out, a plain read in the same transaction
-//!   (`outbox_claim_gaps.sql`) lists the aggregates that still have an earlier pending (or
-//!   held dead) event that this batch does not hold; their events are released untouched.
-//!   Within the batch, an aggregate's events go out only as a run of consecutive `seq`s from
-//!   its first: a hole (a row locked elsewhere) stops the run.
+//!   So the claim also reads, for each row, its aggregate's first pending and first dead
+//!   `seq` in the statement's snapshot; an aggregate goes out only when the batch's first
+//!   event of it is its first pending one (and, under `hold-aggregate`, no dead one is
+//!   earlier); the others are released untouched. A row newer than the snapshot (the locking
+//!   read sees the latest committed rows) waits for the next claim. Within the batch, an
+//!   aggregate's events go out only as a run of consecutive `seq`s from its first: a hole (a
+//!   row locked elsewhere) stops the run.
 //!
 //! What goes out for an aggregate therefore always starts right after what was delivered and
 //! has no hole: commit order, across replicas, crashes and retries.
@@ -142,11 +144,22 @@ impl MySqlPollSource {
         .map_err(|e| self.err("claiming a batch", e))?;
         let claimed = rows.len();
         let mut decoded = Vec::with_capacity(claimed);
+        let mut firsts: HashMap<(String, String), (Option<i64>, Option<i64>)> = HashMap::new();
         for row in &rows {
-            decoded.push(decode(row).map_err(|e| self.err("reading a claimed event", e))?);
+            let event = decode(row).map_err(|e| self.err("reading a claimed event", e))?;
+            if ordered {
+                let heads = (|| Ok::<_, sqlx::Error>((row.try_get(10)?, row.try_get(11)?)))()
+                    .map_err(|e| self.err("reading a claimed event", e))?;
+                firsts
+                    .entry((event.0.aggregate_type.clone(), event.0.aggregate_id.clone()))
+                    .or_insert(heads);
+            }
+            decoded.push(event);
         }
         let events = if ordered && !decoded.is_empty() {
-            self.deliverable(&mut tx, decoded).await?
+            order_by_seq(&mut decoded);
+            let blocked = blocked(&first_seqs(&decoded), &firsts, self.hold_dead);
+            keep_runs(decoded, &blocked).0
         } else {
             decoded.into_iter().map(|(event, _)| event).collect()
         };
@@ -163,24 +176,6 @@ impl MySqlPollSource {
             events,
             valid_until: Some(valid_until),
         })
-    }
-
-    /// Keeps, per aggregate, the run of consecutive `seq`s that starts right after what is
-    /// settled (see the module docs) and numbers them (`aggregate_seq` = `seq`). The rest
-    /// stays locked, untouched, until the claim ends.
-    async fn deliverable(
-        &self,
-        tx: &mut Transaction<'static, MySql>,
-        events: Vec<(Event, i64)>,
-    ) -> Result<Vec<Event>, SourceError> {
-        let probe = serde_json::to_string(&first_seqs(&events)).unwrap_or_default();
-        let blocked: Vec<(String, String)> = sqlx::query_as(stmt(&self.queries.claim_gaps))
-            .bind(probe)
-            .bind(self.hold_dead)
-            .fetch_all(&mut **tx)
-            .await
-            .map_err(|e| self.err("checking the claimed aggregates' earlier events", e))?;
-        Ok(keep_runs(events, &blocked.into_iter().collect()).0)
     }
 
     async fn record(
@@ -242,6 +237,55 @@ impl MySqlPollSource {
             .await
             .map_err(|e| self.err("committing batch outcomes", e))
     }
+}
+
+/// Puts each aggregate's events of a claimed batch in `seq` order, in the slots its events
+/// held (so aggregates stay interleaved as claimed). Insert order (`position`) usually agrees
+/// with `seq` per aggregate, but not always: a multi-row `INSERT` reserves its positions at
+/// its first row, before a later row's trigger waits for another transaction of the same
+/// aggregate to commit.
+pub(crate) fn order_by_seq(events: &mut [(Event, i64)]) {
+    let mut slots: HashMap<(String, String), Vec<usize>> = HashMap::new();
+    for (i, (e, _)) in events.iter().enumerate() {
+        slots
+            .entry((e.aggregate_type.clone(), e.aggregate_id.clone()))
+            .or_default()
+            .push(i);
+    }
+    for indices in slots.values().filter(|v| v.len() > 1) {
+        let mut group: Vec<(Event, i64)> = indices
+            .iter()
+            .map(|&i| {
+                let placeholder = (events[i].0.clone(), events[i].1);
+                std::mem::replace(&mut events[i], placeholder)
+            })
+            .collect();
+        group.sort_by_key(|(_, seq)| *seq);
+        for (&i, item) in indices.iter().zip(group) {
+            events[i] = item;
+        }
+    }
+}
+
+/// The aggregates of a batch that must wait, from each one's first claimed `seq` and its
+/// first pending and first dead `seq` as the claim's snapshot saw them: an earlier event is
+/// still pending (claimed by another replica, or waiting), or dead under hold-aggregate, or
+/// the claimed rows are newer than the snapshot (no first pending: decide at the next claim).
+pub(crate) fn blocked(
+    firsts: &[(&str, &str, i64)],
+    heads: &HashMap<(String, String), (Option<i64>, Option<i64>)>,
+    hold_dead: bool,
+) -> HashSet<(String, String)> {
+    firsts
+        .iter()
+        .filter_map(|(t, i, seq)| {
+            let key = ((*t).to_owned(), (*i).to_owned());
+            let (pending, dead) = heads.get(&key).copied().unwrap_or((None, None));
+            let waits =
+                pending.is_none_or(|p| p < *seq) || (hold_dead && dead.is_some_and(|d| d < *seq));
+            waits.then_some(key)
+        })
+        .collect()
 }
 
 /// Each aggregate's first claimed `seq`, in batch order: (type, id, seq).
@@ -353,6 +397,46 @@ mod tests {
             created_at: OffsetDateTime::UNIX_EPOCH,
             attempts: 0,
         }
+    }
+
+    #[test]
+    fn aggregates_wait_unless_the_batch_starts_at_their_first_pending_event() {
+        let firsts = [
+            ("A", "go", 3),
+            ("A", "behind", 5),
+            ("A", "new", 1),
+            ("A", "dead", 4),
+        ];
+        let heads = HashMap::from([
+            (("A".to_owned(), "go".to_owned()), (Some(3), Some(1))),
+            (("A".to_owned(), "behind".to_owned()), (Some(4), None)),
+            (("A".to_owned(), "new".to_owned()), (None, None)),
+            (("A".to_owned(), "dead".to_owned()), (Some(4), Some(2))),
+        ]);
+        let names = |set: HashSet<(String, String)>| {
+            let mut v: Vec<String> = set.into_iter().map(|(_, i)| i).collect();
+            v.sort();
+            v
+        };
+        // "go" has an earlier dead event: it waits only under hold-aggregate.
+        assert_eq!(
+            names(blocked(&firsts, &heads, true)),
+            ["behind", "dead", "go", "new"]
+        );
+        assert_eq!(names(blocked(&firsts, &heads, false)), ["behind", "new"]);
+    }
+
+    #[test]
+    fn each_aggregate_goes_in_seq_order_in_its_own_slots() {
+        let mut events = vec![
+            (ev("x", 10), 2),
+            (ev("y", 11), 1),
+            (ev("x", 12), 1),
+            (ev("x", 13), 3),
+        ];
+        order_by_seq(&mut events);
+        let got: Vec<(i64, i64)> = events.iter().map(|(e, s)| (e.position.0, *s)).collect();
+        assert_eq!(got, vec![(12, 1), (11, 1), (10, 2), (13, 3)]);
     }
 
     #[test]
