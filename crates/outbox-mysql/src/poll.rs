@@ -144,7 +144,7 @@ impl MySqlPollSource {
         .map_err(|e| self.err("claiming a batch", e))?;
         let claimed = rows.len();
         let mut decoded = Vec::with_capacity(claimed);
-        let mut firsts: HashMap<(String, String), (Option<i64>, Option<i64>)> = HashMap::new();
+        let mut firsts: Heads = HashMap::new();
         for row in &rows {
             let event = decode(row).map_err(|e| self.err("reading a claimed event", e))?;
             if ordered {
@@ -267,13 +267,16 @@ pub(crate) fn order_by_seq(events: &mut [(Event, i64)]) {
     }
 }
 
+/// Per aggregate: its first pending and first dead `seq`, as a claim's snapshot saw them.
+pub(crate) type Heads = HashMap<(String, String), (Option<i64>, Option<i64>)>;
+
 /// The aggregates of a batch that must wait, from each one's first claimed `seq` and its
 /// first pending and first dead `seq` as the claim's snapshot saw them: an earlier event is
 /// still pending (claimed by another replica, or waiting), or dead under hold-aggregate, or
 /// the claimed rows are newer than the snapshot (no first pending: decide at the next claim).
 pub(crate) fn blocked(
     firsts: &[(&str, &str, i64)],
-    heads: &HashMap<(String, String), (Option<i64>, Option<i64>)>,
+    heads: &Heads,
     hold_dead: bool,
 ) -> HashSet<(String, String)> {
     firsts
