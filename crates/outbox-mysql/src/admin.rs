@@ -9,7 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use outbox_core::admin::{
-    Blocker, DeadLetter, HeldAggregate, RetentionReport, RetrySelection, StoredEventDetail,
+    Blocker, DeadLetter, HeldAggregate, ReplayPlan, ReplayPreview, ReplaySelection,
+    RetentionReport, RetrySelection, StoredEventDetail,
 };
 use outbox_core::source::{Backlog, Inspect};
 use outbox_core::{Identifier, SourceError};
@@ -36,6 +37,9 @@ struct AdminQueries {
     held_aggregates: Arc<str>,
     retention_count: Arc<str>,
     retention_delete: Arc<str>,
+    replay_select: Arc<str>,
+    replay_count: Arc<str>,
+    replay_batch: Arc<str>,
 }
 
 impl AdminQueries {
@@ -52,6 +56,9 @@ impl AdminQueries {
             held_aggregates: r(include_str!("../queries/outbox_held_aggregates.sql")),
             retention_count: r(include_str!("../queries/retention_count.sql")),
             retention_delete: r(include_str!("../queries/retention_delete_batch.sql")),
+            replay_select: r(include_str!("../queries/replay_select.sql")),
+            replay_count: r(include_str!("../queries/replay_count.sql")),
+            replay_batch: r(include_str!("../queries/replay_batch.sql")),
         }
     }
 }
@@ -349,6 +356,102 @@ impl MySqlAdmin {
             }
             tokio::time::sleep(pause).await;
         }
+    }
+}
+
+impl MySqlAdmin {
+    fn refuse_without_history(&self) -> Result<(), SourceError> {
+        if self.keeps_delivered {
+            return Ok(());
+        }
+        Err(SourceError::fatal(format!(
+            "outbox table {} deletes delivered rows (source.on_delivered = \"delete\"): there is nothing to replay",
+            self.table
+        )))
+    }
+
+    /// Counts the delivered events `selection` holds and returns the first `preview`.
+    pub async fn replay_plan(
+        &self,
+        selection: &ReplaySelection,
+        preview: usize,
+    ) -> Result<ReplayPlan, SourceError> {
+        self.refuse_without_history()?;
+        let err = |e| self.err("selecting events to replay", e);
+        let until = selection.until.map(utc);
+        let total: i64 = sqlx::query_scalar(stmt(&self.admin.replay_count))
+            .bind(utc(selection.since))
+            .bind(until)
+            .bind(until)
+            .bind(&selection.aggregate_id)
+            .bind(&selection.aggregate_id)
+            .bind(&selection.event_type)
+            .bind(&selection.event_type)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(err)?;
+        let rows = self.replay_rows(selection, preview).await?;
+        let preview = rows
+            .iter()
+            .map(|r| {
+                Ok(ReplayPreview {
+                    id: parse_id(r.try_get(0)?)?,
+                    aggregate_type: r.try_get(1)?,
+                    aggregate_id: r.try_get(2)?,
+                    event_type: r.try_get(3)?,
+                    created_at: at(r.try_get(4)?),
+                    delivered_at: r.try_get::<Option<PrimitiveDateTime>, _>(5)?.map(at),
+                })
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(err)?;
+        Ok(ReplayPlan {
+            total: count(total),
+            preview,
+            noun: "delivered event(s)",
+        })
+    }
+
+    /// The ids `selection` holds, in insert order.
+    pub async fn replay_ids(&self, selection: &ReplaySelection) -> Result<Vec<Uuid>, SourceError> {
+        self.refuse_without_history()?;
+        let rows = self.replay_rows(selection, usize::MAX).await?;
+        rows.iter()
+            .map(|r| parse_id(r.try_get(0)?))
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(|e| self.err("selecting events to replay", e))
+    }
+
+    async fn replay_rows(
+        &self,
+        selection: &ReplaySelection,
+        limit: usize,
+    ) -> Result<Vec<MySqlRow>, SourceError> {
+        let until = selection.until.map(utc);
+        sqlx::query(stmt(&self.admin.replay_select))
+            .bind(utc(selection.since))
+            .bind(until)
+            .bind(until)
+            .bind(&selection.aggregate_id)
+            .bind(&selection.aggregate_id)
+            .bind(&selection.event_type)
+            .bind(&selection.event_type)
+            .bind(u64::try_from(limit).unwrap_or(u64::MAX))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| self.err("selecting events to replay", e))
+    }
+
+    /// Puts `ids` back in line (one statement); returns how many were delivered and now are
+    /// pending again.
+    pub async fn replay_ids_batch(&self, ids: &[Uuid]) -> Result<u64, SourceError> {
+        let ids: Vec<String> = ids.iter().map(|id| id.hyphenated().to_string()).collect();
+        Ok(sqlx::query(stmt(&self.admin.replay_batch))
+            .bind(serde_json::Value::from(ids).to_string())
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.err("replaying events", e))?
+            .rows_affected())
     }
 }
 

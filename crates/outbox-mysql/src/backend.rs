@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use outbox_core::admin::{
-    DeadLetter, DeliveryModel, DoctorCheck, DoctorThresholds, EventStory, Explanation,
-    RetentionPreview, RetentionReport, RetentionSettings, RetrySelection, StatusReport,
-    StoredEventDetail, Verdict,
+    DeadLetter, DeliveryModel, DoctorCheck, DoctorThresholds, EventStory, Explanation, ReplayPlan,
+    ReplaySelection, RetentionPreview, RetentionReport, RetentionSettings, RetrySelection,
+    StatusReport, StoredEventDetail, Verdict,
 };
 use outbox_core::backend::{
     Backend, BackendConfig, BoxedSource, DeadLetterStore, Explain, OpenError, OpenOptions,
@@ -316,10 +316,7 @@ impl Backend for MySqlBackend {
         Ok(self)
     }
     fn replay(&self) -> Result<&dyn outbox_core::backend::Replay, Unsupported> {
-        Err(Unsupported::new(self.kind(), "replay").with_hint(
-            "not built yet for MySQL; by hand: `UPDATE outbox SET state = 'pending', attempts = 0, \
-             next_attempt_at = '1970-01-01 00:00:01' WHERE ...` (each event keeps its place in its aggregate)",
-        ))
+        Ok(&self.admin)
     }
     fn retention(&self) -> Result<&dyn Retention, Unsupported> {
         Ok(&self.admin)
@@ -363,6 +360,25 @@ impl DeadLetterStore for MySqlAdmin {
         event_type: Option<&'a str>,
     ) -> BoxFuture<'a, Result<Vec<Uuid>, SourceError>> {
         Box::pin(MySqlAdmin::purge(self, before, event_type))
+    }
+}
+
+impl outbox_core::backend::Replay for MySqlAdmin {
+    fn plan<'a>(
+        &'a self,
+        selection: &'a ReplaySelection,
+        preview: usize,
+    ) -> BoxFuture<'a, Result<ReplayPlan, SourceError>> {
+        Box::pin(self.replay_plan(selection, preview))
+    }
+    fn ids<'a>(
+        &'a self,
+        selection: &'a ReplaySelection,
+    ) -> BoxFuture<'a, Result<Vec<Uuid>, SourceError>> {
+        Box::pin(self.replay_ids(selection))
+    }
+    fn replay_batch<'a>(&'a self, ids: &'a [Uuid]) -> BoxFuture<'a, Result<u64, SourceError>> {
+        Box::pin(self.replay_ids_batch(ids))
     }
 }
 

@@ -1,12 +1,13 @@
 //! The admin conformance suite against a real MariaDB, through the backend seam exactly as
 //! the `outbox` command uses it: status, doctor (red on a never-migrated database), dead
-//! letters (list, show, retry, purge), why, retention, and replay saying it is not offered.
+//! letters (list, show, retry, purge), why, retention, and replay (republishing exactly the
+//! window; refused, saying why, when delivered rows are deleted).
 
 use std::sync::Arc;
 
 use outbox_core::NewEvent;
 use outbox_core::backend::{Backend, BackendConfig, OpenOptions};
-use outbox_mysql::{MySqlConfig, MySqlOutbox};
+use outbox_mysql::{MySqlConfig, MySqlOutbox, OnDelivered};
 use outbox_testkit::admin_conformance::{self, AdminHarness};
 use outbox_testkit::services::MariaDb;
 use sqlx::MySqlPool;
@@ -16,13 +17,15 @@ struct MySqlAdminHarness {
     pool: MySqlPool,
     outbox: MySqlOutbox,
     backend: Arc<dyn Backend>,
+    on_delivered: OnDelivered,
 }
 
 impl MySqlAdminHarness {
-    async fn new() -> anyhow::Result<Self> {
+    async fn new(on_delivered: OnDelivered) -> anyhow::Result<Self> {
         outbox_testkit::init_tracing();
         let url = MariaDb::shared().await?.fresh_database().await?;
-        let config = MySqlConfig::new(url);
+        let mut config = MySqlConfig::new(url);
+        config.on_delivered = on_delivered;
         let backend = config.open(OpenOptions { connections: 4 }).await?;
         backend.migrate().await?;
         let pool = outbox_mysql::connect(&config, 4).await?;
@@ -30,6 +33,7 @@ impl MySqlAdminHarness {
             pool,
             outbox: MySqlOutbox::new(config.table.clone()),
             backend,
+            on_delivered,
         })
     }
 }
@@ -47,6 +51,12 @@ impl AdminHarness for MySqlAdminHarness {
         tx.commit().await?;
         Ok(ids)
     }
+    fn retention_by_delivery_time(&self) -> bool {
+        self.on_delivered == OnDelivered::Mark
+    }
+    fn keeps_delivered_rows(&self) -> bool {
+        self.on_delivered == OnDelivered::Mark
+    }
     async fn unmigrated(&self) -> anyhow::Result<Arc<dyn Backend>> {
         let url = MariaDb::shared().await?.fresh_database().await?;
         Ok(MySqlConfig::new(url)
@@ -57,5 +67,11 @@ impl AdminHarness for MySqlAdminHarness {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mysql_backend_passes_the_admin_suite() -> anyhow::Result<()> {
-    admin_conformance::run_all(MySqlAdminHarness::new).await
+    admin_conformance::run_all(|| MySqlAdminHarness::new(OnDelivered::Mark)).await
+}
+
+/// Deleting delivered rows: replay refuses and says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_backend_passes_the_admin_suite_when_deleting() -> anyhow::Result<()> {
+    admin_conformance::run_all(|| MySqlAdminHarness::new(OnDelivered::Delete)).await
 }
