@@ -345,6 +345,40 @@ async fn a_bad_mysql_url_is_one_clear_error_without_the_password() -> anyhow::Re
         out.stderr.contains("log_bin_trust_function_creators"),
         "{out:?}"
     );
+    // A relay user that may only read: doctor names what is missing and exits non-zero.
+    outbox_mysql::migrate(&admin, &outbox_core::Identifier::new("outbox")?).await?;
+    let reader = format!("ro_{}", &database[database.len() - 8..]);
+    for sql in [
+        format!("CREATE USER '{reader}'@'%' IDENTIFIED BY 'pw'"),
+        format!("GRANT SELECT ON {database}.* TO '{reader}'@'%'"),
+    ] {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+            .execute(&admin)
+            .await?;
+    }
+    let read_only = work.write_config(
+        "read_only.toml",
+        &format!("[source]\nkind = \"mysql\"\nurl = \"mysql://{reader}:pw@{host}/{database}\"\n[sink]\nkind = \"stdout\"\n"),
+    )?;
+    let out = work
+        .run(&["doctor", "--config", read_only.to_str().context("path")?])
+        .await?;
+    ensure!(
+        out.code != Some(0),
+        "doctor passed a read-only relay user: {out:?}"
+    );
+    ensure!(
+        out.stdout.contains("privileges") && out.stdout.contains("lacks UPDATE, DELETE"),
+        "{out:?}"
+    );
+    // With every grant the same check is green.
+    let out = work
+        .run(&["doctor", "--config", unprivileged.to_str().context("path")?])
+        .await?;
+    ensure!(
+        out.stdout.contains("SELECT, UPDATE, DELETE on outbox"),
+        "{out:?}"
+    );
     let cdc = work.write_config(
         "cdc.toml",
         "[source]\nkind = \"mysql\"\nurl = \"mysql://app@127.0.0.1/app\"\nmode = \"cdc\"\n",

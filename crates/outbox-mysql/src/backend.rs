@@ -172,6 +172,7 @@ impl MySqlBackend {
                 return out;
             }
         }
+        out.push(self.privileges().await);
         match self.admin.backlog_at(OffsetDateTime::now_utc()).await {
             Ok(b) => out.extend(outbox_core::admin::backlog_checks(
                 &b,
@@ -188,6 +189,82 @@ impl MySqlBackend {
             )),
         }
         out
+    }
+}
+
+impl MySqlBackend {
+    /// Whether source.url's user may do what the relay does to the outbox table: `EXPLAIN`
+    /// of each statement kind checks the privilege (roles included) without running it.
+    async fn privileges(&self) -> DoctorCheck {
+        let table = self.admin_table();
+        let mut missing = Vec::new();
+        for (privilege, statement) in [
+            (
+                "SELECT",
+                format!("EXPLAIN SELECT position FROM {table} WHERE position = 0"),
+            ),
+            (
+                "UPDATE",
+                format!("EXPLAIN UPDATE {table} SET state = state WHERE position = 0"),
+            ),
+            (
+                "DELETE",
+                format!("EXPLAIN DELETE FROM {table} WHERE position = 0"),
+            ),
+        ] {
+            // The table name is a validated, quoted identifier; nothing else varies.
+            match sqlx::query(sqlx::AssertSqlSafe(statement))
+                .fetch_all(&self.pool)
+                .await
+            {
+                Ok(_) => {}
+                Err(sqlx::Error::Database(db))
+                    if db
+                        .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+                        .is_some_and(|m| m.number() == 1142) =>
+                {
+                    missing.push(privilege);
+                }
+                Err(e) => {
+                    return DoctorCheck::red(
+                        "privileges",
+                        format!(
+                            "cannot check the privileges: {}",
+                            outbox_core::relay::ErrorChain(&e)
+                        ),
+                        "check source.url",
+                    );
+                }
+            }
+        }
+        if missing.is_empty() {
+            return DoctorCheck::ok(
+                "privileges",
+                format!("SELECT, UPDATE, DELETE on {}", self.config.table),
+            );
+        }
+        DoctorCheck::red(
+            "privileges",
+            format!(
+                "source.url's user lacks {} on outbox table {}: the relay cannot {}",
+                missing.join(", "),
+                self.config.table,
+                if missing.contains(&"SELECT") {
+                    "read events"
+                } else {
+                    "record deliveries"
+                }
+            ),
+            format!(
+                "GRANT SELECT, UPDATE, DELETE ON <database>.{} TO <user>",
+                self.config.table
+            ),
+        )
+    }
+
+    /// The outbox table, quoted for MySQL (rendered from the validated identifier).
+    fn admin_table(&self) -> String {
+        crate::sql::render("{{table}}", &self.config.table)
     }
 }
 
