@@ -7,14 +7,14 @@
 //! nothing, and the side effect is skipped; a failing handler rolls back both. See
 //! `docs/inbox.md` for the full contract and the retention rule.
 //!
-//! - [`PgInbox`] (PostgreSQL) and [`SqliteInbox`] (SQLite): `migrate`, `begin` (returns the
-//!   open transaction, or `None` for a duplicate), `process` (runs a handler in it),
-//!   `purge_older_than` (retention).
+//! - [`PgInbox`] (PostgreSQL), [`SqliteInbox`] (SQLite) and `MySqlInbox` (MySQL / MariaDB,
+//!   feature `mysql`): `migrate`, `begin` (returns the open transaction, or `None` for a
+//!   duplicate), `process` (runs a handler in it), `purge_older_than` (retention).
 //! - [`InboxMessage`]: a delivered message with the contract headers parsed back.
 //!
-//! Each database is a feature (`postgres`, `sqlite`; both on by default): a PostgreSQL-only
-//! consumer sets `default-features = false, features = ["postgres", "nats"]` and builds no
-//! SQLite.
+//! Each database is a feature (`postgres`, `sqlite`: both on by default; `mysql`: off by
+//! default): a PostgreSQL-only consumer sets `default-features = false, features =
+//! ["postgres", "nats"]` and builds no SQLite; a MySQL consumer sets `features = ["mysql"]`.
 //!
 //! Consumer loops, each behind its own feature, all built on the [`lane`] module: ack only
 //! after the handler's commit, bounded concurrency with one message at a time per key
@@ -34,6 +34,8 @@
 mod error;
 pub mod lane;
 mod message;
+#[cfg(feature = "mysql")]
+mod mysql;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod sql;
@@ -56,6 +58,8 @@ pub use lane::{
     ConsumerError, ConsumerOrder, ConsumerReport, LanePolicy, MessageHandler, OrderGate,
 };
 pub use message::{InboxMessage, MessageError};
+#[cfg(feature = "mysql")]
+pub use mysql::MySqlInbox;
 #[cfg(feature = "postgres")]
 pub use postgres::PgInbox;
 pub use sql::SCHEMA_VERSION;

@@ -12,7 +12,7 @@ use uuid::Uuid;
 
 use crate::error::{InboxError, MigrateError, MigrationReport};
 use crate::lane::{ConsumerOrder, OrderGate};
-use crate::sql::{PG_MIGRATIONS, Queries, render, stmt};
+use crate::sql::{PG_MIGRATIONS, Queries, finish, render, stmt};
 use crate::{DEFAULT_TABLE, InboxMessage, Outcome, PURGE_BATCH};
 
 const BOOKKEEPING: &str = "CREATE TABLE IF NOT EXISTS {{qname:_migrations}} (
@@ -366,30 +366,6 @@ impl PgInbox {
             if n < PURGE_BATCH as u64 {
                 return Ok(total);
             }
-        }
-    }
-}
-
-/// Runs `handler` in `tx` (none: a duplicate) and commits on `Ok`.
-async fn finish<T, E, F>(
-    tx: Option<Transaction<'static, Postgres>>,
-    handler: F,
-) -> Result<Outcome<T>, InboxError<E>>
-where
-    F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<T, E>>,
-{
-    let Some(mut tx) = tx else {
-        return Ok(Outcome::Duplicate);
-    };
-    match handler(&mut tx).await {
-        Ok(value) => {
-            tx.commit().await.map_err(InboxError::Database)?;
-            Ok(Outcome::Processed(value))
-        }
-        Err(e) => {
-            // Dropping would roll back too; rolling back now frees the key at once.
-            let _ = tx.rollback().await;
-            Err(InboxError::Handler(e))
         }
     }
 }

@@ -1,10 +1,11 @@
 //! The one place where a configured schema or table name enters SQL, and the bundled
-//! migrations of both dialects.
+//! migrations of every dialect.
 //!
 //! Queries and migrations live in `.sql` files with placeholders (`{{table}}`, `{{schema}}`,
 //! `{{name:_suffix}}`, `{{qname:_suffix}}`). [`render`] fills them from validated
-//! [`Identifier`]s, always double-quoted. Suffixes come from the `.sql` files shipped with
-//! this crate, never from input.
+//! [`Identifier`]s, always double-quoted; `render_mysql` writes them backquoted, MySQL's
+//! identifier quote. Suffixes come from the `.sql` files shipped with this crate, never from
+//! input.
 
 use std::sync::Arc;
 
@@ -19,6 +20,48 @@ use outbox_core::migration::Migration;
 /// files (covered by tests), never caused by input.
 pub(crate) fn render(template: &str, schema: Option<&Identifier>, table: &Identifier) -> String {
     outbox_core::migration::render_sql(template, schema, table, &[])
+}
+
+/// Fills the placeholders of a MySQL `template` for `table` (in the connection's database),
+/// backquoted. The bundled MySQL files contain no double quote of their own, so every `"` of
+/// the shared renderer's output is an identifier quote and becomes a backquote.
+///
+/// # Panics
+/// On a double quote in `template`, an unknown placeholder or a malformed suffix: bugs in
+/// this crate's `.sql` files (covered by tests), never caused by input.
+#[cfg(feature = "mysql")]
+pub(crate) fn render_mysql(template: &str, table: &Identifier) -> String {
+    assert!(
+        !template.contains('"'),
+        "a double quote in bundled MySQL SQL (it would be a string literal)"
+    );
+    render(template, None, table).replace('"', "`")
+}
+
+/// Runs `handler` in `tx` (none: a duplicate) and commits on `Ok`; on `Err` rolls back the
+/// side effect and the dedup record together. Shared by every database's `process`.
+pub(crate) async fn finish<DB, T, E, F>(
+    tx: Option<sqlx::Transaction<'static, DB>>,
+    handler: F,
+) -> Result<crate::Outcome<T>, crate::InboxError<E>>
+where
+    DB: sqlx::Database,
+    F: for<'c> FnOnce(&'c mut DB::Connection) -> futures::future::BoxFuture<'c, Result<T, E>>,
+{
+    let Some(mut tx) = tx else {
+        return Ok(crate::Outcome::Duplicate);
+    };
+    match handler(&mut tx).await {
+        Ok(value) => {
+            tx.commit().await.map_err(crate::InboxError::Database)?;
+            Ok(crate::Outcome::Processed(value))
+        }
+        Err(e) => {
+            // Dropping would roll back too; rolling back now frees the key at once.
+            let _ = tx.rollback().await;
+            Err(crate::InboxError::Handler(e))
+        }
+    }
 }
 
 /// A rendered statement, marked as audited for sqlx: its only dynamic parts are validated,
@@ -57,7 +100,23 @@ pub(crate) const SQLITE_MIGRATIONS: &[Migration] = &[
     },
 ];
 
-/// The schema version this build of the library expects (both dialects).
+#[cfg(feature = "mysql")]
+/// MySQL / MariaDB migrations, in order. Append only; never edit one that has shipped. DDL
+/// commits on its own in MySQL, so each file is idempotent (`IF NOT EXISTS`).
+pub(crate) const MYSQL_MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "processed_events",
+        sql: include_str!("../migrations/mysql/0001_processed_events.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "positions",
+        sql: include_str!("../migrations/mysql/0002_positions.sql"),
+    },
+];
+
+/// The schema version this build of the library expects (every dialect).
 pub const SCHEMA_VERSION: i32 = 2;
 
 /// Every query of one dialect, rendered once for one inbox table.
@@ -102,6 +161,20 @@ impl Queries {
             )),
             positions_advance: r(include_str!("../queries/sqlite/positions_advance.sql")),
             positions_read: r(include_str!("../queries/sqlite/positions_read.sql")),
+        }
+    }
+
+    #[cfg(feature = "mysql")]
+    pub(crate) fn mysql(table: &Identifier) -> Self {
+        let r = |t: &str| -> Arc<str> { render_mysql(t, table).into() };
+        Self {
+            insert: r(include_str!("../queries/mysql/processed_events_insert.sql")),
+            purge: r(include_str!("../queries/mysql/processed_events_purge.sql")),
+            contains: r(include_str!(
+                "../queries/mysql/processed_events_contains.sql"
+            )),
+            positions_advance: r(include_str!("../queries/mysql/positions_advance.sql")),
+            positions_read: r(include_str!("../queries/mysql/positions_read.sql")),
         }
     }
 }
@@ -162,5 +235,41 @@ mod tests {
         for m in SQLITE_MIGRATIONS {
             assert!(!render(m.sql, None, &id("seen")).contains("{{"));
         }
+    }
+
+    #[test]
+    #[cfg(feature = "mysql")]
+    fn every_bundled_mysql_file_renders_backquoted_without_leftover_placeholders() {
+        assert_eq!(
+            render_mysql("{{table}} {{name:_positions}}", &id("seen")),
+            "`seen` `seen_positions`"
+        );
+        let q = Queries::mysql(&id("seen"));
+        for sql in [
+            &q.insert,
+            &q.purge,
+            &q.contains,
+            &q.positions_advance,
+            &q.positions_read,
+        ] {
+            assert!(!sql.contains("{{") && !sql.contains('"'), "{sql}");
+            assert!(sql.contains("`seen"), "{sql}");
+        }
+        for m in MYSQL_MIGRATIONS {
+            let sql = render_mysql(m.sql, &id("seen"));
+            assert!(
+                !sql.contains("{{") && sql.contains("IF NOT EXISTS"),
+                "{}",
+                m.name
+            );
+        }
+        assert_eq!(MYSQL_MIGRATIONS.len(), SCHEMA_VERSION as usize);
+    }
+
+    #[test]
+    #[cfg(feature = "mysql")]
+    #[should_panic(expected = "double quote")]
+    fn a_double_quote_in_bundled_mysql_sql_is_a_bug_caught_by_tests() {
+        render_mysql("SELECT \"x\"", &id("seen"));
     }
 }

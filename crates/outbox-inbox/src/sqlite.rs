@@ -17,7 +17,7 @@ use uuid::Uuid;
 
 use crate::error::{InboxError, MigrateError, MigrationReport};
 use crate::lane::{ConsumerOrder, OrderGate};
-use crate::sql::{Queries, SQLITE_MIGRATIONS, render, stmt};
+use crate::sql::{Queries, SQLITE_MIGRATIONS, finish, render, stmt};
 use crate::{DEFAULT_TABLE, InboxMessage, Outcome, PURGE_BATCH};
 
 const BOOKKEEPING: &str = "CREATE TABLE IF NOT EXISTS {{name:_migrations}} (
@@ -329,30 +329,6 @@ impl SqliteInbox {
             if n < PURGE_BATCH as u64 {
                 return Ok(total);
             }
-        }
-    }
-}
-
-/// Runs `handler` in `tx` (none: a duplicate) and commits on `Ok`.
-async fn finish<T, E, F>(
-    tx: Option<Transaction<'static, Sqlite>>,
-    handler: F,
-) -> Result<Outcome<T>, InboxError<E>>
-where
-    F: for<'c> FnOnce(&'c mut SqliteConnection) -> BoxFuture<'c, Result<T, E>>,
-{
-    let Some(mut tx) = tx else {
-        return Ok(Outcome::Duplicate);
-    };
-    match handler(&mut tx).await {
-        Ok(value) => {
-            tx.commit().await.map_err(InboxError::Database)?;
-            Ok(Outcome::Processed(value))
-        }
-        Err(e) => {
-            // Dropping would roll back too; rolling back now frees the key at once.
-            let _ = tx.rollback().await;
-            Err(InboxError::Handler(e))
         }
     }
 }

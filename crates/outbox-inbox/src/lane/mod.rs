@@ -47,9 +47,10 @@ pub(crate) use schedule::{Lanes, Settle};
 
 /// Where a consumer loop's order gate reads which delivery position of an aggregate was
 /// applied last, and records one it passes without applying (a dead letter). Implemented by
-/// [`PgInbox::order_gate`](crate::PgInbox::order_gate) and
-/// [`SqliteInbox::order_gate`](crate::SqliteInbox::order_gate), whose positions the handler
-/// writes with the side effect (`begin_message` / `process_message`).
+/// [`PgInbox::order_gate`](crate::PgInbox::order_gate),
+/// [`SqliteInbox::order_gate`](crate::SqliteInbox::order_gate) and `MySqlInbox::order_gate`
+/// (feature `mysql`), whose positions the handler writes with the side effect
+/// (`begin_message` / `process_message`).
 pub trait OrderGate: Send + Sync + 'static {
     /// The highest position of the aggregate this consumer applied; 0 when none.
     fn applied<'a>(
