@@ -27,7 +27,7 @@ use crate::lease::MySqlLeaseSource;
 use crate::migrate::{SCHEMA_VERSION, migrate, schema_version};
 use crate::poll::MySqlPollSource;
 use crate::producer::MySqlOutbox;
-use crate::server::server_version;
+use crate::server::{server_version, session_tls};
 
 impl BackendConfig for MySqlConfig {
     const KIND: &'static str = "mysql";
@@ -83,6 +83,30 @@ fn fatal(context: &str, e: &(dyn std::error::Error + 'static)) -> SourceError {
 }
 
 impl MySqlBackend {
+    /// Whether the relay's connections are encrypted: fine either way on loopback, a
+    /// warning when a plain connection crosses a network.
+    async fn transport(&self) -> DoctorCheck {
+        match session_tls(&self.pool).await {
+            Ok(Some(tls)) => DoctorCheck::ok("connection", format!("TLS ({tls})")),
+            Ok(None) if self.config.is_loopback() => {
+                DoctorCheck::ok("connection", "not encrypted (loopback)")
+            }
+            Ok(None) => DoctorCheck::warn(
+                "connection",
+                "not encrypted: passwords and events cross the network in clear",
+                "add ?ssl-mode=verify_identity&ssl-ca=/path/ca.pem to source.url (docs/mysql.md, TLS)",
+            ),
+            Err(e) => DoctorCheck::red(
+                "connection",
+                format!(
+                    "cannot read the session's TLS status: {}",
+                    outbox_core::relay::ErrorChain(&e)
+                ),
+                "check source.url",
+            ),
+        }
+    }
+
     /// The backend over `pool` (see [`crate::connect`]).
     pub fn new(pool: MySqlPool, config: MySqlConfig) -> Self {
         Self {
@@ -145,6 +169,7 @@ impl MySqlBackend {
                 return out;
             }
         }
+        out.push(self.transport().await);
         match schema_version(&self.pool, table).await {
             Ok(Some(v)) if v >= SCHEMA_VERSION => {
                 out.push(DoctorCheck::ok("schema", format!("version {v}")));

@@ -125,6 +125,23 @@ impl MySqlConfig {
     }
 
     /// The URL to connect with (`mariadb://` is accepted as a spelling of `mysql://`).
+    /// True when the URL's host is this machine (`localhost`, `127.0.0.0/8`, `::1`, or a
+    /// Unix socket), where an unencrypted connection exposes nothing.
+    pub(crate) fn is_loopback(&self) -> bool {
+        use std::str::FromStr as _;
+        let Ok(options) = sqlx::mysql::MySqlConnectOptions::from_str(&self.connect_url()) else {
+            return false;
+        };
+        if options.get_socket().is_some() {
+            return true;
+        }
+        let host = options.get_host().trim_matches(['[', ']']);
+        host.eq_ignore_ascii_case("localhost")
+            || host
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback())
+    }
+
     pub(crate) fn connect_url(&self) -> String {
         let url = self.url.expose();
         match url.strip_prefix("mariadb://") {

@@ -87,6 +87,27 @@ pub async fn server_version(pool: &sqlx::MySqlPool) -> Result<ServerVersion, sql
         .ok_or_else(|| sqlx::Error::Protocol(format!("unrecognised server version `{text}`")))
 }
 
+/// How one of the pool's connections is protected: the TLS version and cipher the server
+/// reports for the session (`Ssl_version`, `Ssl_cipher`), `None` when it is not encrypted.
+pub(crate) async fn session_tls(pool: &sqlx::MySqlPool) -> Result<Option<String>, sqlx::Error> {
+    let rows: Vec<(String, String)> =
+        sqlx::query_as("SHOW SESSION STATUS WHERE Variable_name IN ('Ssl_version', 'Ssl_cipher')")
+            .fetch_all(pool)
+            .await?;
+    let value = |name: &str| {
+        rows.iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.clone())
+            .filter(|v| !v.is_empty())
+    };
+    Ok(
+        value("Ssl_version").map(|version| match value("Ssl_cipher") {
+            Some(cipher) => format!("{version}, {cipher}"),
+            None => version,
+        }),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -79,7 +79,36 @@ impl MariaDb {
         conn.close().await.ok();
         Ok(format!("{}/{name}", self.url().trim_end_matches('/')))
     }
+
+    /// Turns TLS on for a private server: installs `cert` and `key` (PEM) and restarts it,
+    /// which then accepts TLS on its port (plain connections too, unless a user is created
+    /// `REQUIRE SSL`). The server's certificate and key are read only at start in MariaDB.
+    pub async fn enable_tls(&self, cert: &Path, key: &Path) -> anyhow::Result<()> {
+        let dir = self.0.private_root("enable TLS")?.join(TLS_DIR);
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        for (from, name) in [(cert, TLS_CERT), (key, TLS_KEY)] {
+            let to = dir.join(name);
+            std::fs::copy(from, &to)
+                .with_context(|| format!("copying {} to {}", from.display(), to.display()))?;
+        }
+        self.restart().await?;
+        let mut conn = MySqlConnection::connect(self.url()).await?;
+        let have: String = sqlx::query_scalar("SELECT CAST(@@have_ssl AS CHAR)")
+            .fetch_one(&mut conn)
+            .await?;
+        anyhow::ensure!(
+            have == "YES",
+            "MariaDB did not turn TLS on (have_ssl = {have})"
+        );
+        conn.close().await.ok();
+        Ok(())
+    }
 }
+
+/// Where [`MariaDb::enable_tls`] puts the certificate and key, under the server's root.
+const TLS_DIR: &str = "tls";
+const TLS_CERT: &str = "server.pem";
+const TLS_KEY: &str = "server.key";
 
 impl ServerSpec for MariaDbServer {
     const NAME: &'static str = "mariadbd";
@@ -161,6 +190,14 @@ impl ServerSpec for MariaDbServer {
             let mut arg = OsString::from(flag);
             arg.push(path(name));
             args.push(arg);
+        }
+        let tls = self.root.join(TLS_DIR);
+        if tls.join(TLS_CERT).exists() {
+            for (flag, name) in [("--ssl-cert=", TLS_CERT), ("--ssl-key=", TLS_KEY)] {
+                let mut arg = OsString::from(flag);
+                arg.push(tls.join(name));
+                args.push(arg);
+            }
         }
         args
     }
