@@ -24,6 +24,7 @@ pub mod redact;
 pub mod relay;
 pub mod sink;
 pub mod source;
+pub mod stream_ledger;
 
 pub use backend::{
     Backend, BackendConfig, BoxedSource, DynSource, OpenError, OpenOptions, Pipelines, Unsupported,

@@ -23,7 +23,7 @@ use uuid::Uuid;
 
 use super::decode::{Decoder, Step};
 use super::inspect::{CdcStats, PgCdcInspector};
-use super::ledger::{Entry, Ledger, Origin};
+use super::ledger::{Entry, Ledger, Origin, with_meta};
 use super::offset::SavedOffset;
 use super::queries::{CdcQueries, TRANSACTION_VISIBLE};
 use super::slot;
@@ -298,14 +298,12 @@ impl PgCdcSource {
         let (committed, reached) = match step {
             Step::Nothing => (false, None),
             Step::Committed {
-                events,
-                end_lsn,
-                xid,
+                events, end_lsn, ..
             } if end_lsn <= self.skip_through => {
                 // The broker acknowledged these before the database lost the slot's newer
                 // position (a crash): confirm the transaction, publish nothing.
                 self.skipped += events.len() as u64;
-                self.ledger.commit(Vec::new(), end_lsn, xid);
+                self.ledger.commit(Vec::new(), end_lsn);
                 (false, Some(end_lsn))
             }
             Step::Committed {
@@ -320,7 +318,7 @@ impl PgCdcSource {
                     );
                     self.skipped = 0;
                 }
-                self.ledger.commit(events, end_lsn, xid);
+                self.ledger.commit(with_meta(events, xid), end_lsn);
                 (true, Some(end_lsn))
             }
             Step::KeepAlive { wal_end } => {
@@ -378,7 +376,7 @@ impl PgCdcSource {
         }
         let xids: Vec<i64> = suspects
             .iter()
-            .filter_map(|p| self.ledger.queued_mut(*p).map(|e| i64::from(e.xid)))
+            .filter_map(|p| self.ledger.queued_mut(*p).map(|e| i64::from(e.meta.xid)))
             .collect();
         self.wait_visible(xids).await?;
         let mut groups: Vec<((String, String), Vec<i64>)> = Vec::new();
@@ -482,8 +480,9 @@ impl PgCdcSource {
         items: &[(Entry, i32, String)],
         now: OffsetDateTime,
     ) -> Result<(), SourceError> {
-        let (rows, messages): (Vec<_>, Vec<_>) =
-            items.iter().partition(|(e, _, _)| e.origin == Origin::Row);
+        let (rows, messages): (Vec<_>, Vec<_>) = items
+            .iter()
+            .partition(|(e, _, _)| e.meta.origin == Origin::Row);
         let mut tx = self
             .pool
             .begin()
@@ -643,7 +642,7 @@ impl Source for PgCdcSource {
             })
             .collect();
         if !dead.is_empty() {
-            let xids = dead.iter().map(|(e, _, _)| i64::from(e.xid)).collect();
+            let xids = dead.iter().map(|(e, _, _)| i64::from(e.meta.xid)).collect();
             let written = match self.wait_visible(xids).await {
                 Ok(()) => self.write_dead(&dead, now).await,
                 Err(e) => Err(e),

@@ -1,0 +1,395 @@
+//! The in-memory ledger of a change-stream source (PostgreSQL logical replication, the MySQL
+//! binlog): committed transactions whose stream position is not yet confirmed, the events
+//! waiting to be fetched, and the events fetched but not yet settled.
+//!
+//! Confirmation rule: the confirmed stream position advances to the end of a transaction only
+//! when that transaction and every transaction before it have all their events settled for
+//! good (delivered or dead-lettered). A retried or released event keeps its transaction, and
+//! every later one, unconfirmed: after a crash the stream resumes from there and republishes
+//! the unconfirmed tail (duplicates, never loss). Stream positions are `u64`s that grow with
+//! commit order (an LSN; a binlog file number and offset packed into one number).
+//!
+//! Positions of events are a source-assigned counter, increasing in commit order and never
+//! reused within a source (also across reconnects), so a stale settlement can never hit a
+//! new event. Each event carries the source's own metadata `M` (where it came from, its
+//! transaction id) for dead-lettering.
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+
+use time::OffsetDateTime;
+
+use crate::{Event, Ordering, Position};
+
+/// One unsettled event.
+#[derive(Debug, Clone)]
+pub struct Entry<M> {
+    /// The event as it will be (or was) published.
+    pub event: Event,
+    /// The source's own metadata about it.
+    pub meta: M,
+    /// The transaction it belongs to.
+    txn: u64,
+    /// Not fetched again before this time (a retry's backoff).
+    pub not_before: Option<OffsetDateTime>,
+    /// Its aggregate was checked against the table's dead letters since it last changed.
+    pub checked: bool,
+}
+
+impl<M> Entry<M> {
+    /// The ordering key.
+    pub fn aggregate(&self) -> (String, String) {
+        (
+            self.event.aggregate_type.clone(),
+            self.event.aggregate_id.clone(),
+        )
+    }
+}
+
+#[derive(Debug)]
+struct Txn {
+    end_lsn: u64,
+    remaining: usize,
+}
+
+/// See the module docs.
+#[derive(Debug)]
+pub struct Ledger<M> {
+    next_position: i64,
+    /// Id of `txns[0]`.
+    first_txn: u64,
+    txns: VecDeque<Txn>,
+    queue: BTreeMap<i64, Entry<M>>,
+    in_flight: HashMap<i64, Entry<M>>,
+    confirmed: u64,
+}
+
+impl<M: Clone> Ledger<M> {
+    /// An empty ledger whose stream is confirmed up to `confirmed`.
+    pub fn new(confirmed: u64) -> Self {
+        Self {
+            next_position: 1,
+            first_txn: 0,
+            txns: VecDeque::new(),
+            queue: BTreeMap::new(),
+            in_flight: HashMap::new(),
+            confirmed,
+        }
+    }
+
+    /// Forgets everything unconfirmed (the stream restarts from `confirmed` and sends it
+    /// again); positions keep increasing.
+    pub fn reset(&mut self, confirmed: u64) {
+        self.first_txn += self.txns.len() as u64;
+        self.txns.clear();
+        self.queue.clear();
+        self.in_flight.clear();
+        self.confirmed = confirmed;
+    }
+
+    /// The stream position that may be confirmed (all before it is settled for good).
+    pub fn confirmed(&self) -> u64 {
+        self.confirmed
+    }
+
+    /// Records a committed transaction; returns the new confirmed LSN if it moved (a
+    /// transaction without events confirms at once when nothing precedes it).
+    pub fn commit(&mut self, events: Vec<(Event, M)>, end_lsn: u64) -> Option<u64> {
+        let txn = self.first_txn + self.txns.len() as u64;
+        self.txns.push_back(Txn {
+            end_lsn,
+            remaining: events.len(),
+        });
+        for (mut event, meta) in events {
+            let position = self.next_position;
+            self.next_position += 1;
+            event.position = Position(position);
+            self.queue.insert(
+                position,
+                Entry {
+                    event,
+                    meta,
+                    txn,
+                    not_before: None,
+                    checked: false,
+                },
+            );
+        }
+        self.advance()
+    }
+
+    /// Confirms the server's position when nothing is outstanding; returns it if it moved.
+    pub fn idle_confirm(&mut self, wal_end: u64) -> Option<u64> {
+        if self.txns.is_empty() && wal_end > self.confirmed {
+            self.confirmed = wal_end;
+            Some(wal_end)
+        } else {
+            None
+        }
+    }
+
+    fn advance(&mut self) -> Option<u64> {
+        let before = self.confirmed;
+        while self.txns.front().is_some_and(|t| t.remaining == 0) {
+            if let Some(t) = self.txns.pop_front() {
+                self.confirmed = self.confirmed.max(t.end_lsn);
+                self.first_txn += 1;
+            }
+        }
+        (self.confirmed != before).then_some(self.confirmed)
+    }
+
+    /// Marks an event settled for good (delivered, dead-lettered, or found already dead);
+    /// returns the new confirmed LSN if it moved.
+    pub fn finish(&mut self, entry: &Entry<M>) -> Option<u64> {
+        if let Some(i) = entry.txn.checked_sub(self.first_txn)
+            && let Some(t) = self.txns.get_mut(i as usize)
+        {
+            t.remaining = t.remaining.saturating_sub(1);
+        }
+        self.advance()
+    }
+
+    /// Positions `fetch` may return at `now`, at most `limit`, in commit order.
+    ///
+    /// - `None`: any event not waiting on backoff.
+    /// - `PerAggregate`: an event only when no earlier event of its aggregate is waiting.
+    /// - `Total`: the events before the first one that is waiting.
+    pub fn selectable(&self, limit: usize, now: OffsetDateTime, ordering: Ordering) -> Vec<i64> {
+        let mut picked = Vec::new();
+        let mut blocked: HashSet<(&str, &str)> = HashSet::new();
+        for (position, e) in &self.queue {
+            if picked.len() >= limit {
+                break;
+            }
+            let ready = e.not_before.is_none_or(|t| t <= now);
+            match ordering {
+                Ordering::None => {
+                    if ready {
+                        picked.push(*position);
+                    }
+                }
+                Ordering::Total => {
+                    if !ready {
+                        break;
+                    }
+                    picked.push(*position);
+                }
+                Ordering::PerAggregate => {
+                    let key = (
+                        e.event.aggregate_type.as_str(),
+                        e.event.aggregate_id.as_str(),
+                    );
+                    if blocked.contains(&key) {
+                        continue;
+                    }
+                    if ready {
+                        picked.push(*position);
+                    } else {
+                        blocked.insert(key);
+                    }
+                }
+            }
+        }
+        picked
+    }
+
+    /// Moves the selectable events in flight and returns them.
+    pub fn take(&mut self, limit: usize, now: OffsetDateTime, ordering: Ordering) -> Vec<Event> {
+        let picked = self.selectable(limit, now, ordering);
+        let mut events = Vec::with_capacity(picked.len());
+        for position in picked {
+            if let Some(entry) = self.queue.remove(&position) {
+                events.push(entry.event.clone());
+                self.in_flight.insert(position, entry);
+            }
+        }
+        events
+    }
+
+    /// The in-flight event at `position`, removed from flight.
+    pub fn take_in_flight(&mut self, position: i64) -> Option<Entry<M>> {
+        self.in_flight.remove(&position)
+    }
+
+    /// The in-flight event at `position`.
+    pub fn in_flight(&self, position: i64) -> Option<&Entry<M>> {
+        self.in_flight.get(&position)
+    }
+
+    /// Puts an event back in the queue (released, or retried after `not_before`).
+    pub fn requeue(&mut self, entry: Entry<M>) {
+        self.queue.insert(entry.event.position.0, entry);
+    }
+
+    /// Puts every in-flight event back untouched (a fetch without settle, a failed settle).
+    pub fn release_in_flight(&mut self) {
+        for (position, entry) in self.in_flight.drain() {
+            self.queue.insert(position, entry);
+        }
+    }
+
+    /// Queued events whose aggregate is in `dead` and was not checked since.
+    pub fn suspects(&self, dead: &HashSet<(String, String)>) -> Vec<i64> {
+        if dead.is_empty() {
+            return Vec::new();
+        }
+        self.queue
+            .iter()
+            .filter(|(_, e)| {
+                !e.checked
+                    && dead
+                        .contains(&(e.event.aggregate_type.clone(), e.event.aggregate_id.clone()))
+            })
+            .map(|(p, _)| *p)
+            .collect()
+    }
+
+    /// The queued event at `position`.
+    pub fn queued_mut(&mut self, position: i64) -> Option<&mut Entry<M>> {
+        self.queue.get_mut(&position)
+    }
+
+    /// Removes the queued event at `position`.
+    pub fn remove_queued(&mut self, position: i64) -> Option<Entry<M>> {
+        self.queue.remove(&position)
+    }
+
+    /// Marks the queued events of `aggregate` for a new dead-letter check.
+    pub fn uncheck(&mut self, aggregate: &(String, String)) {
+        for e in self.queue.values_mut() {
+            if e.event.aggregate_type == aggregate.0 && e.event.aggregate_id == aggregate.1 {
+                e.checked = false;
+            }
+        }
+    }
+
+    /// Events received and not settled for good (queued or in flight).
+    pub fn unsettled(&self) -> usize {
+        self.queue.len() + self.in_flight.len()
+    }
+
+    /// Queued events waiting on a retry's backoff.
+    pub fn retrying(&self) -> usize {
+        self.queue.values().filter(|e| e.event.attempts > 0).count()
+    }
+
+    /// Creation time of the oldest unsettled event.
+    pub fn oldest(&self) -> Option<OffsetDateTime> {
+        let queued = self.queue.values().next().map(|e| e.event.created_at);
+        let flying = self.in_flight.values().map(|e| e.event.created_at).min();
+        match (queued, flying) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// The earliest backoff deadline after `now`, to wake up for it.
+    pub fn next_due(&self, now: OffsetDateTime) -> Option<OffsetDateTime> {
+        self.queue
+            .values()
+            .filter_map(|e| e.not_before)
+            .filter(|t| *t > now)
+            .min()
+    }
+
+    /// Committed transactions not yet confirmed.
+    pub fn open_transactions(&self) -> usize {
+        self.txns.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn ev(agg: &str) -> (Event, ()) {
+        (
+            Event {
+                id: uuid::Uuid::now_v7(),
+                position: Position(0),
+                aggregate_type: "T".into(),
+                aggregate_id: agg.into(),
+                event_type: "e".into(),
+                payload: bytes::Bytes::new(),
+                headers: vec![],
+                created_at: OffsetDateTime::UNIX_EPOCH,
+                attempts: 0,
+            },
+            (),
+        )
+    }
+
+    fn settle_delivered(l: &mut Ledger<()>, position: i64) -> Option<u64> {
+        let e = l.take_in_flight(position).expect("in flight");
+        l.finish(&e)
+    }
+
+    #[test]
+    fn the_slot_is_confirmed_only_over_a_fully_settled_prefix_of_transactions() {
+        let now = OffsetDateTime::now_utc();
+        let mut l = Ledger::<()>::new(100);
+        assert_eq!(l.commit(vec![ev("a"), ev("b")], 200), None);
+        assert_eq!(l.commit(vec![ev("c")], 300), None);
+        assert_eq!(
+            l.commit(vec![], 400),
+            None,
+            "an empty transaction waits behind others"
+        );
+        let batch = l.take(10, now, Ordering::PerAggregate);
+        assert_eq!(
+            batch.iter().map(|e| e.position.0).collect::<Vec<_>>(),
+            vec![1, 2, 3]
+        );
+        // The second transaction is settled first: nothing moves.
+        assert_eq!(settle_delivered(&mut l, 3), None);
+        assert_eq!(settle_delivered(&mut l, 1), None);
+        // Event 2 is retried: the first transaction stays open, so does everything after it.
+        let mut two = l.take_in_flight(2).expect("in flight");
+        two.event.attempts += 1;
+        two.not_before = Some(now + Duration::from_secs(60));
+        l.requeue(two);
+        assert_eq!(l.confirmed(), 100);
+        assert!(l.take(10, now, Ordering::PerAggregate).is_empty());
+        let later = now + Duration::from_secs(61);
+        assert_eq!(l.take(10, later, Ordering::PerAggregate).len(), 1);
+        assert_eq!(settle_delivered(&mut l, 2), Some(400));
+        assert_eq!(l.open_transactions(), 0);
+        assert_eq!(l.idle_confirm(450), Some(450));
+        assert_eq!(l.idle_confirm(420), None);
+    }
+
+    #[test]
+    fn an_event_waiting_on_backoff_holds_its_aggregate_or_everything_with_total_order() {
+        let now = OffsetDateTime::now_utc();
+        let mut l = Ledger::<()>::new(0);
+        l.commit(vec![ev("a"), ev("b"), ev("a"), ev("c")], 10);
+        let first = l.take(1, now, Ordering::PerAggregate);
+        let mut a1 = l.take_in_flight(first[0].position.0).expect("in flight");
+        a1.not_before = Some(now + Duration::from_secs(5));
+        a1.event.attempts = 1;
+        l.requeue(a1);
+        assert_eq!(l.selectable(10, now, Ordering::PerAggregate), vec![2, 4]);
+        assert_eq!(l.selectable(10, now, Ordering::Total), Vec::<i64>::new());
+        assert_eq!(l.selectable(10, now, Ordering::None), vec![2, 3, 4]);
+        assert_eq!(l.retrying(), 1);
+        assert_eq!(l.next_due(now), Some(now + Duration::from_secs(5)));
+    }
+
+    #[test]
+    fn a_reset_forgets_the_unconfirmed_tail_but_never_reuses_positions() {
+        let now = OffsetDateTime::now_utc();
+        let mut l = Ledger::<()>::new(0);
+        l.commit(vec![ev("a"), ev("b")], 10);
+        let _ = l.take(1, now, Ordering::None);
+        l.reset(5);
+        assert_eq!(l.unsettled(), 0);
+        assert_eq!(l.confirmed(), 5);
+        assert!(
+            l.take_in_flight(1).is_none(),
+            "a stale settlement finds nothing"
+        );
+        l.commit(vec![ev("a")], 10);
+        assert_eq!(l.take(1, now, Ordering::None)[0].position, Position(3));
+    }
+}
