@@ -15,10 +15,61 @@
 //! transaction id) for dead-lettering.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::sync::atomic::{self, AtomicBool, AtomicI64, AtomicU64};
 
 use time::OffsetDateTime;
 
+use crate::source::Backlog;
 use crate::{Event, Ordering, Position};
+
+/// Counters a running stream source shares with its inspector (metrics, the watchdog and
+/// `status` run on other tasks).
+#[derive(Debug)]
+pub struct LedgerStats {
+    unsettled: AtomicU64,
+    retrying: AtomicU64,
+    /// Unix microseconds of the oldest unsettled event; `i64::MIN` when none.
+    oldest_micros: AtomicI64,
+    /// True while the source holds its stream.
+    pub streaming: AtomicBool,
+}
+
+impl Default for LedgerStats {
+    fn default() -> Self {
+        Self {
+            unsettled: AtomicU64::new(0),
+            retrying: AtomicU64::new(0),
+            oldest_micros: AtomicI64::new(i64::MIN),
+            streaming: AtomicBool::new(false),
+        }
+    }
+}
+
+impl LedgerStats {
+    /// Copies the ledger's counts.
+    pub fn publish<M: Clone>(&self, ledger: &Ledger<M>) {
+        let relaxed = atomic::Ordering::Relaxed;
+        self.unsettled.store(ledger.unsettled() as u64, relaxed);
+        self.retrying.store(ledger.retrying() as u64, relaxed);
+        let oldest = ledger
+            .oldest()
+            .map_or(i64::MIN, |t| (t.unix_timestamp_nanos() / 1_000) as i64);
+        self.oldest_micros.store(oldest, relaxed);
+    }
+
+    /// Sets the backlog's pending and retrying counts and the oldest pending age at `now`
+    /// from the last published counts.
+    pub fn fill(&self, backlog: &mut Backlog, now: OffsetDateTime) {
+        let relaxed = atomic::Ordering::Relaxed;
+        backlog.pending = self.unsettled.load(relaxed);
+        backlog.retrying = self.retrying.load(relaxed);
+        let oldest = self.oldest_micros.load(relaxed);
+        if oldest != i64::MIN {
+            let age = now.unix_timestamp_nanos() as f64 / 1e9 - oldest as f64 / 1e6;
+            backlog.oldest_pending_age_seconds = age.max(0.0);
+        }
+    }
+}
 
 /// One unsettled event.
 #[derive(Debug, Clone)]
@@ -242,6 +293,11 @@ impl<M: Clone> Ledger<M> {
             })
             .map(|(p, _)| *p)
             .collect()
+    }
+
+    /// The queued events, in commit order.
+    pub fn queued(&self) -> impl Iterator<Item = &Entry<M>> {
+        self.queue.values()
     }
 
     /// The queued event at `position`.

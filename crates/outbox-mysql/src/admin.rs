@@ -71,6 +71,8 @@ pub struct MySqlAdmin {
     keeps_delivered: bool,
     queries: Arc<Queries>,
     admin: Arc<AdminQueries>,
+    /// CDC mode: streamed rows stay `pending`; retention follows the kept binlog position.
+    cdc: Option<Arc<crate::cdc::CdcQueries>>,
 }
 
 fn parse_id(text: String) -> Result<Uuid, sqlx::Error> {
@@ -94,7 +96,36 @@ impl MySqlAdmin {
             keeps_delivered: config.on_delivered == OnDelivered::Mark,
             queries: Arc::new(Queries::new(&config.table)),
             admin: Arc::new(AdminQueries::new(&config.table)),
+            cdc: (config.mode == crate::config::Mode::Cdc)
+                .then(|| Arc::new(crate::cdc::CdcQueries::new(&config.table))),
         }
+    }
+
+    /// The retention cutoff and queries: delivered rows delivered before `now - keep`; in CDC
+    /// mode, streamed rows created before both `now - keep` and `keep` before the kept binlog
+    /// position last moved (none while no position is kept).
+    async fn retention_plan(
+        &self,
+        now: OffsetDateTime,
+        keep: Duration,
+    ) -> Result<Option<(PrimitiveDateTime, &Arc<str>, &Arc<str>)>, SourceError> {
+        let Some(cdc) = &self.cdc else {
+            return Ok(Some((
+                utc(now - keep),
+                &self.admin.retention_count,
+                &self.admin.retention_delete,
+            )));
+        };
+        let kept = crate::cdc::load_position(&self.pool, cdc)
+            .await
+            .map_err(|e| self.err("reading the CDC position", e))?;
+        Ok(kept.map(|(_, moved)| {
+            (
+                utc((now - keep).min(moved - keep)),
+                &cdc.retention_count,
+                &cdc.retention_delete_batch,
+            )
+        }))
     }
 
     fn err(&self, context: &str, e: sqlx::Error) -> SourceError {
@@ -314,12 +345,14 @@ impl MySqlAdmin {
         now: OffsetDateTime,
         keep: Duration,
     ) -> Result<(u64, Option<OffsetDateTime>), SourceError> {
-        let (n, oldest): (i64, Option<PrimitiveDateTime>) =
-            sqlx::query_as(stmt(&self.admin.retention_count))
-                .bind(utc(now - keep))
-                .fetch_one(&self.pool)
-                .await
-                .map_err(|e| self.err("counting delivered rows", e))?;
+        let Some((cutoff, count_rows, _)) = self.retention_plan(now, keep).await? else {
+            return Ok((0, None));
+        };
+        let (n, oldest): (i64, Option<PrimitiveDateTime>) = sqlx::query_as(stmt(count_rows))
+            .bind(cutoff)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| self.err("counting delivered rows", e))?;
         Ok((count(n), oldest.map(at)))
     }
 
@@ -334,11 +367,13 @@ impl MySqlAdmin {
         pause: Duration,
         progress: &mut (dyn FnMut(u64) -> ControlFlow<()> + Send),
     ) -> Result<RetentionReport, SourceError> {
-        let cutoff = utc(now - keep);
         let batch = batch.max(1);
         let mut report = RetentionReport::default();
+        let Some((cutoff, _, delete)) = self.retention_plan(now, keep).await? else {
+            return Ok(report);
+        };
         loop {
-            let n = sqlx::query(stmt(&self.admin.retention_delete))
+            let n = sqlx::query(stmt(delete))
                 .bind(cutoff)
                 .bind(batch)
                 .execute(&self.pool)

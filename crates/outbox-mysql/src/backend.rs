@@ -22,7 +22,8 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use crate::admin::MySqlAdmin;
-use crate::config::{ClaimMode, MySqlConfig};
+use crate::cdc::{MySqlCdcInspector, MySqlCdcSource, binlog_problems, setup_cdc};
+use crate::config::{ClaimMode, Mode, MySqlConfig};
 use crate::lease::MySqlLeaseSource;
 use crate::migrate::{SCHEMA_VERSION, migrate, schema_version};
 use crate::poll::MySqlPollSource;
@@ -83,6 +84,57 @@ fn fatal(context: &str, e: &(dyn std::error::Error + 'static)) -> SourceError {
 }
 
 impl MySqlBackend {
+    fn cdc(&self) -> bool {
+        self.config.mode == Mode::Cdc
+    }
+
+    /// CDC mode: the server's binlog settings and the kept position.
+    async fn cdc_checks(&self, out: &mut Vec<DoctorCheck>) {
+        match binlog_problems(&self.pool).await {
+            Ok(problems) if problems.is_empty() => out.push(DoctorCheck::ok(
+                "binlog",
+                "log_bin ON, binlog_format ROW, binlog_row_image FULL",
+            )),
+            Ok(problems) => out.push(DoctorCheck::red(
+                "binlog",
+                problems.join("; "),
+                "set them in the server's config and restart it (docs/mysql.md, CDC)",
+            )),
+            Err(e) => out.push(DoctorCheck::red(
+                "binlog",
+                format!(
+                    "cannot read the binlog settings: {}",
+                    outbox_core::relay::ErrorChain(&e)
+                ),
+                "check source.url",
+            )),
+        }
+        let inspector = MySqlCdcInspector::new(self.pool.clone(), &self.config);
+        match inspector.position_lines().await {
+            Ok(lines) if lines.iter().any(|l| l.contains("none kept")) => {
+                out.push(DoctorCheck::red(
+                    "cdc_position",
+                    "no binlog position is kept for this outbox",
+                    "run `outbox migrate` with source.mode = \"cdc\"",
+                ))
+            }
+            Ok(lines) => out.push(DoctorCheck::ok(
+                "cdc_position",
+                lines
+                    .iter()
+                    .take(2)
+                    .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            )),
+            Err(e) => out.push(DoctorCheck::red(
+                "cdc_position",
+                format!("cannot read the CDC position: {e}"),
+                "grant REPLICATION CLIENT (MySQL) or BINLOG MONITOR (MariaDB) to source.url's user",
+            )),
+        }
+    }
+
     /// Whether the relay's connections are encrypted: fine either way on loopback, a
     /// warning when a plain connection crosses a network.
     async fn transport(&self) -> DoctorCheck {
@@ -198,6 +250,10 @@ impl MySqlBackend {
             }
         }
         out.push(self.privileges().await);
+        if self.cdc() {
+            self.cdc_checks(&mut out).await;
+            return out;
+        }
         match self.admin.backlog_at(OffsetDateTime::now_utc()).await {
             Ok(b) => out.extend(outbox_core::admin::backlog_checks(
                 &b,
@@ -303,6 +359,16 @@ impl Backend for MySqlBackend {
     fn table(&self) -> String {
         self.config.table.to_string()
     }
+    fn label(&self) -> String {
+        if self.cdc() {
+            "mysql-cdc".into()
+        } else {
+            "mysql-poll".into()
+        }
+    }
+    fn single_pipeline(&self) -> bool {
+        self.cdc()
+    }
     fn migrate(&self) -> BoxFuture<'_, Result<Vec<String>, SourceError>> {
         Box::pin(async move {
             let report = migrate(&self.pool, &self.config.table)
@@ -317,6 +383,19 @@ impl Backend for MySqlBackend {
                 "outbox table {} is at schema version {}",
                 self.config.table, report.version
             ));
+            if self.cdc() {
+                let cdc = setup_cdc(&self.pool, &self.config)
+                    .await
+                    .map_err(SourceError::fatal)?;
+                lines.push(if cdc.position_recorded {
+                    format!(
+                        "CDC: the binlog stream starts at {} (events committed from now on)",
+                        cdc.resume_at
+                    )
+                } else {
+                    format!("CDC: the binlog stream resumes at {} (kept)", cdc.resume_at)
+                });
+            }
             Ok(lines)
         })
     }
@@ -357,6 +436,21 @@ impl Backend for MySqlBackend {
                 }
                 Err(e) => return Err(fatal("reading the schema version", &e)),
             }
+            if self.cdc() {
+                // One binlog stream per outbox, held under a lock: a single pipeline.
+                let source = MySqlCdcSource::new(
+                    self.pool.clone(),
+                    &self.config,
+                    relay.ordering,
+                    relay.dead_letter,
+                )?;
+                return Ok(Pipelines {
+                    inspector: Arc::new(source.inspector()),
+                    sources: vec![BoxedSource::new(source)],
+                    watchdog: None,
+                    closed: None,
+                });
+            }
             let sources = (0..relay.workers.get())
                 .map(|_| {
                     let (pool, config) = (self.pool.clone(), &self.config);
@@ -387,6 +481,9 @@ impl Backend for MySqlBackend {
     }
     fn pending(&self) -> BoxFuture<'_, Result<Option<u64>, SourceError>> {
         Box::pin(async move {
+            if self.cdc() {
+                return Ok(None);
+            }
             Ok(Some(
                 self.admin
                     .backlog_at(OffsetDateTime::now_utc())
@@ -401,6 +498,16 @@ impl Backend for MySqlBackend {
         _stuck_after: Duration,
     ) -> BoxFuture<'_, Result<StatusReport, SourceError>> {
         Box::pin(async move {
+            if self.cdc() {
+                let cdc = MySqlCdcInspector::new(self.pool.clone(), &self.config);
+                let mut status = StatusReport::new(
+                    self.database(),
+                    self.config.table.to_string(),
+                    cdc.backlog_at(now).await?,
+                );
+                status.head_lines.extend(cdc.position_lines().await?);
+                return Ok(status);
+            }
             let backlog = self.admin.backlog_at(now).await?;
             let mut status =
                 StatusReport::new(self.database(), self.config.table.to_string(), backlog);
@@ -418,6 +525,12 @@ impl Backend for MySqlBackend {
         Ok(self)
     }
     fn replay(&self) -> Result<&dyn outbox_core::backend::Replay, Unsupported> {
+        if self.cdc() {
+            // Streamed rows are never marked delivered: nothing tells a replay which to pick.
+            return Err(Unsupported::new("mysql-cdc", "replay").with_hint(
+                "in CDC mode rows stay `pending` after delivery; replay from the broker's retention, or run the relay in poll mode (docs/mysql.md, CDC)",
+            ));
+        }
         Ok(&self.admin)
     }
     fn retention(&self) -> Result<&dyn Retention, Unsupported> {

@@ -1,6 +1,6 @@
 //! MySQL and MariaDB support for `outbox`: the outbox table (`migrate`), the producer
-//! (`MySqlOutbox::enqueue` in the caller's own transaction) and the polling relay source
-//! ([`MySqlPollSource`]).
+//! (`MySqlOutbox::enqueue` in the caller's own transaction), the polling relay source
+//! ([`MySqlPollSource`]) and the binlog CDC source ([`MySqlCdcSource`]).
 //!
 //! **Per-aggregate order in commit order.** MySQL has no transaction-scoped advisory locks,
 //! and `AUTO_INCREMENT` follows insert order, not commit order. The table's `BEFORE INSERT`
@@ -11,10 +11,11 @@
 //! outbox row before it locks its business row. The relay delivers an aggregate's events only
 //! as a run of consecutive `seq`s after the last one settled. See `docs/mysql.md`.
 //!
-//! Not built yet: binlog CDC and the inbox.
+//! `source.mode = "cdc"` reads the row-based binlog instead ([`MySqlCdcSource`]).
 
 mod admin;
 mod backend;
+mod cdc;
 mod config;
 mod connect;
 mod error;
@@ -27,6 +28,7 @@ mod sql;
 
 pub use admin::MySqlAdmin;
 pub use backend::MySqlBackend;
+pub use cdc::{CdcSetupReport, MySqlCdcInspector, MySqlCdcSource, binlog_problems, setup_cdc};
 pub use config::{ClaimMode, DatabaseUrl, Mode, MySqlConfig, OnDelivered};
 pub use connect::connect;
 pub use error::EnqueueError;

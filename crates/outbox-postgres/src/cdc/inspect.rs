@@ -5,7 +5,6 @@
 //! backlog measure that survives restarts, and the running source adds its in-memory counts.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 
 use outbox_core::SourceError;
 use outbox_core::metrics as m;
@@ -13,7 +12,6 @@ use outbox_core::source::{Backlog, Inspect};
 use sqlx::PgPool;
 use time::OffsetDateTime;
 
-use super::ledger::Ledger;
 use super::queries::CdcQueries;
 use super::slot::{SlotStatus, slot_status};
 use crate::config::PostgresConfig;
@@ -21,38 +19,7 @@ use crate::error::source_error;
 use crate::sql::stmt;
 
 /// Counters a running [`super::PgCdcSource`] shares with its inspector.
-#[derive(Debug)]
-pub(crate) struct CdcStats {
-    unsettled: AtomicU64,
-    retrying: AtomicU64,
-    /// Unix microseconds of the oldest unsettled event; `i64::MIN` when none.
-    oldest_micros: AtomicI64,
-    pub(crate) streaming: AtomicBool,
-}
-
-impl Default for CdcStats {
-    fn default() -> Self {
-        Self {
-            unsettled: AtomicU64::new(0),
-            retrying: AtomicU64::new(0),
-            oldest_micros: AtomicI64::new(i64::MIN),
-            streaming: AtomicBool::new(false),
-        }
-    }
-}
-
-impl CdcStats {
-    pub(crate) fn publish(&self, ledger: &Ledger) {
-        self.unsettled
-            .store(ledger.unsettled() as u64, Ordering::Relaxed);
-        self.retrying
-            .store(ledger.retrying() as u64, Ordering::Relaxed);
-        let oldest = ledger
-            .oldest()
-            .map_or(i64::MIN, |t| (t.unix_timestamp_nanos() / 1_000) as i64);
-        self.oldest_micros.store(oldest, Ordering::Relaxed);
-    }
-}
+pub(crate) type CdcStats = outbox_core::stream_ledger::LedgerStats;
 
 /// Reads the CDC backlog and the slot of one outbox. Cheap to clone.
 #[derive(Debug, Clone)]
@@ -139,13 +106,7 @@ impl PgCdcInspector {
             ..Backlog::default()
         };
         if let Some(stats) = &self.stats {
-            backlog.pending = stats.unsettled.load(Ordering::Relaxed);
-            backlog.retrying = stats.retrying.load(Ordering::Relaxed);
-            let oldest = stats.oldest_micros.load(Ordering::Relaxed);
-            if oldest != i64::MIN {
-                let age = now.unix_timestamp_nanos() as f64 / 1e9 - oldest as f64 / 1e6;
-                backlog.oldest_pending_age_seconds = age.max(0.0);
-            }
+            stats.fill(&mut backlog, now);
         }
         Ok(backlog)
     }

@@ -181,8 +181,12 @@ impl ServerSpec for MariaDbServer {
             // Tests want speed, not durability across power cuts.
             "--innodb-flush-log-at-trx-commit=2".into(),
             "--max-connections=500".into(),
+            // A row-based binlog, as scripts/services.sh starts it: the CDC source reads it.
+            "--binlog-format=ROW".into(),
+            "--server-id=1".into(),
         ];
         for (flag, name) in [
+            ("--log-bin=", "data/binlog"),
             ("--datadir=", "data"),
             ("--socket=", "mariadb.sock"),
             ("--pid-file=", "mariadb.pid"),

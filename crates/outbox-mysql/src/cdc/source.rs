@@ -1,0 +1,891 @@
+//! [`MySqlCdcSource`]: the outbox table's inserts read from the row-based binlog.
+//!
+//! One relay streams at a time: the source holds a named lock (`GET_LOCK`, per database and
+//! table) on a connection of its own while it streams. Other relays' sources find the lock
+//! taken, return no events and try again every [`STANDBY_RETRY`]. A relay that dies (even
+//! `kill -9`) closes that connection and the server frees the lock; one that hangs stops
+//! using it, and the server ends the idle connection after `source.claim_timeout`
+//! (`wait_timeout` on that session), freeing it too. The source checks the lock before each
+//! batch and hands the relay a claim that ends before the lock could have been freed, so a
+//! relay resumed after a pause publishes nothing stale.
+
+use std::collections::HashSet;
+use std::str::FromStr as _;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{FutureExt as _, StreamExt as _};
+use mysql_async::binlog::events::{EventData, RowsEventData};
+use mysql_async::{BinlogStream, BinlogStreamRequest};
+use outbox_core::source::{Fetched, Outcome, Settlement};
+use outbox_core::stream_ledger::{self, LedgerStats};
+use outbox_core::{DeadLetterPolicy, Event, Ordering, Source, SourceError};
+use sqlx::mysql::MySqlConnectOptions;
+use sqlx::{Connection as _, MySqlConnection, MySqlPool, Row as _};
+use time::OffsetDateTime;
+use tokio::time::Instant;
+use uuid::Uuid;
+
+use super::binlog::{BinlogPos, Columns, FileNames, binlog_opts};
+use super::queries::CdcQueries;
+use super::setup::{STREAM, load_position};
+use crate::config::MySqlConfig;
+use crate::error::source_error;
+use crate::sql::stmt;
+
+/// How often a standby tries to take the stream over.
+pub(crate) const STANDBY_RETRY: Duration = Duration::from_secs(1);
+
+/// Events kept in memory (received, not settled for good) before the source stops reading
+/// the binlog; the server then waits (TCP backpressure).
+const MAX_BUFFERED: usize = 50_000;
+
+/// How often the kept position is saved when only transactions without outbox events moved
+/// it (every batch of events saves it at once).
+const IDLE_SAVE_EVERY: Duration = Duration::from_secs(1);
+
+/// `ER_MASTER_FATAL_ERROR_READING_BINLOG`: the requested binlog file or position is gone.
+const BINLOG_GONE: u16 = 1236;
+
+/// What the ledger keeps with each streamed event.
+#[derive(Debug, Clone)]
+struct Meta {
+    /// The row's primary key (`position`), to dead-letter it.
+    row: i64,
+    /// The row's `seq`.
+    seq: i64,
+    /// Why the row cannot be published (it is dead-lettered at once).
+    invalid: Option<String>,
+}
+
+type Ledger = stream_ledger::Ledger<Meta>;
+type Entry = stream_ledger::Entry<Meta>;
+
+/// An open binlog session with the lock that makes it this relay's alone.
+struct Live {
+    stream: BinlogStream,
+    lock: MySqlConnection,
+    /// When the lock was last seen held by this source.
+    lock_seen: Instant,
+    /// The current binlog file.
+    file: Option<String>,
+    /// A format description was read: later events' checksums are stripped by the reader.
+    described: bool,
+    /// Events of the transaction being read, released at its commit.
+    pending: Vec<(Event, Meta)>,
+}
+
+/// Reads the outbox from the binlog (`source.mode = "cdc"`).
+///
+/// Delivery contract (the [`Source`] contract, plus):
+/// - Events come in commit order (the binlog's); each carries its row's `seq` as the
+///   `aggregate_seq` header, as in polling mode.
+/// - The kept position (`<table>_cdc_position`) moves only over the contiguous prefix of
+///   transactions whose every event was delivered or dead-lettered. After a crash the stream
+///   resumes there: nothing is lost, the tail after it is published again.
+/// - Retried and released events wait in memory and come back in order; retry counts live in
+///   memory too and restart from zero after a restart.
+/// - A row put back to `pending` (`outbox dead retry`) is streamed again (an `UPDATE` from
+///   `dead` or `delivered` to `pending` in the binlog).
+pub struct MySqlCdcSource {
+    pool: MySqlPool,
+    config: MySqlConfig,
+    queries: Arc<CdcQueries>,
+    database: String,
+    table: String,
+    ordering: Ordering,
+    hold: bool,
+    server_id: u32,
+    live: Option<Live>,
+    columns: Option<Columns>,
+    files: FileNames,
+    ledger: Ledger,
+    /// Token of the kept position as last saved.
+    saved: u64,
+    saved_at: Instant,
+    /// Aggregates known to have dead letters (checked against the table before use).
+    dead: HashSet<(String, String)>,
+    next_attempt: Instant,
+    standing_by: bool,
+    /// A stream failure seen in `wait_for_events`, returned by the next `fetch`.
+    failure: Option<SourceError>,
+    stats: Arc<LedgerStats>,
+    /// After (re)starting: the server's binlog head at the start. Until the stream has
+    /// passed it, `fetch` waits for it, so the first batch holds what was committed before.
+    catch_up: Option<u64>,
+}
+
+impl std::fmt::Debug for MySqlCdcSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MySqlCdcSource")
+            .field("table", &self.table)
+            .field("streaming", &self.live.is_some())
+            .field("confirmed", &self.ledger.confirmed())
+            .finish_non_exhaustive()
+    }
+}
+
+impl MySqlCdcSource {
+    /// A source over `config`'s table; `pool` serves the position, dead letters and checks.
+    /// The binlog session opens on the first `fetch`.
+    pub fn new(
+        pool: MySqlPool,
+        config: &MySqlConfig,
+        ordering: Ordering,
+        dead_letter: DeadLetterPolicy,
+    ) -> Result<Self, SourceError> {
+        let options = connect_options(config)?;
+        let database = options
+            .get_database()
+            .ok_or_else(|| SourceError::fatal("source.url names no database"))?
+            .to_owned();
+        binlog_opts(config).map_err(SourceError::fatal)?;
+        Ok(Self {
+            pool,
+            queries: Arc::new(CdcQueries::new(&config.table)),
+            database,
+            table: config.table.to_string(),
+            config: config.clone(),
+            ordering,
+            hold: dead_letter == DeadLetterPolicy::HoldAggregate && ordering != Ordering::None,
+            server_id: config.server_id.unwrap_or_else(random_server_id),
+            live: None,
+            columns: None,
+            files: FileNames::default(),
+            ledger: Ledger::new(0),
+            saved: 0,
+            saved_at: Instant::now(),
+            dead: HashSet::new(),
+            next_attempt: Instant::now(),
+            standing_by: false,
+            failure: None,
+            stats: Arc::new(LedgerStats::default()),
+            catch_up: None,
+        })
+    }
+
+    /// An inspector that reports this source's in-memory backlog.
+    pub fn inspector(&self) -> super::MySqlCdcInspector {
+        super::MySqlCdcInspector::with_stats(self.pool.clone(), &self.config, self.stats.clone())
+    }
+
+    /// True while this source holds the stream.
+    pub fn is_streaming(&self) -> bool {
+        self.live.is_some()
+    }
+
+    fn db_err(&self, context: &str, e: sqlx::Error) -> SourceError {
+        source_error(context, &self.table, e)
+    }
+
+    /// Opens the stream if this source does not hold it yet. `Ok(false)`: standing by.
+    async fn ensure_streaming(&mut self) -> Result<bool, SourceError> {
+        if self.live.is_some() {
+            return Ok(true);
+        }
+        if Instant::now() < self.next_attempt {
+            return Ok(false);
+        }
+        self.next_attempt = Instant::now() + STANDBY_RETRY;
+        let Some(lock) = self.take_lock().await? else {
+            if !self.standing_by {
+                tracing::info!(table = %self.table, retry_every = ?STANDBY_RETRY, "another relay streams this outbox's binlog; standing by");
+                self.standing_by = true;
+            }
+            return Ok(false);
+        };
+        // The stream is ours now: nobody else moves the kept position.
+        let (start, _) = load_position(&self.pool, &self.queries)
+            .await
+            .map_err(|e| self.db_err("reading the CDC position", e))?
+            .ok_or_else(|| {
+                SourceError::fatal(format!(
+                    "no CDC position is kept for {}: run `outbox migrate` with source.mode = \"cdc\"",
+                    self.table
+                ))
+            })?;
+        let token = start.token().ok_or_else(|| {
+            SourceError::fatal(format!("unexpected binlog file name `{}`", start.file))
+        })?;
+        self.columns = Some(self.read_columns().await?);
+        self.load_dead().await?;
+        let opts = binlog_opts(&self.config).map_err(SourceError::fatal)?;
+        let conn = mysql_async::Conn::new(opts)
+            .await
+            .map_err(|e| binlog_error("connecting for the binlog", &start, e))?;
+        let request = BinlogStreamRequest::new(self.server_id)
+            .with_filename(start.file.as_bytes())
+            .with_pos(start.offset);
+        let stream = conn
+            .get_binlog_stream(request)
+            .await
+            .map_err(|e| binlog_error("opening the binlog stream", &start, e))?;
+        let head = super::setup::current_position(&self.pool)
+            .await
+            .map_err(|e| self.db_err("reading the binlog head", e))?;
+        self.catch_up = head.and_then(|h| h.token()).filter(|h| *h > token);
+        self.files.note(&start.file);
+        self.ledger.reset(token);
+        self.saved = token;
+        tracing::info!(
+            table = %self.table,
+            resume_at = %format!("{}:{}", start.file, start.offset),
+            server_id = self.server_id,
+            took_over = self.standing_by,
+            "streaming the outbox from the binlog"
+        );
+        self.standing_by = false;
+        self.stats
+            .streaming
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        self.live = Some(Live {
+            stream,
+            lock,
+            lock_seen: Instant::now(),
+            file: Some(start.file),
+            described: false,
+            pending: Vec::new(),
+        });
+        Ok(true)
+    }
+
+    /// Takes the stream's lock on a connection of its own, which the server ends after
+    /// `claim_timeout` idle. `None`: another relay holds it.
+    async fn take_lock(&self) -> Result<Option<MySqlConnection>, SourceError> {
+        let options = connect_options(&self.config)?;
+        let mut conn = tokio::time::timeout(
+            self.config.connect_timeout,
+            MySqlConnection::connect_with(&options),
+        )
+        .await
+        .map_err(|_| SourceError::unavailable("connecting for the CDC lock timed out"))?
+        .map_err(|e| self.db_err("connecting for the CDC lock", e))?;
+        sqlx::query("SET SESSION wait_timeout = ?")
+            .bind(self.config.claim_timeout.as_secs().max(1))
+            .execute(&mut conn)
+            .await
+            .map_err(|e| self.db_err("setting the CDC lock's timeout", e))?;
+        let got: Option<i64> = sqlx::query_scalar(LOCK_TAKE)
+            .bind(&self.table)
+            .fetch_one(&mut conn)
+            .await
+            .map_err(|e| self.db_err("taking the CDC lock", e))?;
+        Ok((got == Some(1)).then_some(conn))
+    }
+
+    /// Confirms the lock is still this source's (the server ends a connection left idle for
+    /// `claim_timeout`, freeing it), at most every quarter of `claim_timeout`.
+    async fn check_lock(&mut self) -> Result<(), SourceError> {
+        let every = self.config.claim_timeout / 4;
+        let Some(live) = self.live.as_mut() else {
+            return Ok(());
+        };
+        if live.lock_seen.elapsed() < every {
+            return Ok(());
+        }
+        let checked_at = Instant::now();
+        let held: Result<Option<i64>, sqlx::Error> = sqlx::query_scalar(LOCK_HELD)
+            .bind(&self.table)
+            .fetch_one(&mut live.lock)
+            .await;
+        match held {
+            Ok(Some(1)) => {
+                live.lock_seen = checked_at;
+                Ok(())
+            }
+            Ok(_) => Err(self.lost(SourceError::unavailable(
+                "lost the CDC lock (the server ended its idle connection): another relay may stream now",
+            ))),
+            Err(e) => {
+                let e = self.db_err("checking the CDC lock", e);
+                Err(self.lost(e))
+            }
+        }
+    }
+
+    async fn read_columns(&self) -> Result<Columns, SourceError> {
+        let rows: Vec<(String, u32)> = sqlx::query_as(
+            "SELECT CAST(COLUMN_NAME AS CHAR), CAST(ORDINAL_POSITION AS UNSIGNED) \
+             FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?",
+        )
+        .bind(&self.table)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(|e| self.db_err("reading the outbox table's columns", e))?;
+        Columns::from_ordinals(&rows).map_err(SourceError::fatal)
+    }
+
+    async fn load_dead(&mut self) -> Result<(), SourceError> {
+        let rows = sqlx::query(stmt(&self.queries.dead_aggregates))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| self.db_err("reading dead-lettered aggregates", e))?;
+        self.dead = rows
+            .iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(|e| self.db_err("reading dead-lettered aggregates", e))?;
+        Ok(())
+    }
+
+    /// Ends the session after a failure; the next `fetch` reconnects (if the lock is free)
+    /// and the stream resends everything after the kept position.
+    fn lost(&mut self, error: SourceError) -> SourceError {
+        self.live = None;
+        self.stats
+            .streaming
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        self.ledger.reset(self.saved);
+        self.next_attempt = Instant::now();
+        tracing::warn!(error = %outbox_core::relay::ErrorChain(&error), "binlog stream lost; events after the kept position will be streamed again");
+        error
+    }
+
+    /// Interprets one binlog event. Returns true when a transaction with events committed.
+    fn apply(&mut self, event: &mysql_async::binlog::events::Event) -> Result<bool, SourceError> {
+        let Some(live) = self.live.as_mut() else {
+            return Ok(false);
+        };
+        let decode = |e: std::io::Error| {
+            SourceError::fatal(format!("decoding the binlog of {} failed", self.table))
+                .with_source(e)
+        };
+        let end = u64::from(event.header().log_pos());
+        if let (Some(barrier), Some(file)) = (self.catch_up, live.file.as_deref())
+            && end > 0
+            && (BinlogPos {
+                file: file.to_owned(),
+                offset: end,
+            })
+            .token()
+            .is_some_and(|t| t >= barrier)
+        {
+            self.catch_up = None;
+        }
+        let data = event.read_data().map_err(decode)?;
+        let commit = match data {
+            Some(EventData::RotateEvent(rotate)) => {
+                let raw = rotate.name_raw();
+                // A rotate sent before the first format description still carries its
+                // checksum: the reader only strips it once it knows the checksum setting.
+                let name = if live.described || raw.len() <= 4 {
+                    raw
+                } else {
+                    strip_checksum(raw, live.file.as_deref())
+                };
+                let name = String::from_utf8_lossy(name).into_owned();
+                self.files.note(&name);
+                live.file = Some(name);
+                false
+            }
+            Some(EventData::FormatDescriptionEvent(_)) => {
+                live.described = true;
+                false
+            }
+            Some(EventData::RowsEvent(rows)) => {
+                let Some(columns) = self.columns.as_ref() else {
+                    return Ok(false);
+                };
+                let Some(tme) = live.stream.get_tme(rows.table_id()) else {
+                    return Ok(false);
+                };
+                if tme.database_name() != self.database || tme.table_name() != self.table {
+                    return Ok(false);
+                }
+                if tme.columns_count() as usize != columns.count {
+                    return Err(SourceError::unavailable(format!(
+                        "the outbox table {} changed shape ({} columns in the binlog, {} known): reading its columns again",
+                        self.table,
+                        tme.columns_count(),
+                        columns.count
+                    )));
+                }
+                let update = matches!(
+                    rows,
+                    RowsEventData::UpdateRowsEventV1(_) | RowsEventData::UpdateRowsEvent(_)
+                );
+                let insert = matches!(
+                    rows,
+                    RowsEventData::WriteRowsEventV1(_) | RowsEventData::WriteRowsEvent(_)
+                );
+                if !(insert || update) {
+                    return Ok(false);
+                }
+                for row in rows.rows(tme) {
+                    let (before, after) = row.map_err(decode)?;
+                    let Some(after) = after else { continue };
+                    if columns.state(&after) != Some(b"pending") {
+                        continue;
+                    }
+                    // An update streams a row put back to pending (dead letter retried,
+                    // replay), never one that stayed pending.
+                    if update
+                        && before
+                            .as_ref()
+                            .is_none_or(|b| columns.state(b) == Some(b"pending"))
+                    {
+                        continue;
+                    }
+                    let row = columns.row_position(&after).unwrap_or(0);
+                    live.pending.push(match columns.event(&after) {
+                        Ok(event) => {
+                            let seq = aggregate_seq(&event);
+                            (
+                                event,
+                                Meta {
+                                    row,
+                                    seq,
+                                    invalid: None,
+                                },
+                            )
+                        }
+                        Err(why) => (
+                            placeholder(),
+                            Meta {
+                                row,
+                                seq: 0,
+                                invalid: Some(format!("undecodable outbox row: {why}")),
+                            },
+                        ),
+                    });
+                }
+                false
+            }
+            Some(EventData::XidEvent(_)) => true,
+            Some(EventData::QueryEvent(q)) => q.query().eq_ignore_ascii_case("COMMIT"),
+            _ => false,
+        };
+        if !commit {
+            return Ok(false);
+        }
+        let Some(file) = live.file.as_deref() else {
+            return Ok(false);
+        };
+        let Some(token) = (BinlogPos {
+            file: file.to_owned(),
+            offset: end,
+        })
+        .token() else {
+            return Ok(false);
+        };
+        let mut events = std::mem::take(&mut live.pending);
+        let any = !events.is_empty();
+        // Rows put back to pending in one statement come in table order: each aggregate's
+        // go out in `seq` order.
+        events.sort_by(|(a, ma), (b, mb)| {
+            (&a.aggregate_type, &a.aggregate_id, ma.seq).cmp(&(
+                &b.aggregate_type,
+                &b.aggregate_id,
+                mb.seq,
+            ))
+        });
+        self.ledger.commit(events, token);
+        Ok(any)
+    }
+
+    /// Reads what the stream has ready without waiting.
+    fn pump(&mut self) -> Result<(), SourceError> {
+        loop {
+            let pending = self.live.as_ref().map_or(0, |l| l.pending.len());
+            if self.ledger.unsettled() >= MAX_BUFFERED && pending == 0 {
+                return Ok(());
+            }
+            let Some(live) = self.live.as_mut() else {
+                return Ok(());
+            };
+            match live.stream.next().now_or_never() {
+                None => return Ok(()),
+                Some(received) => {
+                    self.receive(received)?;
+                }
+            }
+        }
+    }
+
+    /// Right after the start: reads the stream until it passed the binlog head of the start
+    /// (everything committed before is then in memory), a batch is full, or
+    /// `source.connect_timeout` passed.
+    async fn wait_for_catch_up(&mut self, limit: usize) -> Result<(), SourceError> {
+        let deadline = Instant::now() + self.config.connect_timeout;
+        while self.catch_up.is_some()
+            && self.ledger.unsettled() < MAX_BUFFERED
+            && self
+                .ledger
+                .selectable(limit, OffsetDateTime::now_utc(), self.ordering)
+                .len()
+                < limit
+        {
+            let Some(live) = self.live.as_mut() else {
+                return Ok(());
+            };
+            let received = match tokio::time::timeout_at(deadline, live.stream.next()).await {
+                Err(_) => {
+                    self.catch_up = None;
+                    return Ok(());
+                }
+                Ok(r) => r,
+            };
+            self.receive(received)?;
+        }
+        Ok(())
+    }
+
+    /// Applies one item of the stream; a failure ends the session.
+    fn receive(
+        &mut self,
+        received: Option<Result<mysql_async::binlog::events::Event, mysql_async::Error>>,
+    ) -> Result<bool, SourceError> {
+        match received {
+            Some(Ok(event)) => self.apply(&event).map_err(|e| self.lost(e)),
+            None => Err(self.lost(SourceError::unavailable(
+                "the server ended the binlog stream",
+            ))),
+            Some(Err(e)) => {
+                let e = SourceError::unavailable("reading the binlog stream failed").with_source(e);
+                Err(self.lost(e))
+            }
+        }
+    }
+
+    /// Dead-letters queued rows that cannot be published, and settles queued events of
+    /// aggregates with dead letters: an event that is itself already dead (streamed again
+    /// after a restart) is dropped; with `hold-aggregate` the others are parked as dead
+    /// letters behind it. An aggregate whose dead letters were retried or purged flows again.
+    async fn resolve(&mut self, now: OffsetDateTime) -> Result<(), SourceError> {
+        let invalid: Vec<(Entry, i32, String)> = self
+            .ledger
+            .queued()
+            .filter_map(|e| e.meta.invalid.clone().map(|why| (e.clone(), 1, why)))
+            .collect();
+        if !invalid.is_empty() {
+            self.write_dead(&invalid, now).await?;
+            for (entry, _, why) in &invalid {
+                tracing::error!(row = entry.meta.row, reason = %why, "dead-lettered an outbox row that cannot be published");
+                if let Some(entry) = self.ledger.remove_queued(entry.event.position.0) {
+                    self.ledger.finish(&entry);
+                }
+            }
+        }
+        let suspects = self.ledger.suspects(&self.dead);
+        if suspects.is_empty() {
+            return Ok(());
+        }
+        let mut groups: Vec<((String, String), Vec<i64>)> = Vec::new();
+        for position in suspects {
+            let Some(entry) = self.ledger.queued_mut(position) else {
+                continue;
+            };
+            let key = entry.aggregate();
+            match groups.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, positions)) => positions.push(position),
+                None => groups.push((key, vec![position])),
+            }
+        }
+        for (key, positions) in groups {
+            let dead_ids: Vec<String> = sqlx::query_scalar(stmt(&self.queries.dead_of_aggregate))
+                .bind(&key.0)
+                .bind(&key.1)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(|e| self.db_err("reading the dead letters of an aggregate", e))?;
+            let dead_ids: Vec<Uuid> = dead_ids
+                .iter()
+                .filter_map(|s| Uuid::parse_str(s).ok())
+                .collect();
+            if dead_ids.is_empty() {
+                self.dead.remove(&key);
+                for p in positions {
+                    if let Some(e) = self.ledger.queued_mut(p) {
+                        e.checked = true;
+                    }
+                }
+                continue;
+            }
+            let mut park = Vec::new();
+            for p in positions {
+                let Some(entry) = self.ledger.queued_mut(p) else {
+                    continue;
+                };
+                if dead_ids.contains(&entry.event.id) {
+                    if let Some(entry) = self.ledger.remove_queued(p) {
+                        tracing::debug!(event_id = %entry.event.id, "skipping an event that is already dead-lettered");
+                        self.ledger.finish(&entry);
+                    }
+                } else if self.hold {
+                    let attempts = entry.event.attempts as i32;
+                    let reason = format!(
+                        "held: event {} of aggregate {}/{} is dead-lettered (dead_letter = \"hold-aggregate\"); retry them together, in order",
+                        dead_ids[0], key.0, key.1
+                    );
+                    park.push((entry.clone(), attempts, reason));
+                } else {
+                    entry.checked = true;
+                }
+            }
+            if !park.is_empty() {
+                self.write_dead(&park, now).await?;
+                for (entry, _, _) in &park {
+                    if let Some(entry) = self.ledger.remove_queued(entry.event.position.0) {
+                        self.ledger.finish(&entry);
+                    }
+                }
+                tracing::warn!(
+                    aggregate_type = %key.0,
+                    held = park.len(),
+                    "events parked as dead letters behind a dead letter of their aggregate"
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Records dead letters in one statement. Waits (row lock) for a producer's transaction
+    /// the binlog already showed but the server has not finished committing.
+    async fn write_dead(
+        &self,
+        items: &[(Entry, i32, String)],
+        now: OffsetDateTime,
+    ) -> Result<(), SourceError> {
+        let list: Vec<serde_json::Value> = items
+            .iter()
+            .map(|(e, attempts, reason)| serde_json::json!([e.meta.row, attempts, reason]))
+            .collect();
+        sqlx::query(stmt(&self.queries.dead_letter))
+            .bind(serde_json::Value::Array(list).to_string())
+            .bind(crate::poll::utc(now))
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.db_err("dead-lettering events", e))?;
+        Ok(())
+    }
+
+    /// Saves the confirmed position when it moved: at once after a batch of events (`force`),
+    /// otherwise at most every [`IDLE_SAVE_EVERY`].
+    async fn save_position(&mut self, force: bool) -> Result<(), SourceError> {
+        let confirmed = self.ledger.confirmed();
+        if confirmed <= self.saved || (!force && self.saved_at.elapsed() < IDLE_SAVE_EVERY) {
+            return Ok(());
+        }
+        let Some(at) = self.files.position(confirmed) else {
+            return Ok(());
+        };
+        sqlx::query(stmt(&self.queries.position_save))
+            .bind(&at.file)
+            .bind(at.offset)
+            .bind(confirmed as i64)
+            .bind(crate::poll::utc(OffsetDateTime::now_utc()))
+            .bind(STREAM)
+            .bind(confirmed as i64)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.db_err("saving the CDC position", e))?;
+        self.saved = confirmed;
+        self.saved_at = Instant::now();
+        Ok(())
+    }
+
+    /// Until when the current claim is this source's alone: the lock cannot be freed by the
+    /// server before `claim_timeout` after it was last seen held.
+    fn valid_until(&self) -> Option<Instant> {
+        let live = self.live.as_ref()?;
+        Some(
+            live.lock_seen
+                + self
+                    .config
+                    .claim_timeout
+                    .saturating_sub(Duration::from_secs(1)),
+        )
+    }
+}
+
+/// Takes the stream's lock for table `?` of the connection's database, without waiting.
+const LOCK_TAKE: &str =
+    "SELECT GET_LOCK(CONCAT('outbox_cdc.', SHA1(CONCAT(COALESCE(DATABASE(), ''), '.', ?))), 0)";
+/// 1 while this connection holds the stream's lock for table `?`.
+const LOCK_HELD: &str = "SELECT IS_USED_LOCK(CONCAT('outbox_cdc.', SHA1(CONCAT(COALESCE(DATABASE(), ''), '.', ?)))) = CONNECTION_ID()";
+
+/// The pool's connection options (the lock's connection is made like the pool's).
+fn connect_options(config: &MySqlConfig) -> Result<MySqlConnectOptions, SourceError> {
+    MySqlConnectOptions::from_str(&config.connect_url()).map_err(|_| {
+        SourceError::fatal(format!(
+            "source.url: `{}` is not a valid MySQL URL",
+            config.url.redacted()
+        ))
+    })
+}
+
+/// A server id for the binlog session: random, away from the small ids servers use.
+fn random_server_id() -> u32 {
+    let bytes = Uuid::new_v4().into_bytes();
+    (u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]) | 0x4000_0000) & 0x7FFF_FFFF
+}
+
+/// A rotate event's name without the 4-byte checksum it carries before the first format
+/// description (kept when it is the name the stream was asked for, whole).
+fn strip_checksum<'a>(raw: &'a [u8], requested: Option<&str>) -> &'a [u8] {
+    match requested {
+        Some(r) if raw.starts_with(r.as_bytes()) => &raw[..r.len()],
+        _ => &raw[..raw.len() - 4],
+    }
+}
+
+/// The `aggregate_seq` header of an event decoded from a row.
+fn aggregate_seq(event: &Event) -> i64 {
+    event
+        .headers
+        .iter()
+        .rev()
+        .find(|(n, _)| n == outbox_core::message::header::AGGREGATE_SEQ)
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The stand-in event of a row that cannot be decoded (it is only ever dead-lettered).
+fn placeholder() -> Event {
+    Event {
+        id: Uuid::nil(),
+        position: outbox_core::Position(0),
+        aggregate_type: String::new(),
+        aggregate_id: String::new(),
+        event_type: String::new(),
+        payload: bytes::Bytes::new(),
+        headers: Vec::new(),
+        created_at: OffsetDateTime::UNIX_EPOCH,
+        attempts: 0,
+    }
+}
+
+/// A binlog session error: a position the server no longer has is fatal, with what to do.
+fn binlog_error(context: &str, at: &BinlogPos, e: mysql_async::Error) -> SourceError {
+    if let mysql_async::Error::Server(server) = &e
+        && server.code == BINLOG_GONE
+    {
+        return SourceError::fatal(format!(
+            "{context}: the server no longer has binlog {}:{} where the stream resumes ({}); events committed since may be lost: see docs/mysql.md, \"CDC: a lost position\"",
+            at.file, at.offset, server.message
+        ));
+    }
+    SourceError::unavailable(format!("{context} at {}:{}", at.file, at.offset)).with_source(e)
+}
+
+impl Source for MySqlCdcSource {
+    async fn fetch(&mut self, limit: usize, now: OffsetDateTime) -> Result<Fetched, SourceError> {
+        if let Some(e) = self.failure.take() {
+            return Err(e);
+        }
+        // A fetch without settle: the previous batch goes back untouched.
+        self.ledger.release_in_flight();
+        if !self.ensure_streaming().await? {
+            return Ok(Fetched::default());
+        }
+        self.check_lock().await?;
+        self.pump()?;
+        if self.catch_up.is_some() {
+            self.wait_for_catch_up(limit).await?;
+        }
+        self.resolve(now).await?;
+        self.save_position(false).await?;
+        let events = self.ledger.take(limit, now, self.ordering);
+        self.stats.publish(&self.ledger);
+        Ok(Fetched {
+            more: events.len() >= limit,
+            events,
+            valid_until: self.valid_until(),
+        })
+    }
+
+    async fn settle(
+        &mut self,
+        settlements: &[Settlement],
+        now: OffsetDateTime,
+    ) -> Result<(), SourceError> {
+        // Dead letters first: the only part that can fail, and then nothing is recorded.
+        let dead: Vec<(Entry, i32, String)> = settlements
+            .iter()
+            .filter_map(|s| match &s.outcome {
+                Outcome::DeadLetter { reason } => self.ledger.in_flight(s.position.0).map(|e| {
+                    (
+                        e.clone(),
+                        i32::try_from(e.event.attempts + 1).unwrap_or(i32::MAX),
+                        reason.clone(),
+                    )
+                }),
+                _ => None,
+            })
+            .collect();
+        if !dead.is_empty()
+            && let Err(e) = self.write_dead(&dead, now).await
+        {
+            self.ledger.release_in_flight();
+            return Err(e);
+        }
+        for s in settlements {
+            let Some(mut entry) = self.ledger.take_in_flight(s.position.0) else {
+                continue; // settled already, or from before a reconnect
+            };
+            match &s.outcome {
+                Outcome::Delivered => {
+                    self.ledger.finish(&entry);
+                }
+                Outcome::DeadLetter { .. } => {
+                    if self.hold {
+                        let key = entry.aggregate();
+                        self.ledger.uncheck(&key);
+                        self.dead.insert(key);
+                    }
+                    self.ledger.finish(&entry);
+                }
+                Outcome::Retry { not_before, .. } => {
+                    entry.event.attempts += 1;
+                    entry.not_before = Some(*not_before);
+                    self.ledger.requeue(entry);
+                }
+                Outcome::Released => self.ledger.requeue(entry),
+            }
+        }
+        self.ledger.release_in_flight();
+        self.stats.publish(&self.ledger);
+        self.save_position(true).await
+    }
+
+    async fn wait_for_events(&mut self, max: Duration) {
+        let mut deadline = Instant::now() + max;
+        if self.failure.is_some() {
+            return;
+        }
+        if self.live.is_none() {
+            tokio::time::sleep_until(deadline.min(self.next_attempt)).await;
+            return;
+        }
+        let now = OffsetDateTime::now_utc();
+        if let Some(due) = self.ledger.next_due(now) {
+            let wait = (due - now).try_into().unwrap_or(Duration::ZERO);
+            deadline = deadline.min(Instant::now() + wait);
+        }
+        if !self.ledger.selectable(1, now, self.ordering).is_empty() {
+            return;
+        }
+        loop {
+            let Some(live) = self.live.as_mut() else {
+                return;
+            };
+            let received = match tokio::time::timeout_at(deadline, live.stream.next()).await {
+                Err(_) => return,
+                Ok(r) => r,
+            };
+            match self.receive(received) {
+                Ok(true) => {
+                    let now = OffsetDateTime::now_utc();
+                    if !self.ledger.selectable(1, now, self.ordering).is_empty() {
+                        return;
+                    }
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    self.failure = Some(e);
+                    return;
+                }
+            }
+        }
+    }
+}
