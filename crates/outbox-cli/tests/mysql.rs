@@ -126,7 +126,50 @@ async fn sigkilled_mysql_relays_with_the_lease_claim_keep_every_guarantee() -> a
     sigkill_scenario("claim = \"lease\"\nclaim_timeout = \"3s\"\n").await
 }
 
+/// Binlog CDC: one relay streams, the other stands by on the stream's lock; `kill -9` of the
+/// streaming relay frees the lock (the server closes its session) and the standby resumes at
+/// the kept position, publishing the unconfirmed tail again (duplicates, never loss).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigkilled_mysql_cdc_relays_lose_nothing_invent_nothing_and_keep_commit_order()
+-> anyhow::Result<()> {
+    sigkill_scenario("mode = \"cdc\"\nclaim_timeout = \"5s\"\n").await
+}
+
+/// Waits until JetStream holds every committed event (CDC rows stay `pending`, so the
+/// table cannot say). Fails only when nothing new arrives for `stall`.
+async fn wait_published(
+    client: &async_nats::Client,
+    stream: &str,
+    committed: &HashSet<String>,
+    stall: Duration,
+) -> anyhow::Result<()> {
+    let mut best = 0;
+    let mut progress_at = tokio::time::Instant::now();
+    loop {
+        let seen: HashSet<String> = read_stream(client, stream)
+            .await
+            .map(|r| r.into_iter().map(|m| m.id).collect())
+            .unwrap_or_default();
+        let have = committed.intersection(&seen).count();
+        if have == committed.len() {
+            return Ok(());
+        }
+        if have > best {
+            best = have;
+            progress_at = tokio::time::Instant::now();
+        }
+        ensure!(
+            progress_at.elapsed() < stall,
+            "{} of {} committed events published, none more for {stall:?}",
+            best,
+            committed.len()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
 async fn sigkill_scenario(source_extra: &str) -> anyhow::Result<()> {
+    let cdc = source_extra.contains("cdc");
     outbox_testkit::init_tracing();
     let url = MariaDb::shared().await?.fresh_database().await?;
     let nats = Nats::shared().await?;
@@ -174,7 +217,12 @@ stream = "{tag}"
     for k in 0..12 {
         let pause = rand::rng().random_range(100..300);
         tokio::time::sleep(Duration::from_millis(pause)).await;
-        let victim = rand::rng().random_range(0..relays.len());
+        // CDC: alternate, so that the streaming relay is killed again and again.
+        let victim = if cdc {
+            k % relays.len()
+        } else {
+            rand::rng().random_range(0..relays.len())
+        };
         relays[victim].start_kill()?;
         relays[victim].wait().await?;
         work.append_log(
@@ -190,15 +238,24 @@ stream = "{tag}"
         written.committed.extend(w.committed);
         written.rolled_back.extend(w.rolled_back);
     }
-    wait_drained(&pool, Duration::from_secs(60))
-        .await
-        .with_context(|| {
-            format!(
-                "relay logs:\n{}\n{}",
-                work.read_log("relay-0.log"),
-                work.read_log("relay-1.log")
-            )
-        })?;
+    let client = nats.connect().await?;
+    let drained = if cdc {
+        let committed: HashSet<String> = written
+            .committed
+            .iter()
+            .map(|(_, _, id)| id.to_string())
+            .collect();
+        wait_published(&client, &tag, &committed, Duration::from_secs(60)).await
+    } else {
+        wait_drained(&pool, Duration::from_secs(60)).await
+    };
+    drained.with_context(|| {
+        format!(
+            "relay logs:\n{}\n{}",
+            work.read_log("relay-0.log"),
+            work.read_log("relay-1.log")
+        )
+    })?;
     for (i, r) in relays.iter_mut().enumerate() {
         let log = format!("relay-{i}.log");
         outbox_testkit::wait::eventually(Duration::from_secs(90), || async {
@@ -219,7 +276,18 @@ stream = "{tag}"
         );
     }
 
-    let client = nats.connect().await?;
+    if cdc {
+        let logs = format!(
+            "{}{}",
+            work.read_log("relay-0.log"),
+            work.read_log("relay-1.log")
+        );
+        let takeovers = logs.matches("streaming the outbox from the binlog").count();
+        ensure!(
+            takeovers >= 2,
+            "the stream was never taken over after a kill ({takeovers} starts):\n{logs}"
+        );
+    }
     let received = read_stream(&client, &tag).await?;
     let mut seen = HashSet::new();
     let mut by_aggregate: HashMap<String, Vec<String>> = HashMap::new();

@@ -80,6 +80,42 @@ async fn a_relay_frozen_past_its_lease_publishes_nothing_stale_on_sqlite() -> an
     zombie_scenario(&source, writer).await
 }
 
+/// MySQL polling (`FOR UPDATE SKIP LOCKED`): the server ends the frozen relay's idle claim
+/// transaction after `claim_timeout` (`idle_transaction_timeout`), freeing its rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_relay_frozen_past_its_claim_publishes_nothing_stale_on_mysql() -> anyhow::Result<()> {
+    mysql_zombie("").await
+}
+
+/// MySQL binlog CDC: the frozen relay holds the stream's lock on an idle session, which the
+/// server ends after `claim_timeout` (`wait_timeout`); the standby takes the stream over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cdc_relay_frozen_past_its_lock_publishes_nothing_stale_on_mysql() -> anyhow::Result<()> {
+    mysql_zombie("mode = \"cdc\"\n").await
+}
+
+async fn mysql_zombie(extra: &str) -> anyhow::Result<()> {
+    outbox_testkit::init_tracing();
+    let url = outbox_testkit::services::MariaDb::shared()
+        .await?
+        .fresh_database()
+        .await?;
+    let pool = sqlx::MySqlPool::connect(&url).await?;
+    let source = format!("kind = \"mysql\"\nurl = \"{url}\"\nclaim_timeout = \"2s\"\n{extra}");
+    let writer = move |events: Vec<NewEvent>| {
+        let pool = pool.clone();
+        async move {
+            let mut tx = pool.begin().await?;
+            outbox_mysql::MySqlOutbox::default()
+                .enqueue_batch(&mut tx, &events)
+                .await?;
+            tx.commit().await?;
+            anyhow::Ok(())
+        }
+    };
+    zombie_scenario(&source, writer).await
+}
+
 /// Runs producers against two relays, freezes whichever relay is publishing (on SQLite only
 /// the lease holder does; on PostgreSQL both can), then checks what the webhook received.
 async fn zombie_scenario<W, WF>(source: &str, write: W) -> anyhow::Result<()>

@@ -274,15 +274,12 @@ impl MySqlCdcSource {
     }
 
     /// Confirms the lock is still this source's (the server ends a connection left idle for
-    /// `claim_timeout`, freeing it), at most every quarter of `claim_timeout`.
+    /// `claim_timeout`, freeing it): one primary-key-cheap query per batch, which also keeps
+    /// the lock's session from idling out while the relay works.
     async fn check_lock(&mut self) -> Result<(), SourceError> {
-        let every = self.config.claim_timeout / 4;
         let Some(live) = self.live.as_mut() else {
             return Ok(());
         };
-        if live.lock_seen.elapsed() < every {
-            return Ok(());
-        }
         let checked_at = Instant::now();
         let held: Result<Option<i64>, sqlx::Error> = sqlx::query_scalar(LOCK_HELD)
             .bind(&self.table)
@@ -684,17 +681,12 @@ impl MySqlCdcSource {
         Ok(())
     }
 
-    /// Until when the current claim is this source's alone: the lock cannot be freed by the
-    /// server before `claim_timeout` after it was last seen held.
+    /// Until when the current claim is this source's alone: the server counts the lock's
+    /// session idle from the end of the last check, which began at `lock_seen`, so it cannot
+    /// free the lock before `lock_seen + claim_timeout`.
     fn valid_until(&self) -> Option<Instant> {
         let live = self.live.as_ref()?;
-        Some(
-            live.lock_seen
-                + self
-                    .config
-                    .claim_timeout
-                    .saturating_sub(Duration::from_secs(1)),
-        )
+        Some(live.lock_seen + self.config.claim_timeout)
     }
 }
 
