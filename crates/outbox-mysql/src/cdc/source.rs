@@ -538,7 +538,11 @@ impl MySqlCdcSource {
                 "the server ended the binlog stream",
             ))),
             Some(Err(e)) => {
-                let e = SourceError::unavailable("reading the binlog stream failed").with_source(e);
+                let at = self.files.position(self.saved).unwrap_or(BinlogPos {
+                    file: "?".to_owned(),
+                    offset: 0,
+                });
+                let e = binlog_error("reading the binlog stream", &at, e);
                 Err(self.lost(e))
             }
         }
