@@ -457,3 +457,87 @@ async fn a_bad_mysql_url_is_one_clear_error_without_the_password() -> anyhow::Re
     out.assert_clear_error("source.mode")?;
     Ok(())
 }
+
+/// The operator commands in CDC mode, as a user runs them: `migrate` says where the stream
+/// starts, `doctor` checks the binlog settings and the kept position, `status` shows the kept
+/// position against the server's binlog head once a relay has moved it, and `replay` is
+/// refused with the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cdc_mode_commands_say_where_the_stream_stands() -> anyhow::Result<()> {
+    let url = MariaDb::shared().await?.fresh_database().await?;
+    let hooks = outbox_testkit::services::HttpReceiver::start().await?;
+    let work = Workdir::new()?;
+    let config = work.write_config(
+        "cdc.toml",
+        &format!(
+            "[source]\nkind = \"mysql\"\nurl = \"{url}\"\nmode = \"cdc\"\n[sink]\nkind = \"http\"\nurl = \"{}\"\n",
+            hooks.url_for("/in")
+        ),
+    )?;
+    let cfg = config.to_str().context("path")?;
+    let out = work.run(&["migrate", "--config", cfg]).await?;
+    ensure!(out.code == Some(0), "migrate: {out:?}");
+    ensure!(
+        out.stdout
+            .contains("CDC: the binlog stream starts at binlog."),
+        "migrate says where the stream starts: {}",
+        out.stdout
+    );
+    let again = work.run(&["migrate", "--config", cfg]).await?;
+    ensure!(
+        again.code == Some(0) && again.stdout.contains("resumes at"),
+        "a second migrate keeps the position: {again:?}"
+    );
+    let out = work.run(&["doctor", "--config", cfg]).await?;
+    ensure!(out.code == Some(0), "doctor: {out:?}");
+    for needle in [
+        "log_bin ON, binlog_format ROW, binlog_row_image FULL",
+        "acknowledged",
+    ] {
+        ensure!(
+            out.stdout.contains(needle),
+            "doctor lacks `{needle}`: {}",
+            out.stdout
+        );
+    }
+    // A relay streams three events; status then shows the position it kept.
+    let mut relay = work.spawn_relay(&config, "relay.log")?;
+    let pool = MySqlPool::connect(&url).await?;
+    let outbox = MySqlOutbox::default();
+    for i in 0..3 {
+        let mut tx = pool.begin().await?;
+        outbox
+            .enqueue(
+                &mut tx,
+                &NewEvent::new("Order", "o1", "order.step", format!("{i}")),
+            )
+            .await?;
+        tx.commit().await?;
+    }
+    hooks
+        .wait_until("three events streamed", Duration::from_secs(30), |reqs| {
+            reqs.iter().filter(|r| r.accepted()).count() >= 3
+        })
+        .await
+        .with_context(|| work.read_log("relay.log"))?;
+    ensure!(terminate(&mut relay, Duration::from_secs(30)).await? == Some(0));
+    let out = work.run(&["status", "--config", cfg]).await?;
+    ensure!(out.code == Some(0), "status: {out:?}");
+    for needle in ["binlog position", "binlog head"] {
+        ensure!(
+            out.stdout.contains(needle),
+            "status lacks `{needle}`: {}",
+            out.stdout
+        );
+    }
+    let out = work
+        .run(&["replay", "--config", cfg, "--since", "1h", "--yes"])
+        .await?;
+    out.assert_clear_error("replay")?;
+    ensure!(
+        out.stderr.contains("CDC"),
+        "replay's refusal names the reason: {}",
+        out.stderr
+    );
+    Ok(())
+}
