@@ -110,6 +110,7 @@ impl MySqlBackend {
             )),
         }
         let inspector = MySqlCdcInspector::new(self.pool.clone(), &self.config);
+        out.push(inspector.retention_check(OffsetDateTime::now_utc()).await);
         match inspector.position_lines().await {
             Ok(lines) if lines.iter().any(|l| l.contains("none kept")) => {
                 out.push(DoctorCheck::red(

@@ -8,9 +8,11 @@
 use std::sync::Arc;
 
 use outbox_core::SourceError;
+use outbox_core::admin::DoctorCheck;
 use outbox_core::source::{Backlog, Inspect};
 use outbox_core::stream_ledger::LedgerStats;
 use sqlx::MySqlPool;
+use sqlx::Row as _;
 use time::OffsetDateTime;
 
 use super::queries::CdcQueries;
@@ -81,8 +83,12 @@ impl MySqlCdcInspector {
                     .to_owned(),
             ),
             Some((at, updated)) => lines.push(format!(
-                "binlog position    {}:{} acknowledged (moved {updated})",
-                at.file, at.offset
+                "binlog position    {}:{} acknowledged (moved {})",
+                at.file,
+                at.offset,
+                updated
+                    .format(&time::format_description::well_known::Rfc3339)
+                    .unwrap_or_default()
             )),
         }
         if let Some(head) = &head {
@@ -105,6 +111,91 @@ impl MySqlCdcInspector {
             "(CDC: undelivered events are binlog, not row state; `pending` counts only a running relay's memory)".to_owned(),
         );
         Ok(lines)
+    }
+}
+
+impl MySqlCdcInspector {
+    /// Whether the binlog the stream resumes from is still on the server, and not about to
+    /// be expired: red when the kept file is gone (events since are lost), a warning when the
+    /// kept position has not moved for over half the server's binlog retention.
+    pub async fn retention_check(&self, now: OffsetDateTime) -> DoctorCheck {
+        match self.retention_problem(now).await {
+            Ok(None) => DoctorCheck::ok(
+                "binlog_retention",
+                "the kept position's binlog file is on the server",
+            ),
+            Ok(Some((true, why))) => DoctorCheck::red(
+                "binlog_retention",
+                why,
+                "events committed since are lost to the stream: see docs/mysql.md, CDC: a lost position",
+            ),
+            Ok(Some((false, why))) => DoctorCheck::warn(
+                "binlog_retention",
+                why,
+                "is a relay streaming? raise binlog_expire_logs_seconds above the longest outage you must survive",
+            ),
+            Err(e) => DoctorCheck::warn(
+                "binlog_retention",
+                format!(
+                    "cannot list the binlog files: {}",
+                    outbox_core::relay::ErrorChain(&e)
+                ),
+                "grant REPLICATION CLIENT (MySQL) or BINLOG MONITOR (MariaDB) to source.url's user",
+            ),
+        }
+    }
+
+    /// `(red, why)` when something is wrong.
+    async fn retention_problem(
+        &self,
+        now: OffsetDateTime,
+    ) -> Result<Option<(bool, String)>, sqlx::Error> {
+        let Some((kept, moved)) = load_position(&self.pool, &self.queries).await? else {
+            return Ok(None);
+        };
+        let files: Vec<String> = sqlx::raw_sql("SHOW BINARY LOGS")
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(|row| row.try_get::<String, _>(0))
+            .collect::<Result<_, _>>()?;
+        if !files.contains(&kept.file) {
+            return Ok(Some((
+                true,
+                format!(
+                    "binlog file {} where the stream resumes is no longer on the server (purged)",
+                    kept.file
+                ),
+            )));
+        }
+        let seconds: Option<i64> =
+            sqlx::query_scalar("SELECT CAST(@@global.binlog_expire_logs_seconds AS SIGNED)")
+                .fetch_one(&self.pool)
+                .await
+                .ok();
+        let retention = match seconds {
+            Some(s) if s > 0 => s,
+            _ => {
+                let days: Option<f64> =
+                    sqlx::query_scalar("SELECT CAST(@@global.expire_logs_days AS DOUBLE)")
+                        .fetch_one(&self.pool)
+                        .await
+                        .ok();
+                (days.unwrap_or(0.0) * 86_400.0) as i64
+            }
+        };
+        let idle = (now - moved).whole_seconds();
+        let newest = files.last().is_some_and(|f| *f == kept.file);
+        if retention > 0 && !newest && idle > retention / 2 {
+            return Ok(Some((
+                false,
+                format!(
+                    "the kept position has not moved for {idle} s, over half the binlog retention ({retention} s): its file {} will be purged",
+                    kept.file
+                ),
+            )));
+        }
+        Ok(None)
     }
 }
 
