@@ -7,7 +7,8 @@
 #   - the hand-written seed-style relay (scripts/bench/handwritten_relay_mysql.py) draining
 #     the same backlog into the same JetStream: the baseline of the ratio;
 #   - commit -> ack latency at 1,000 events/s, `outbox bench steady` (4 producers, one event
-#     per transaction, 30 s) into JetStream.
+#     per transaction, 30 s) into JetStream;
+#   - the same drain and latency with the binlog CDC source (`mode = "cdc"`).
 #
 # MariaDB runs with production durability: `innodb_flush_log_at_trx_commit = 1`, binlog on
 # (ROW). Usage: scripts/bench/mysql.sh [--rows N] [--repeat K] [--build]
@@ -66,12 +67,13 @@ PY
     DB_URL="$MYSQL_URL/$db"
 }
 
-config() { # URL SINK ON_DELIVERED STREAM
+config() { # URL SINK ON_DELIVERED STREAM [MODE]
     cat <<TOML
 [source]
 kind = "mysql"
 url = "$1"
 on_delivered = "$3"
+mode = "${5:-poll}"
 [relay]
 batch_size = 500
 [sink]
@@ -91,12 +93,12 @@ print(json.dumps(r))
 PY
 }
 
-backlog() { # KEY SINK ON_DELIVERED
+backlog() { # KEY SINK ON_DELIVERED [MODE]
     local i url
     for i in $(seq 1 "$REPEAT"); do
         fresh_db
         url=$DB_URL
-        config "$url" "$2" "$3" "B$n" >"$WORK/b$n.toml"
+        config "$url" "$2" "$3" "B$n" "${4:-poll}" >"$WORK/b$n.toml"
         "$BIN" migrate -c "$WORK/b$n.toml" >/dev/null
         "$BIN" bench backlog -c "$WORK/b$n.toml" --events "$ROWS" --sink "$2" --json \
             >"$WORK/b$n.json" 2>>"$WORK/bench.log"
@@ -144,24 +146,27 @@ PY
     done
 }
 
-steady() {
+steady() { # KEY [MODE]
     local url
     fresh_db
     url=$DB_URL
-    config "$url" config mark "S$n" >"$WORK/s$n.toml"
+    config "$url" config mark "S$n" "${2:-poll}" >"$WORK/s$n.toml"
     "$BIN" migrate -c "$WORK/s$n.toml" >/dev/null
     "$BIN" bench steady -c "$WORK/s$n.toml" --rate 1000 --duration 30s --json \
         >"$WORK/s$n.json" 2>>"$WORK/bench.log"
-    record nats.steady.1000 "$WORK/s$n.json"
-    echo "bench: steady done" >&2
+    record "$1" "$WORK/s$n.json"
+    echo "bench: $1 done" >&2
 }
 
 backlog nats.relay.mark config mark
 backlog nats.relay.delete config delete
 backlog null.relay.mark null mark
 backlog null.relay.delete null delete
+backlog nats.cdc config mark cdc
+backlog null.cdc null mark cdc
 handwritten
-steady
+steady nats.steady.1000
+steady nats.steady.cdc.1000 cdc
 
 mkdir -p "$HERE/results"
 OUT=$HERE/results/mysql-$(date -u +%Y-%m-%d-%H%M).json
@@ -180,12 +185,12 @@ for key, med in out["median"].items():
     print(f"| `{key}` | {med:,.0f} | {each} |")
 m = out["median"]
 if "nats.handwritten" in m:
-    for k in ("nats.relay.mark", "nats.relay.delete"):
+    for k in ("nats.relay.mark", "nats.relay.delete", "nats.cdc"):
         if k in m:
             print(f"ratio {k} / handwritten: {m[k] / m['nats.handwritten']:.1f}x")
 for r in runs:
     if r["scenario"].startswith("nats.steady"):
         lat = r.get("latency_ms", {})
-        print(f"commit -> ack at 1,000 ev/s: p50 {lat.get('p50')} / p90 {lat.get('p90')} / p99 {lat.get('p99')} ms")
+        print(f"{r['scenario']}: commit -> ack at 1,000 ev/s: p50 {lat.get('p50')} / p90 {lat.get('p90')} / p99 {lat.get('p99')} ms")
 print(f"results: {sys.argv[2]}")
 PY
