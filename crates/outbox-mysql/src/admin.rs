@@ -119,9 +119,9 @@ impl MySqlAdmin {
         let kept = crate::cdc::load_position(&self.pool, cdc)
             .await
             .map_err(|e| self.err("reading the CDC position", e))?;
-        Ok(kept.map(|(_, moved)| {
+        Ok(kept.map(|kept| {
             (
-                utc((now - keep).min(moved - keep)),
+                utc((now - keep).min(kept.moved - keep)),
                 &cdc.retention_count,
                 &cdc.retention_delete_batch,
             )

@@ -1,7 +1,9 @@
 //! The binlog CDC source beyond the conformance suite, on a real MariaDB: a binlog rotation in
 //! the middle of the stream, dead letters retried (`outbox dead retry` puts rows back to
 //! `pending`, and the stream publishes them again, in order), and a kept position the server
-//! no longer has (a clear fatal error, not a silent skip).
+//! no longer has (a clear fatal error, not a silent skip), and on MariaDB the GTID position:
+//! kept with every save, and what the stream resumes by when the kept binlog file is not on
+//! the server (a failover to a replica).
 
 mod cdc_support;
 
@@ -120,9 +122,12 @@ async fn dead_letters_retried_are_streamed_again_in_order() -> anyhow::Result<()
 #[tokio::test]
 async fn a_kept_position_the_server_no_longer_has_is_a_clear_fatal_error() -> anyhow::Result<()> {
     let h = CdcHarness::new().await?;
-    sqlx::query("UPDATE outbox_cdc_position SET binlog_file = 'binlog.999999', binlog_pos = 4")
-        .execute(&h.pool)
-        .await?;
+    // Without a GTID position (as on MySQL) the stream resumes by file and offset.
+    sqlx::query(
+        "UPDATE outbox_cdc_position SET binlog_file = 'binlog.999999', binlog_pos = 4, gtid = NULL",
+    )
+    .execute(&h.pool)
+    .await?;
     let mut source = MySqlCdcSource::new(
         h.pool.clone(),
         &h.config,
@@ -141,6 +146,53 @@ async fn a_kept_position_the_server_no_longer_has_is_a_clear_fatal_error() -> an
         err.to_string()
             .contains("no longer has binlog binlog.999999:4"),
         "unclear: {err}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_mariadb_the_stream_resumes_by_gtid_where_the_kept_file_is_unknown() -> anyhow::Result<()>
+{
+    let h = CdcHarness::new().await?;
+    let gtid = || async {
+        sqlx::query_scalar::<_, Option<String>>(
+            "SELECT gtid FROM outbox_cdc_position WHERE stream = 'relay'",
+        )
+        .fetch_one(&h.pool)
+        .await
+    };
+    let at_migrate = gtid().await?.unwrap_or_default();
+    ensure!(!at_migrate.is_empty(), "migrate records the GTID position");
+    let sink = Arc::new(ScriptedSink::new());
+    let running = relay(&h, sink.clone()).await?;
+    let first = h.write(vec![event("g", 0), event("g", 1)], true).await?;
+    sink.wait_for_published(2, Duration::from_secs(30)).await?;
+    running.stop().await?;
+    let after = gtid().await?.unwrap_or_default();
+    ensure!(
+        after != at_migrate,
+        "the kept GTID position moved with the stream ({at_migrate} -> {after})"
+    );
+    // As after a failover: the kept file is unknown to this server, the GTID is not.
+    sqlx::query(
+        "UPDATE outbox_cdc_position SET binlog_file = 'other-host-bin.000007', binlog_pos = 1234",
+    )
+    .execute(&h.pool)
+    .await?;
+    let sink = Arc::new(ScriptedSink::new());
+    let running = relay(&h, sink.clone()).await?;
+    let next = h.write(vec![event("g", 2)], true).await?;
+    let published = sink.wait_for_published(1, Duration::from_secs(30)).await?;
+    running.stop().await?;
+    let got: Vec<Uuid> = published.iter().map(|e| e.id).collect();
+    ensure!(
+        got == next,
+        "resumed by GTID: {got:?}, expected only {next:?} (not {first:?} again)"
+    );
+    let (file, _) = h.kept().await?;
+    ensure!(
+        file.starts_with("binlog."),
+        "the kept position is on this server's binlog again: {file}"
     );
     Ok(())
 }

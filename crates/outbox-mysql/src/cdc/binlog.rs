@@ -2,7 +2,7 @@
 //! growing number for the ledger), how to open a stream from there, and how a row of the
 //! outbox table becomes an [`Event`].
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 
 use bytes::Bytes;
@@ -58,6 +58,63 @@ impl FileNames {
             offset: token & 0xFFFF_FFFF,
         })
     }
+}
+
+/// MariaDB's `GTID_EVENT` (it starts each transaction when the reader declared itself
+/// GTID-aware with `@mariadb_slave_capability = 4`).
+pub(crate) const MARIADB_GTID_EVENT: u8 = 162;
+
+/// A MariaDB GTID position: per replication domain, the last transaction's server id and
+/// sequence number (the `gtid_binlog_pos` format: `0-1-80,1-2-5`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct GtidState(BTreeMap<u32, (u32, u64)>);
+
+impl GtidState {
+    /// Parses `domain-server-seq[,…]`; empty text is the empty position.
+    pub(crate) fn parse(text: &str) -> Option<Self> {
+        let mut state = BTreeMap::new();
+        for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let mut fields = part.split('-');
+            let domain = fields.next()?.parse().ok()?;
+            let server = fields.next()?.parse().ok()?;
+            let seq = fields.next()?.parse().ok()?;
+            if fields.next().is_some() {
+                return None;
+            }
+            state.insert(domain, (server, seq));
+        }
+        Some(Self(state))
+    }
+
+    /// Records a transaction of `domain`.
+    pub(crate) fn apply(&mut self, domain: u32, server: u32, seq: u64) {
+        self.0.insert(domain, (server, seq));
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl std::fmt::Display for GtidState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, (domain, (server, seq))) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            write!(f, "{domain}-{server}-{seq}")?;
+        }
+        Ok(())
+    }
+}
+
+/// A MariaDB GTID event's body: `(domain, seq, standalone)`; standalone (flag 1) marks a
+/// transaction without a commit event (DDL).
+pub(crate) fn mariadb_gtid(body: &[u8]) -> Option<(u32, u64, bool)> {
+    let seq = u64::from_le_bytes(body.get(0..8)?.try_into().ok()?);
+    let domain = u32::from_le_bytes(body.get(8..12)?.try_into().ok()?);
+    let flags = *body.get(12)?;
+    Some((domain, seq, flags & 1 == 1))
 }
 
 /// Connection options for the binlog session, from `source.url` (the same URL the pool uses:
@@ -253,6 +310,21 @@ mod tests {
         names.note("binlog.000010");
         assert_eq!(names.position(b), Some(at("binlog.000010", 4)));
         assert_eq!(names.position(a), None);
+    }
+
+    #[test]
+    fn gtid_positions_parse_update_and_print_in_mariadb_format() {
+        let mut g = GtidState::parse("0-1-80, 1-2-5").expect("valid");
+        g.apply(0, 3, 81);
+        g.apply(2, 1, 1);
+        assert_eq!(g.to_string(), "0-3-81,1-2-5,2-1-1");
+        assert!(GtidState::parse("").expect("empty").is_empty());
+        assert_eq!(GtidState::parse("0-1"), None);
+        assert_eq!(GtidState::parse("0-1-x"), None);
+        // seq 81, domain 0, flags 12 (as a MariaDB 10.11 server wrote it).
+        let body = [81, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 0, 0, 0];
+        assert_eq!(mariadb_gtid(&body), Some((0, 81, false)));
+        assert_eq!(mariadb_gtid(&body[..10]), None);
     }
 
     #[test]

@@ -82,21 +82,25 @@ impl MySqlCdcInspector {
                 "binlog position    none kept: run `outbox migrate` with source.mode = \"cdc\""
                     .to_owned(),
             ),
-            Some((at, updated)) => lines.push(format!(
-                "binlog position    {}:{} acknowledged (moved {})",
-                at.file,
-                at.offset,
-                updated
+            Some(kept) => lines.push(format!(
+                "binlog position    {}:{}{} acknowledged (moved {})",
+                kept.at.file,
+                kept.at.offset,
+                kept.gtid
+                    .as_ref()
+                    .map(|g| format!(" (GTID {g})"))
+                    .unwrap_or_default(),
+                kept.moved
                     .format(&time::format_description::well_known::Rfc3339)
                     .unwrap_or_default()
             )),
         }
         if let Some(head) = &head {
             let behind = match &kept {
-                Some((at, _)) if at.file == head.file => {
+                Some(kept) if kept.at.file == head.file => {
                     format!(
                         ", {} bytes ahead of it",
-                        head.offset.saturating_sub(at.offset)
+                        head.offset.saturating_sub(kept.at.offset)
                     )
                 }
                 Some(_) => ", in a later binlog file".to_owned(),
@@ -150,7 +154,10 @@ impl MySqlCdcInspector {
         &self,
         now: OffsetDateTime,
     ) -> Result<Option<(bool, String)>, sqlx::Error> {
-        let Some((kept, moved)) = load_position(&self.pool, &self.queries).await? else {
+        let Some(super::setup::Kept {
+            at: kept, moved, ..
+        }) = load_position(&self.pool, &self.queries).await?
+        else {
             return Ok(None);
         };
         let files: Vec<String> = sqlx::raw_sql("SHOW BINARY LOGS")

@@ -50,6 +50,31 @@ pub async fn binlog_problems(pool: &MySqlPool) -> Result<Vec<String>, sqlx::Erro
     Ok(problems)
 }
 
+/// The server's GTID position on MariaDB (`gtid_binlog_pos`); `None` on MySQL, whose stream
+/// resumes by binlog file and offset (see docs/mysql.md).
+pub(crate) async fn current_gtid(pool: &MySqlPool) -> Result<Option<String>, sqlx::Error> {
+    let version: String = sqlx::query_scalar("SELECT VERSION()")
+        .fetch_one(pool)
+        .await?;
+    if !version.contains("MariaDB") {
+        return Ok(None);
+    }
+    let gtid: Option<String> = sqlx::query_scalar("SELECT CAST(@@global.gtid_binlog_pos AS CHAR)")
+        .fetch_one(pool)
+        .await?;
+    Ok(gtid.filter(|g| !g.is_empty()))
+}
+
+/// What the position table keeps.
+#[derive(Debug, Clone)]
+pub(crate) struct Kept {
+    pub(crate) at: BinlogPos,
+    /// When it last moved.
+    pub(crate) moved: OffsetDateTime,
+    /// The GTID position at the same point (MariaDB).
+    pub(crate) gtid: Option<String>,
+}
+
 /// The server's current binlog coordinate (`SHOW MASTER STATUS`, renamed `SHOW BINARY LOG
 /// STATUS` in MySQL 8.4).
 pub(crate) async fn current_position(pool: &MySqlPool) -> Result<Option<BinlogPos>, sqlx::Error> {
@@ -100,11 +125,15 @@ pub async fn setup_cdc(pool: &MySqlPool, config: &MySqlConfig) -> Result<CdcSetu
     let token = start
         .token()
         .ok_or_else(|| format!("unexpected binlog file name `{}`", start.file))?;
+    let gtid = current_gtid(pool)
+        .await
+        .map_err(|e| db("reading the GTID position", e))?;
     let recorded = sqlx::query(stmt(&queries.position_init))
         .bind(STREAM)
         .bind(&start.file)
         .bind(start.offset)
         .bind(token as i64)
+        .bind(&gtid)
         .bind(crate::poll::utc(now))
         .execute(pool)
         .await
@@ -117,28 +146,32 @@ pub async fn setup_cdc(pool: &MySqlPool, config: &MySqlConfig) -> Result<CdcSetu
         .ok_or("the CDC position vanished")?;
     Ok(CdcSetupReport {
         position_recorded: recorded,
-        resume_at: format!("{}:{}", kept.0.file, kept.0.offset),
+        resume_at: match &kept.gtid {
+            Some(gtid) => format!("{}:{} (GTID {gtid})", kept.at.file, kept.at.offset),
+            None => format!("{}:{}", kept.at.file, kept.at.offset),
+        },
     })
 }
 
-/// The kept position and when it last moved; `None` before the first CDC `migrate`.
+/// The kept position; `None` before the first CDC `migrate`.
 pub(crate) async fn load_position(
     pool: &MySqlPool,
     queries: &CdcQueries,
-) -> Result<Option<(BinlogPos, OffsetDateTime)>, sqlx::Error> {
+) -> Result<Option<Kept>, sqlx::Error> {
     let row = sqlx::query(stmt(&queries.position_load))
         .bind(STREAM)
         .fetch_optional(pool)
         .await?;
     row.map(|row| {
         let updated: time::PrimitiveDateTime = row.try_get(3)?;
-        Ok((
-            BinlogPos {
+        Ok(Kept {
+            at: BinlogPos {
                 file: row.try_get(0)?,
                 offset: u64::try_from(row.try_get::<i64, _>(1)?).unwrap_or(0),
             },
-            updated.assume_utc(),
-        ))
+            moved: updated.assume_utc(),
+            gtid: row.try_get(4)?,
+        })
     })
     .transpose()
 }

@@ -9,7 +9,7 @@
 //! batch and hands the relay a claim that ends before the lock could have been freed, so a
 //! relay resumed after a pause publishes nothing stale.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::str::FromStr as _;
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,7 +26,9 @@ use time::OffsetDateTime;
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use super::binlog::{BinlogPos, Columns, FileNames, binlog_opts};
+use super::binlog::{
+    BinlogPos, Columns, FileNames, GtidState, MARIADB_GTID_EVENT, binlog_opts, mariadb_gtid,
+};
 use super::queries::CdcQueries;
 use super::setup::{STREAM, load_position};
 use crate::config::MySqlConfig;
@@ -73,6 +75,10 @@ struct Live {
     described: bool,
     /// Events of the transaction being read, released at its commit.
     pending: Vec<(Event, Meta)>,
+    /// MariaDB: the GTID position after the last transaction read, and the GTID of the one
+    /// being read (domain, server, seq, standalone).
+    gtid: Option<GtidState>,
+    txn_gtid: Option<(u32, u32, u64, bool)>,
 }
 
 /// Reads the outbox from the binlog (`source.mode = "cdc"`).
@@ -113,6 +119,8 @@ pub struct MySqlCdcSource {
     /// After (re)starting: the server's binlog head at the start. Until the stream has
     /// passed it, `fetch` waits for it, so the first batch holds what was committed before.
     catch_up: Option<u64>,
+    /// MariaDB: the GTID position at the end of each transaction not yet saved, by token.
+    gtids: BTreeMap<u64, String>,
 }
 
 impl std::fmt::Debug for MySqlCdcSource {
@@ -161,6 +169,7 @@ impl MySqlCdcSource {
             failure: None,
             stats: Arc::new(LedgerStats::default()),
             catch_up: None,
+            gtids: BTreeMap::new(),
         })
     }
 
@@ -195,7 +204,7 @@ impl MySqlCdcSource {
             return Ok(false);
         };
         // The stream is ours now: nobody else moves the kept position.
-        let (start, _) = load_position(&self.pool, &self.queries)
+        let kept = load_position(&self.pool, &self.queries)
             .await
             .map_err(|e| self.db_err("reading the CDC position", e))?
             .ok_or_else(|| {
@@ -204,18 +213,61 @@ impl MySqlCdcSource {
                     self.table
                 ))
             })?;
-        let token = start.token().ok_or_else(|| {
+        let start = kept.at.clone();
+        let mut token = start.token().ok_or_else(|| {
             SourceError::fatal(format!("unexpected binlog file name `{}`", start.file))
         })?;
         self.columns = Some(self.read_columns().await?);
         self.load_dead().await?;
+        let mariadb = super::setup::current_gtid(&self.pool)
+            .await
+            .map_err(|e| self.db_err("reading the GTID position", e))?
+            .is_some();
+        let gtid = kept
+            .gtid
+            .as_deref()
+            .filter(|_| mariadb)
+            .and_then(GtidState::parse)
+            .filter(|g| !g.is_empty());
         let opts = binlog_opts(&self.config).map_err(SourceError::fatal)?;
-        let conn = mysql_async::Conn::new(opts)
+        let mut conn = mysql_async::Conn::new(opts)
             .await
             .map_err(|e| binlog_error("connecting for the binlog", &start, e))?;
-        let request = BinlogStreamRequest::new(self.server_id)
-            .with_filename(start.file.as_bytes())
-            .with_pos(start.offset);
+        let mut request = BinlogStreamRequest::new(self.server_id);
+        if mariadb {
+            use mysql_async::prelude::Queryable as _;
+            // GTID-aware: real GTID events, and a start by GTID position when one is kept.
+            let mut setup = vec![("SET @mariadb_slave_capability = 4", None)];
+            if let Some(g) = &gtid {
+                setup.push(("SET @slave_connect_state = ?", Some(g.to_string())));
+                setup.push(("SET @slave_gtid_strict_mode = 0", None));
+            }
+            for (sql, param) in setup {
+                let done = match param {
+                    Some(p) => conn.exec_drop(sql, (p,)).await,
+                    None => conn.query_drop(sql).await,
+                };
+                done.map_err(|e| binlog_error("preparing the binlog session", &start, e))?;
+            }
+        }
+        if gtid.is_none() {
+            request = request
+                .with_filename(start.file.as_bytes())
+                .with_pos(start.offset);
+        } else if !self.has_binlog_file(&start.file).await? {
+            // Resuming by GTID on a server without the kept file (a failover to a replica):
+            // its file names and offsets start over, so the kept token does too.
+            tracing::warn!(kept_file = %start.file, gtid = %kept.gtid.as_deref().unwrap_or_default(), "the kept binlog file is not on this server (failover?): resuming by GTID");
+            sqlx::query(sqlx::AssertSqlSafe(crate::sql::render(
+                "UPDATE {{name:_cdc_position}} SET token = 0 WHERE stream = ?",
+                &self.config.table,
+            )))
+            .bind(STREAM)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.db_err("re-basing the CDC position", e))?;
+            token = 0;
+        }
         let stream = conn
             .get_binlog_stream(request)
             .await
@@ -227,9 +279,11 @@ impl MySqlCdcSource {
         self.files.note(&start.file);
         self.ledger.reset(token);
         self.saved = token;
+        self.gtids.clear();
         tracing::info!(
             table = %self.table,
             resume_at = %format!("{}:{}", start.file, start.offset),
+            gtid = %gtid.as_ref().map(ToString::to_string).unwrap_or_default(),
             server_id = self.server_id,
             took_over = self.standing_by,
             "streaming the outbox from the binlog"
@@ -245,6 +299,8 @@ impl MySqlCdcSource {
             file: Some(start.file),
             described: false,
             pending: Vec::new(),
+            gtid: mariadb.then(|| gtid.unwrap_or_default()),
+            txn_gtid: None,
         });
         Ok(true)
     }
@@ -298,6 +354,17 @@ impl MySqlCdcSource {
                 Err(self.lost(e))
             }
         }
+    }
+
+    /// Whether the server still has binlog file `file` (`SHOW BINARY LOGS`).
+    async fn has_binlog_file(&self, file: &str) -> Result<bool, SourceError> {
+        let rows = sqlx::raw_sql("SHOW BINARY LOGS")
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| self.db_err("listing the binlog files", e))?;
+        Ok(rows
+            .iter()
+            .any(|r| r.try_get::<String, _>(0).is_ok_and(|f| f == file)))
     }
 
     async fn read_columns(&self) -> Result<Columns, SourceError> {
@@ -358,6 +425,12 @@ impl MySqlCdcSource {
             .is_some_and(|t| t >= barrier)
         {
             self.catch_up = None;
+        }
+        if event.header().event_type_raw() == MARIADB_GTID_EVENT {
+            if let Some((domain, seq, standalone)) = mariadb_gtid(event.data()) {
+                live.txn_gtid = Some((domain, event.header().server_id(), seq, standalone));
+            }
+            return Ok(false);
         }
         let data = event.read_data().map_err(decode)?;
         let commit = match data {
@@ -449,7 +522,12 @@ impl MySqlCdcSource {
                 false
             }
             Some(EventData::XidEvent(_)) => true,
-            Some(EventData::QueryEvent(q)) => q.query().eq_ignore_ascii_case("COMMIT"),
+            // COMMIT ends a transaction on non-transactional tables; a standalone GTID's one
+            // statement (DDL) is its whole transaction.
+            Some(EventData::QueryEvent(q)) => {
+                q.query().eq_ignore_ascii_case("COMMIT")
+                    || live.txn_gtid.is_some_and(|(.., standalone)| standalone)
+            }
             _ => false,
         };
         if !commit {
@@ -465,6 +543,12 @@ impl MySqlCdcSource {
         .token() else {
             return Ok(false);
         };
+        if let (Some(state), Some((domain, server, seq, _))) =
+            (live.gtid.as_mut(), live.txn_gtid.take())
+        {
+            state.apply(domain, server, seq);
+            self.gtids.insert(token, state.to_string());
+        }
         let mut events = std::mem::take(&mut live.pending);
         let any = !events.is_empty();
         // Rows put back to pending in one statement come in table order: each aggregate's
@@ -670,10 +754,16 @@ impl MySqlCdcSource {
         let Some(at) = self.files.position(confirmed) else {
             return Ok(());
         };
+        let gtid = self
+            .gtids
+            .range(..=confirmed)
+            .next_back()
+            .map(|(_, g)| g.clone());
         sqlx::query(stmt(&self.queries.position_save))
             .bind(&at.file)
             .bind(at.offset)
             .bind(confirmed as i64)
+            .bind(&gtid)
             .bind(crate::poll::utc(OffsetDateTime::now_utc()))
             .bind(STREAM)
             .bind(confirmed as i64)
@@ -682,6 +772,7 @@ impl MySqlCdcSource {
             .map_err(|e| self.db_err("saving the CDC position", e))?;
         self.saved = confirmed;
         self.saved_at = Instant::now();
+        self.gtids = self.gtids.split_off(&confirmed);
         Ok(())
     }
 
