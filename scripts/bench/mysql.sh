@@ -11,7 +11,8 @@
 #   - the same drain and latency with the binlog CDC source (`mode = "cdc"`).
 #
 # MariaDB runs with production durability: `innodb_flush_log_at_trx_commit = 1`, binlog on
-# (ROW). Usage: scripts/bench/mysql.sh [--rows N] [--repeat K] [--build]
+# (ROW). Usage: scripts/bench/mysql.sh [--rows N] [--repeat K] [--build] [--only REGEX]
+# (--only runs the scenarios whose key matches REGEX, e.g. `--only steady`).
 # Needs: mariadb-server, nats-server, python3 (a venv with PyMySQL and nats-py is made in
 # scripts/bench/.venv-mysql). Writes scripts/bench/results/mysql-<UTC date>.json.
 set -euo pipefail
@@ -20,12 +21,14 @@ ROOT=$(cd "$HERE/../.." && pwd)
 ROWS=100000
 REPEAT=3
 BUILD=0
+ONLY=.
 while [ $# -gt 0 ]; do
     case "$1" in
+    --only) ONLY=$2; shift 2 ;;
     --rows) ROWS=$2; shift 2 ;;
     --repeat) REPEAT=$2; shift 2 ;;
     --build) BUILD=1; shift ;;
-    -h | --help) sed -n 2,16p "$0"; exit 0 ;;
+    -h | --help) sed -n 2,18p "$0"; exit 0 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
     esac
 done
@@ -158,15 +161,16 @@ steady() { # KEY [MODE]
     echo "bench: $1 done" >&2
 }
 
-backlog nats.relay.mark config mark
-backlog nats.relay.delete config delete
-backlog null.relay.mark null mark
-backlog null.relay.delete null delete
-backlog nats.cdc config mark cdc
-backlog null.cdc null mark cdc
-handwritten
-steady nats.steady.1000
-steady nats.steady.cdc.1000 cdc
+want() { echo "$1" | grep -Eq -- "$ONLY"; }
+want nats.relay.mark && backlog nats.relay.mark config mark
+want nats.relay.delete && backlog nats.relay.delete config delete
+want null.relay.mark && backlog null.relay.mark null mark
+want null.relay.delete && backlog null.relay.delete null delete
+want nats.cdc && backlog nats.cdc config mark cdc
+want null.cdc && backlog null.cdc null mark cdc
+want nats.handwritten && handwritten
+want nats.steady.1000 && steady nats.steady.1000
+want nats.steady.cdc.1000 && steady nats.steady.cdc.1000 cdc
 
 mkdir -p "$HERE/results"
 OUT=$HERE/results/mysql-$(date -u +%Y-%m-%d-%H%M).json

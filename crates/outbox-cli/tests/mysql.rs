@@ -449,12 +449,48 @@ async fn a_bad_mysql_url_is_one_clear_error_without_the_password() -> anyhow::Re
     );
     let cdc = work.write_config(
         "cdc.toml",
-        "[source]\nkind = \"mysql\"\nurl = \"mysql://app@127.0.0.1/app\"\nmode = \"cdc\"\n",
+        "[source]\nkind = \"mysql\"\nurl = \"mysql://app@127.0.0.1/app\"\nmode = \"cdc\"\nserver_id = 0\n",
     )?;
     let out = work
         .run(&["check-config", "--config", cdc.to_str().context("path")?])
         .await?;
-    out.assert_clear_error("source.mode")?;
+    out.assert_clear_error("source.server_id")?;
+    Ok(())
+}
+
+/// CDC on a server whose binlog is not row-based: `migrate` refuses, names the setting, and
+/// creates nothing; `doctor` is red on the same setting.
+#[tokio::test]
+async fn cdc_without_a_row_binlog_is_refused_naming_the_setting() -> anyhow::Result<()> {
+    let server = MariaDb::start().await?;
+    let url = server.fresh_database().await?;
+    let pool = MySqlPool::connect(&url).await?;
+    sqlx::raw_sql("SET GLOBAL binlog_format = 'STATEMENT'")
+        .execute(&pool)
+        .await?;
+    let work = Workdir::new()?;
+    let config = work.write_config(
+        "cdc.toml",
+        &format!("[source]\nkind = \"mysql\"\nurl = \"{url}\"\nmode = \"cdc\"\n[sink]\nkind = \"stdout\"\n"),
+    )?;
+    let cfg = config.to_str().context("path")?;
+    let out = work.run(&["migrate", "--config", cfg]).await?;
+    out.assert_clear_error("binlog_format is STATEMENT")?;
+    let tables: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE()",
+    )
+    .fetch_one(&pool)
+    .await?;
+    ensure!(tables == 0, "a refused migrate created {tables} table(s)");
+    let out = work.run(&["doctor", "--config", cfg]).await?;
+    ensure!(
+        out.code != Some(0)
+            && out
+                .stdout
+                .lines()
+                .any(|l| l.contains("RED") && l.contains("binlog_format is STATEMENT")),
+        "doctor: {out:?}"
+    );
     Ok(())
 }
 
@@ -530,6 +566,39 @@ async fn cdc_mode_commands_say_where_the_stream_stands() -> anyhow::Result<()> {
             out.stdout
         );
     }
+    // A relay user without replication privileges: doctor is red and says which.
+    let (base, database) = url.rsplit_once('/').context("database in url")?;
+    let user = format!("norepl_{}", &database[database.len() - 8..]);
+    // Built from hex digits and constants.
+    for sql in [
+        format!("CREATE USER '{user}'@'%' IDENTIFIED BY 'pw'"),
+        format!("GRANT ALL ON {database}.* TO '{user}'@'%'"),
+    ] {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+            .execute(&pool)
+            .await?;
+    }
+    let host = base.trim_start_matches("mysql://root@");
+    let norepl = work.write_config(
+        "norepl.toml",
+        &format!(
+            "[source]\nkind = \"mysql\"\nurl = \"mysql://{user}:pw@{host}/{database}\"\nmode = \"cdc\"\n[sink]\nkind = \"stdout\"\n"
+        ),
+    )?;
+    let out = work
+        .run(&["doctor", "--config", norepl.to_str().context("path")?])
+        .await?;
+    ensure!(
+        out.code != Some(0),
+        "doctor without replication privileges: {out:?}"
+    );
+    ensure!(
+        out.stdout
+            .lines()
+            .any(|l| l.contains("RED") && l.contains("replication")),
+        "doctor names the missing privilege: {}",
+        out.stdout
+    );
     let out = work
         .run(&["replay", "--config", cfg, "--since", "1h", "--yes"])
         .await?;

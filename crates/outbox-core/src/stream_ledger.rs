@@ -295,6 +295,11 @@ impl<M: Clone> Ledger<M> {
             .collect()
     }
 
+    /// Every event held: queued and in flight.
+    pub fn entries(&self) -> impl Iterator<Item = &Entry<M>> {
+        self.queue.values().chain(self.in_flight.values())
+    }
+
     /// The queued events, in commit order.
     pub fn queued(&self) -> impl Iterator<Item = &Entry<M>> {
         self.queue.values()

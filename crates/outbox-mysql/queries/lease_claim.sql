@@ -15,13 +15,13 @@ UPDATE (
     SELECT c.position
     FROM (
         SELECT p.position
-        FROM {{table}} AS p
+        FROM {{table}} AS p FORCE INDEX ({{name:_pending_idx}})
         WHERE p.state = 'pending'
           AND (p.claimed_until IS NULL OR p.claimed_until < NOW(6))
           AND p.next_attempt_at <= ?
           AND NOT COALESCE((
               SELECT h.seq < p.seq AND h.next_attempt_at > ?
-              FROM {{table}} AS h
+              FROM {{table}} AS h FORCE INDEX ({{name:_aggregate_idx}})
               WHERE h.aggregate_type = p.aggregate_type
                 AND h.aggregate_id = p.aggregate_id
                 AND h.state = 'pending'

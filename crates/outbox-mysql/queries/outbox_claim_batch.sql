@@ -3,7 +3,11 @@
 -- waiting for its next attempt (only an aggregate's first pending event is ever attempted),
 -- or whose first dead event is earlier while dead letters hold their aggregate. Each probe
 -- reads one entry of *_aggregate_idx, index only: an EXISTS over the aggregate's earlier
--- events would read all its pending entries (MySQL uses no range for it).
+-- events would read all its pending entries (MySQL uses no range for it). The index is
+-- forced: with statistics taken while few rows were pending, the optimizer picked
+-- *_pending_idx for the probes, which then scanned every pending row per claimed row, and
+-- under a steady load the claim slowed down as the backlog it caused grew (seconds per claim,
+-- measured with `outbox bench steady`).
 -- ? = now, ? = now, ? = 1 when a dead letter holds its aggregate, ? = limit.
 --
 -- Runs in the relay's claim transaction (READ COMMITTED), which stays open while the batch is
@@ -20,7 +24,7 @@ SELECT o.position, o.id, o.aggregate_type, o.aggregate_id, o.event_type, o.paylo
        o.headers, o.created_at, o.attempts, o.seq,
        -- The aggregate's first pending and first dead event in this statement's snapshot.
        (SELECT h.seq
-        FROM {{table}} AS h
+        FROM {{table}} AS h FORCE INDEX ({{name:_aggregate_idx}})
         WHERE h.aggregate_type = o.aggregate_type
           AND h.aggregate_id = o.aggregate_id
           AND h.state = 'pending'
@@ -33,13 +37,13 @@ SELECT o.position, o.id, o.aggregate_type, o.aggregate_id, o.event_type, o.paylo
           AND d.state = 'dead'
         ORDER BY d.seq
         LIMIT 1) AS first_dead
-FROM {{table}} AS o
+FROM {{table}} AS o FORCE INDEX ({{name:_pending_idx}})
 WHERE o.state = 'pending'
   AND o.next_attempt_at <= ?
   -- The aggregate's first pending event is an earlier one waiting for its next attempt.
   AND NOT COALESCE((
       SELECT h.seq < o.seq AND h.next_attempt_at > ?
-      FROM {{table}} AS h
+      FROM {{table}} AS h FORCE INDEX ({{name:_aggregate_idx}})
       WHERE h.aggregate_type = o.aggregate_type
         AND h.aggregate_id = o.aggregate_id
         AND h.state = 'pending'

@@ -3,7 +3,7 @@
 -- claim disjoint batches. Locks last until the claim transaction ends.
 SELECT o.position, o.id, o.aggregate_type, o.aggregate_id, o.event_type, o.payload,
        o.headers, o.created_at, o.attempts, o.seq
-FROM {{table}} AS o
+FROM {{table}} AS o FORCE INDEX ({{name:_pending_idx}})
 WHERE o.state = 'pending'
   AND o.next_attempt_at <= ?
 ORDER BY o.position

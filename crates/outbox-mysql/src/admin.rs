@@ -285,7 +285,25 @@ impl MySqlAdmin {
             .fetch_all(&mut *tx)
             .await
             .map_err(err)?;
-        self.change(&mut tx, &self.admin.dead_retry, &rows)
+        let mut changed = rows.clone();
+        if let Some(cdc) = &self.cdc {
+            let chosen = serde_json::Value::from(rows.iter().map(|(p, _)| *p).collect::<Vec<_>>())
+                .to_string();
+            let parked: Vec<(i64, String)> = sqlx::query_as(stmt(&cdc.dead_parked_select))
+                .bind(&chosen)
+                .bind(&chosen)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(err)?;
+            if !parked.is_empty() {
+                tracing::info!(
+                    parked = parked.len(),
+                    "also putting back the events parked behind them (dead_letter = \"hold-aggregate\")"
+                );
+            }
+            changed.extend(parked);
+        }
+        self.change(&mut tx, &self.admin.dead_retry, &changed)
             .await
             .map_err(err)?;
         tx.commit().await.map_err(err)?;

@@ -22,7 +22,9 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use crate::admin::MySqlAdmin;
-use crate::cdc::{MySqlCdcInspector, MySqlCdcSource, binlog_problems, setup_cdc};
+use crate::cdc::{
+    MySqlCdcInspector, MySqlCdcSource, binlog_problems, replication_check, setup_cdc,
+};
 use crate::config::{ClaimMode, Mode, MySqlConfig};
 use crate::lease::MySqlLeaseSource;
 use crate::migrate::{SCHEMA_VERSION, migrate, schema_version};
@@ -88,27 +90,33 @@ impl MySqlBackend {
         self.config.mode == Mode::Cdc
     }
 
-    /// CDC mode: the server's binlog settings and the kept position.
-    async fn cdc_checks(&self, out: &mut Vec<DoctorCheck>) {
+    /// CDC mode: the server's binlog settings (checked before the schema: they do not depend
+    /// on it, and a refused `migrate` names them).
+    async fn binlog_check(&self) -> DoctorCheck {
         match binlog_problems(&self.pool).await {
-            Ok(problems) if problems.is_empty() => out.push(DoctorCheck::ok(
+            Ok(problems) if problems.is_empty() => DoctorCheck::ok(
                 "binlog",
                 "log_bin ON, binlog_format ROW, binlog_row_image FULL",
-            )),
-            Ok(problems) => out.push(DoctorCheck::red(
+            ),
+            Ok(problems) => DoctorCheck::red(
                 "binlog",
                 problems.join("; "),
                 "set them in the server's config and restart it (docs/mysql.md, CDC)",
-            )),
-            Err(e) => out.push(DoctorCheck::red(
+            ),
+            Err(e) => DoctorCheck::red(
                 "binlog",
                 format!(
                     "cannot read the binlog settings: {}",
                     outbox_core::relay::ErrorChain(&e)
                 ),
                 "check source.url",
-            )),
+            ),
         }
+    }
+
+    /// CDC mode: replication privileges, the kept position and its binlog file.
+    async fn cdc_checks(&self, out: &mut Vec<DoctorCheck>) {
+        out.push(replication_check(&self.pool, &self.config).await);
         let inspector = MySqlCdcInspector::new(self.pool.clone(), &self.config);
         out.push(inspector.retention_check(OffsetDateTime::now_utc()).await);
         match inspector.position_lines().await {
@@ -223,6 +231,9 @@ impl MySqlBackend {
             }
         }
         out.push(self.transport().await);
+        if self.cdc() {
+            out.push(self.binlog_check().await);
+        }
         match schema_version(&self.pool, table).await {
             Ok(Some(v)) if v >= SCHEMA_VERSION => {
                 out.push(DoctorCheck::ok("schema", format!("version {v}")));
@@ -372,6 +383,18 @@ impl Backend for MySqlBackend {
     }
     fn migrate(&self) -> BoxFuture<'_, Result<Vec<String>, SourceError>> {
         Box::pin(async move {
+            if self.cdc() {
+                // Checked before anything is created: a refused CDC migrate leaves nothing.
+                let problems = binlog_problems(&self.pool)
+                    .await
+                    .map_err(|e| fatal("reading the binlog settings", &e))?;
+                if !problems.is_empty() {
+                    return Err(SourceError::fatal(format!(
+                        "source.mode = \"cdc\" needs a row-based binlog: {}",
+                        problems.join("; ")
+                    )));
+                }
+            }
             let report = migrate(&self.pool, &self.config.table)
                 .await
                 .map_err(|e| fatal("migrating the outbox", &e))?;

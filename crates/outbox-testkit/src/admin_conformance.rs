@@ -189,7 +189,7 @@ pub async fn dead_letters_are_listed_explained_and_retried_in_order<H: AdminHarn
     let pipelines = backend.start_relay(&config).await?;
     let relay = RunningRelay::start(config, healthy.clone(), pipelines.sources);
     let retried = dead.retry(&RetrySelection::Ids(vec![poison])).await;
-    let reached = healthy.wait_for_published(2, WAIT).await;
+    let reached = healthy.wait_for_ids(&[poison, behind], WAIT).await;
     relay.stop().await?;
     if let Some(closed) = pipelines.closed {
         let _ = tokio::time::timeout(Duration::from_secs(5), closed).await;

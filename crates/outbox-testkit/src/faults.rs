@@ -240,6 +240,20 @@ impl ScriptedSink {
         Ok(self.published())
     }
 
+    /// Waits until every event of `ids` was acknowledged (at-least-once sources may publish
+    /// others twice meanwhile, so a count would not tell); returns everything published.
+    pub async fn wait_for_ids(
+        &self,
+        ids: &[uuid::Uuid],
+        timeout: Duration,
+    ) -> anyhow::Result<Vec<Event>> {
+        self.wait_until(&format!("events {ids:?} published"), timeout, |s| {
+            ids.iter().all(|id| s.published.iter().any(|e| e.id == *id))
+        })
+        .await?;
+        Ok(self.published())
+    }
+
     /// Waits until at least `n` `publish` calls have started (e.g. to stop the relay while a
     /// paused call is in flight).
     pub async fn wait_for_calls(&self, n: usize, timeout: Duration) -> anyhow::Result<()> {

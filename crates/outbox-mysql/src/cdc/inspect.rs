@@ -18,6 +18,7 @@ use time::OffsetDateTime;
 use super::queries::CdcQueries;
 use super::setup::{current_position, load_position};
 use crate::config::MySqlConfig;
+
 use crate::error::source_error;
 use crate::sql::stmt;
 
@@ -203,6 +204,57 @@ impl MySqlCdcInspector {
             )));
         }
         Ok(None)
+    }
+}
+
+/// Whether `config`'s user may read the binlog: opens a non-blocking binlog session at the
+/// server's head (nothing to read, so it ends at once). The server checks `REPLICATION
+/// SLAVE` (MariaDB: `REPLICATION REPLICA`), roles included.
+pub(crate) async fn replication_check(pool: &MySqlPool, config: &MySqlConfig) -> DoctorCheck {
+    use futures::StreamExt as _;
+    let fix = "GRANT REPLICATION SLAVE, REPLICATION CLIENT ON *.* TO <user> (MariaDB: REPLICATION REPLICA, BINLOG MONITOR)";
+    let head = match super::setup::current_position(pool).await {
+        Ok(Some(head)) => head,
+        Ok(None) => {
+            return DoctorCheck::red(
+                "replication",
+                "the server reports no binlog position",
+                "start the server with --log-bin",
+            );
+        }
+        Err(e) => {
+            return DoctorCheck::red(
+                "replication",
+                format!(
+                    "cannot read the binlog position: {}",
+                    outbox_core::relay::ErrorChain(&e)
+                ),
+                fix,
+            );
+        }
+    };
+    let result = async {
+        let opts = super::binlog::binlog_opts(config).map_err(|e| e.to_string())?;
+        let conn = mysql_async::Conn::new(opts)
+            .await
+            .map_err(|e| e.to_string())?;
+        let request = mysql_async::BinlogStreamRequest::new(super::source::random_server_id())
+            .with_filename(head.file.as_bytes())
+            .with_pos(head.offset)
+            .with_non_blocking();
+        let mut stream = conn
+            .get_binlog_stream(request)
+            .await
+            .map_err(|e| e.to_string())?;
+        while let Some(event) = stream.next().await {
+            event.map_err(|e| e.to_string())?;
+        }
+        Ok::<(), String>(())
+    }
+    .await;
+    match result {
+        Ok(()) => DoctorCheck::ok("replication", "source.url's user may read the binlog"),
+        Err(e) => DoctorCheck::red("replication", format!("cannot read the binlog: {e}"), fix),
     }
 }
 

@@ -16,6 +16,7 @@ mod setup;
 mod source;
 
 pub use inspect::MySqlCdcInspector;
+pub(crate) use inspect::replication_check;
 pub(crate) use queries::CdcQueries;
 pub(crate) use setup::load_position;
 pub use setup::{CdcSetupReport, binlog_problems, setup_cdc};

@@ -19,6 +19,11 @@ pub(crate) struct CdcQueries {
     pub(crate) retention_delete_batch: Arc<str>,
     pub(crate) dead_count: Arc<str>,
     pub(crate) retention_count: Arc<str>,
+    pub(crate) dead_parked_select: Arc<str>,
+    pub(crate) put_back_seqs: Arc<str>,
+    pub(crate) restream: Arc<str>,
+    pub(crate) put_back_delivered: Arc<str>,
+    pub(crate) put_back_aggregates: Arc<str>,
 }
 
 impl CdcQueries {
@@ -35,6 +40,11 @@ impl CdcQueries {
             retention_delete_batch: r(include_str!("../../queries/cdc_retention_delete_batch.sql")),
             dead_count: r(include_str!("../../queries/cdc_dead_count.sql")),
             retention_count: r(include_str!("../../queries/cdc_retention_count.sql")),
+            dead_parked_select: r(include_str!("../../queries/cdc_dead_parked_select.sql")),
+            put_back_seqs: r(include_str!("../../queries/cdc_put_back_seqs.sql")),
+            restream: r(include_str!("../../queries/cdc_restream.sql")),
+            put_back_delivered: r(include_str!("../../queries/cdc_put_back_delivered.sql")),
+            put_back_aggregates: r(include_str!("../../queries/cdc_put_back_aggregates.sql")),
         }
     }
 }
@@ -57,6 +67,11 @@ mod tests {
             &q.retention_delete_batch,
             &q.dead_count,
             &q.retention_count,
+            &q.dead_parked_select,
+            &q.put_back_seqs,
+            &q.restream,
+            &q.put_back_delivered,
+            &q.put_back_aggregates,
         ] {
             assert!(!sql.contains("{{") && sql.contains("`events"), "{sql}");
         }

@@ -58,6 +58,8 @@ struct Meta {
     seq: i64,
     /// Why the row cannot be published (it is dead-lettered at once).
     invalid: Option<String>,
+    /// A dead letter put back to `pending` (streamed from an `UPDATE`).
+    put_back: bool,
 }
 
 type Ledger = stream_ledger::Ledger<Meta>;
@@ -379,16 +381,25 @@ impl MySqlCdcSource {
         Columns::from_ordinals(&rows).map_err(SourceError::fatal)
     }
 
+    /// The aggregates whose events are checked before they go out: those with dead letters,
+    /// and those with dead letters put back and not delivered since.
     async fn load_dead(&mut self) -> Result<(), SourceError> {
-        let rows = sqlx::query(stmt(&self.queries.dead_aggregates))
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|e| self.db_err("reading dead-lettered aggregates", e))?;
-        self.dead = rows
-            .iter()
-            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
-            .collect::<Result<_, sqlx::Error>>()
-            .map_err(|e| self.db_err("reading dead-lettered aggregates", e))?;
+        let mut dead = HashSet::new();
+        for sql in [
+            &self.queries.dead_aggregates,
+            &self.queries.put_back_aggregates,
+        ] {
+            let rows = sqlx::query(stmt(sql))
+                .fetch_all(&self.pool)
+                .await
+                .map_err(|e| self.db_err("reading dead-lettered aggregates", e))?;
+            for r in &rows {
+                let key = (|| Ok::<_, sqlx::Error>((r.try_get(0)?, r.try_get(1)?)))()
+                    .map_err(|e| self.db_err("reading dead-lettered aggregates", e))?;
+                dead.insert(key);
+            }
+        }
+        self.dead = dead;
         Ok(())
     }
 
@@ -506,6 +517,7 @@ impl MySqlCdcSource {
                                     row,
                                     seq,
                                     invalid: None,
+                                    put_back: update,
                                 },
                             )
                         }
@@ -515,6 +527,7 @@ impl MySqlCdcSource {
                                 row,
                                 seq: 0,
                                 invalid: Some(format!("undecodable outbox row: {why}")),
+                                put_back: update,
                             },
                         ),
                     });
@@ -678,11 +691,42 @@ impl MySqlCdcSource {
                 .filter_map(|s| Uuid::parse_str(s).ok())
                 .collect();
             if dead_ids.is_empty() {
-                self.dead.remove(&key);
-                for p in positions {
-                    if let Some(e) = self.ledger.queued_mut(p) {
-                        e.checked = true;
+                // The dead letters were retried or purged. A retried one is streamed again
+                // from where `dead retry` committed: an event of this aggregate with a higher
+                // `seq` that was streamed before that (the tail after a restart) must not
+                // overtake it, so it is streamed again too, after it.
+                let put_back: Vec<(i64, i64)> = sqlx::query_as(stmt(&self.queries.put_back_seqs))
+                    .bind(&key.0)
+                    .bind(&key.1)
+                    .fetch_all(&self.pool)
+                    .await
+                    .map_err(|e| self.db_err("reading the retried events of an aggregate", e))?;
+                // Where the stream holds each put-back row already (its ledger position).
+                let held: std::collections::HashMap<i64, i64> = self
+                    .ledger
+                    .entries()
+                    .filter(|e| e.meta.put_back)
+                    .map(|e| (e.meta.row, e.event.position.0))
+                    .collect();
+                let mut overtaking = Vec::new();
+                for p in &positions {
+                    if let Some(e) = self.ledger.queued_mut(*p) {
+                        // A put-back row with a lower seq that the stream has not handed over
+                        // ahead of this event (not yet streamed, or streamed after it).
+                        let waits = put_back.iter().any(|(row, seq)| {
+                            *seq < e.meta.seq && held.get(row).is_none_or(|at| at > p)
+                        });
+                        if waits {
+                            overtaking.push(*p);
+                        } else {
+                            e.checked = true;
+                        }
                     }
+                }
+                if overtaking.is_empty() {
+                    self.dead.remove(&key);
+                } else {
+                    self.restream(&overtaking).await?;
                 }
                 continue;
             }
@@ -719,6 +763,34 @@ impl MySqlCdcSource {
                     held = park.len(),
                     "events parked as dead letters behind a dead letter of their aggregate"
                 );
+            }
+        }
+        Ok(())
+    }
+
+    /// Streams the queued events at `positions` again, after everything committed so far
+    /// (see `queries/cdc_restream.sql`), and settles them here.
+    async fn restream(&mut self, positions: &[i64]) -> Result<(), SourceError> {
+        let rows: Vec<i64> = positions
+            .iter()
+            .filter_map(|p| self.ledger.queued_mut(*p).map(|e| e.meta.row))
+            .collect();
+        let list = serde_json::Value::from(rows).to_string();
+        let err = |e| source_error("streaming events again", &self.table, e);
+        let mut tx = self.pool.begin().await.map_err(err)?;
+        for state in ["dead", "pending"] {
+            sqlx::query(stmt(&self.queries.restream))
+                .bind(&list)
+                .bind(state)
+                .execute(&mut *tx)
+                .await
+                .map_err(err)?;
+        }
+        tx.commit().await.map_err(err)?;
+        for p in positions {
+            if let Some(entry) = self.ledger.remove_queued(*p) {
+                tracing::info!(event_id = %entry.event.id, "streaming an event again after the retried dead letters of its aggregate");
+                self.ledger.finish(&entry);
             }
         }
         Ok(())
@@ -802,7 +874,7 @@ fn connect_options(config: &MySqlConfig) -> Result<MySqlConnectOptions, SourceEr
 }
 
 /// A server id for the binlog session: random, away from the small ids servers use.
-fn random_server_id() -> u32 {
+pub(crate) fn random_server_id() -> u32 {
     let bytes = Uuid::new_v4().into_bytes();
     (u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]) | 0x4000_0000) & 0x7FFF_FFFF
 }
@@ -905,6 +977,23 @@ impl Source for MySqlCdcSource {
         {
             self.ledger.release_in_flight();
             return Err(e);
+        }
+        let put_back: Vec<i64> = settlements
+            .iter()
+            .filter(|s| s.outcome == Outcome::Delivered)
+            .filter_map(|s| self.ledger.in_flight(s.position.0))
+            .filter(|e| e.meta.put_back)
+            .map(|e| e.meta.row)
+            .collect();
+        if !put_back.is_empty() {
+            let done = sqlx::query(stmt(&self.queries.put_back_delivered))
+                .bind(serde_json::Value::from(put_back).to_string())
+                .execute(&self.pool)
+                .await;
+            if let Err(e) = done {
+                self.ledger.release_in_flight();
+                return Err(self.db_err("recording retried dead letters as delivered", e));
+            }
         }
         for s in settlements {
             let Some(mut entry) = self.ledger.take_in_flight(s.position.0) else {
