@@ -315,6 +315,12 @@ async fn no_command_prints_a_mysql_password() -> anyhow::Result<()> {
     )))
     .execute(&admin)
     .await?;
+    // Binlog CDC reads the binlog as this user too.
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "GRANT REPLICATION SLAVE, REPLICATION CLIENT ON *.* TO '{user}'@'%'"
+    )))
+    .execute(&admin)
+    .await?;
     // An administrator creates the table and its trigger (with binary logging on, creating a
     // trigger needs SUPER); the user's own `migrate` then finds nothing to do.
     outbox_mysql::migrate(&admin, &outbox_core::Identifier::new("outbox")?).await?;
@@ -336,14 +342,16 @@ async fn no_command_prints_a_mysql_password() -> anyhow::Result<()> {
     ];
     for (i, url) in urls.iter().enumerate() {
         let down = url.replace(host, &format!("127.0.0.1:{}", closed_port()?));
-        for (name, url, up) in [
-            (format!("up-{i}"), url, true),
-            (format!("down-{i}"), &down, false),
+        for (name, url, up, mode) in [
+            (format!("up-{i}"), url, true, "poll"),
+            (format!("down-{i}"), &down, false, "poll"),
+            (format!("cdc-up-{i}"), url, true, "cdc"),
+            (format!("cdc-down-{i}"), &down, false, "cdc"),
         ] {
             let path = work.write_config(
                 &format!("{name}.toml"),
                 &format!(
-                    "[source]\nkind = \"mysql\"\nurl = \"{url}\"\nconnect_timeout = \"2s\"\n[sink]\nkind = \"file\"\npath = \"{name}.jsonl\"\n"
+                    "[source]\nkind = \"mysql\"\nurl = \"{url}\"\nmode = \"{mode}\"\nconnect_timeout = \"2s\"\n[sink]\nkind = \"file\"\npath = \"{name}.jsonl\"\n"
                 ),
             )?;
             let cfg = path.to_str().context("utf-8 path")?;
@@ -376,6 +384,7 @@ async fn no_command_prints_a_mysql_password() -> anyhow::Result<()> {
                 if up {
                     text.contains("starting relay") && text.contains("claim")
                         || text.contains("retention run finished")
+                        || text.contains("streaming the outbox from the binlog")
                 } else {
                     text.contains("error:") || text.contains("ERROR") || text.contains(" WARN ")
                 }
