@@ -6,6 +6,7 @@
 //! the server (a failover to a replica).
 
 mod cdc_support;
+mod support;
 
 use std::sync::Arc;
 use std::time::Duration;

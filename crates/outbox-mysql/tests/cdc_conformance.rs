@@ -4,6 +4,7 @@
 //! resumes at the kept position), delivery positions (each row's `seq`).
 
 mod cdc_support;
+mod support;
 
 use cdc_support::CdcHarness;
 

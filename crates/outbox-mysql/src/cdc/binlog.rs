@@ -28,8 +28,13 @@ impl BinlogPos {
     /// (the digits after its last `.`) in the high 32 bits, the offset in the low 32 bits (a
     /// binlog file never exceeds 4 GiB: offsets are 32-bit in the protocol).
     pub(crate) fn token(&self) -> Option<u64> {
-        file_number(&self.file).map(|n| (n << 32) | (self.offset & 0xFFFF_FFFF))
+        token(&self.file, self.offset)
     }
+}
+
+/// [`BinlogPos::token`] of `offset` in `file`, without building a `BinlogPos` (per event).
+pub(crate) fn token(file: &str, offset: u64) -> Option<u64> {
+    file_number(file).map(|n| (n << 32) | (offset & 0xFFFF_FFFF))
 }
 
 /// The sequence number of a binlog file name (`binlog.000042` → 42).

@@ -27,7 +27,7 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use super::binlog::{
-    BinlogPos, Columns, FileNames, GtidState, MARIADB_GTID_EVENT, binlog_opts, mariadb_gtid,
+    BinlogPos, Columns, FileNames, GtidState, MARIADB_GTID_EVENT, binlog_opts, mariadb_gtid, token,
 };
 use super::queries::CdcQueries;
 use super::setup::{STREAM, load_position};
@@ -428,12 +428,7 @@ impl MySqlCdcSource {
         let end = u64::from(event.header().log_pos());
         if let (Some(barrier), Some(file)) = (self.catch_up, live.file.as_deref())
             && end > 0
-            && (BinlogPos {
-                file: file.to_owned(),
-                offset: end,
-            })
-            .token()
-            .is_some_and(|t| t >= barrier)
+            && token(file, end).is_some_and(|t| t >= barrier)
         {
             self.catch_up = None;
         }
@@ -549,11 +544,7 @@ impl MySqlCdcSource {
         let Some(file) = live.file.as_deref() else {
             return Ok(false);
         };
-        let Some(token) = (BinlogPos {
-            file: file.to_owned(),
-            offset: end,
-        })
-        .token() else {
+        let Some(token) = token(file, end) else {
             return Ok(false);
         };
         if let (Some(state), Some((domain, server, seq, _))) =

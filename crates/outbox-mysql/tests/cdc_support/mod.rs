@@ -1,5 +1,6 @@
 //! The conformance harness for the binlog CDC source: a fresh outbox in its own database on
-//! the shared MariaDB (row-based binlog), migrated in CDC mode.
+//! the shared MariaDB (row-based binlog), migrated in CDC mode. Writes and reads rows like
+//! the polling harness (`support`, which every test using this module declares too).
 
 #![allow(dead_code, unreachable_pub, missing_docs)]
 
@@ -114,37 +115,15 @@ impl Harness for CdcHarness {
         outbox_first: bool,
         hold: std::time::Duration,
     ) -> anyhow::Result<(Uuid, i64)> {
-        outbox_testkit::oracle::mysql_write_counted(
-            &self.pool,
-            "`outbox`",
-            &event,
-            outbox_first,
-            hold,
-        )
-        .await
+        crate::support::write_counted(&self.pool, event, outbox_first, hold).await
     }
 
     async fn write(&self, events: Vec<NewEvent>, commit: bool) -> anyhow::Result<Vec<Uuid>> {
-        let mut tx = self.pool.begin().await?;
-        let mut ids = Vec::with_capacity(events.len());
-        for event in &events {
-            ids.push(self.outbox.enqueue(&mut tx, event).await?);
-        }
-        if commit {
-            tx.commit().await?;
-        } else {
-            tx.rollback().await?;
-        }
-        Ok(ids)
+        crate::support::write(&self.pool, &self.outbox, events, commit).await
     }
 
     async fn stored(&self, id: Uuid) -> anyhow::Result<Option<StoredEvent>> {
-        let row: Option<(String, i32)> =
-            sqlx::query_as("SELECT state, attempts FROM outbox WHERE id = ?")
-                .bind(id.to_string())
-                .fetch_optional(&self.pool)
-                .await?;
-        Ok(row.map(|(state, attempts)| StoredEvent { state, attempts }))
+        crate::support::stored(&self.pool, id).await
     }
 
     /// One stream at a time; the others stand by.

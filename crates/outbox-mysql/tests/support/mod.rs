@@ -67,40 +67,58 @@ impl Harness for MySqlHarness {
         outbox_first: bool,
         hold: std::time::Duration,
     ) -> anyhow::Result<(Uuid, i64)> {
-        outbox_testkit::oracle::mysql_write_counted(
-            &self.pool,
-            "`outbox`",
-            &event,
-            outbox_first,
-            hold,
-        )
-        .await
+        write_counted(&self.pool, event, outbox_first, hold).await
     }
 
     async fn write(&self, events: Vec<NewEvent>, commit: bool) -> anyhow::Result<Vec<Uuid>> {
-        let mut tx = self.pool.begin().await?;
-        let mut ids = Vec::with_capacity(events.len());
-        for event in &events {
-            ids.push(self.outbox.enqueue(&mut tx, event).await?);
-        }
-        if commit {
-            tx.commit().await?;
-        } else {
-            tx.rollback().await?;
-        }
-        Ok(ids)
+        write(&self.pool, &self.outbox, events, commit).await
     }
 
     async fn stored(&self, id: Uuid) -> anyhow::Result<Option<StoredEvent>> {
-        let row: Option<(String, i32)> =
-            sqlx::query_as("SELECT state, attempts FROM outbox WHERE id = ?")
-                .bind(id.to_string())
-                .fetch_optional(&self.pool)
-                .await?;
-        Ok(row.map(|(state, attempts)| StoredEvent { state, attempts }))
+        stored(&self.pool, id).await
     }
 
     fn replicas(&self) -> usize {
         3
     }
+}
+
+/// The harnesses' `write`: `events` in one transaction, committed or rolled back.
+pub async fn write(
+    pool: &MySqlPool,
+    outbox: &MySqlOutbox,
+    events: Vec<NewEvent>,
+    commit: bool,
+) -> anyhow::Result<Vec<Uuid>> {
+    let mut tx = pool.begin().await?;
+    let mut ids = Vec::with_capacity(events.len());
+    for event in &events {
+        ids.push(outbox.enqueue(&mut tx, event).await?);
+    }
+    if commit {
+        tx.commit().await?;
+    } else {
+        tx.rollback().await?;
+    }
+    Ok(ids)
+}
+
+/// The harnesses' `stored`: the row's state and attempts.
+pub async fn stored(pool: &MySqlPool, id: Uuid) -> anyhow::Result<Option<StoredEvent>> {
+    let row: Option<(String, i32)> =
+        sqlx::query_as("SELECT state, attempts FROM outbox WHERE id = ?")
+            .bind(id.to_string())
+            .fetch_optional(pool)
+            .await?;
+    Ok(row.map(|(state, attempts)| StoredEvent { state, attempts }))
+}
+
+/// The harnesses' `write_counted` (the commit-order oracle) on the table `outbox`.
+pub async fn write_counted(
+    pool: &MySqlPool,
+    event: NewEvent,
+    outbox_first: bool,
+    hold: std::time::Duration,
+) -> anyhow::Result<(Uuid, i64)> {
+    outbox_testkit::oracle::mysql_write_counted(pool, "`outbox`", &event, outbox_first, hold).await
 }
