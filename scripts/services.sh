@@ -17,6 +17,7 @@
 # (and tansu with cargo, see services_install_tansu).
 services_install() {
     services_tansu_bin >/dev/null 2>&1 || services_install_tansu || return 1
+    services_moto_bin >/dev/null 2>&1 || services_install_moto || return 1
     local missing=()
     services_pg_bindir >/dev/null 2>&1 || missing+=(postgresql)
     services_nats_bin >/dev/null 2>&1 || missing+=(nats-server)
@@ -40,6 +41,26 @@ services_install() {
     "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" </dev/null >&2
     services_pg_bindir >/dev/null && services_nats_bin >/dev/null && services_redis_bin >/dev/null &&
         services_rabbitmq_bin >/dev/null && services_pgbouncer_bin >/dev/null
+}
+
+# moto's server, the local stand-in for SQS, SNS, Kinesis and DynamoDB (PyPI `moto[server]`,
+# which brings boto3 for the tests' consumers too); the tests start their own.
+services_moto_bin() {
+    if [ -n "${OUTBOX_TEST_MOTO_SERVER:-}" ]; then
+        echo "$OUTBOX_TEST_MOTO_SERVER"
+        return 0
+    fi
+    command -v moto_server 2>/dev/null
+}
+
+services_install_moto() {
+    echo "services: installing moto[server] from PyPI" >&2
+    python3 -m pip install --quiet --disable-pip-version-check 'moto[server]>=5.1,<6' >&2 || {
+        echo "services: could not install moto[server] (pip install 'moto[server]')" >&2
+        return 1
+    }
+    command -v pyenv >/dev/null 2>&1 && pyenv rehash >/dev/null 2>&1
+    services_moto_bin >/dev/null
 }
 
 # pgbouncer (Debian installs it in /usr/sbin); the tests start their own per test.

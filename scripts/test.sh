@@ -5,7 +5,8 @@
 #
 # 1. installs PostgreSQL, nats-server, redis-server and rabbitmq-server from Debian packages
 #    when they are missing (and tansu, a Kafka-protocol broker, with `cargo install` when no
-#    binary is found: see services.sh);
+#    binary is found: see services.sh), and moto's server (PyPI `moto[server]`) for the AWS
+#    sinks, which the tests start themselves;
 # 2. checks formatting and runs clippy with warnings as errors;
 # 3. starts ONE PostgreSQL, ONE nats-server and ONE tansu for the run on free ports of 127.0.0.1
 #    (data and logs in a temporary directory, stopped and removed on exit) and passes them to the

@@ -157,6 +157,18 @@ sinks! {
     /// RabbitMQ (publisher confirms, mandatory routing).
     #[cfg(feature = "rabbitmq")]
     Rabbitmq(outbox_sinks::RabbitMqConfig),
+    /// Amazon SQS (standard and FIFO queues).
+    #[cfg(feature = "sqs")]
+    Sqs(outbox_sinks::SqsConfig),
+    /// Amazon SNS (standard and FIFO topics).
+    #[cfg(feature = "sns")]
+    Sns(outbox_sinks::SnsConfig),
+    /// Amazon Kinesis Data Streams.
+    #[cfg(feature = "kinesis")]
+    Kinesis(outbox_sinks::KinesisConfig),
+    /// Google Cloud Pub/Sub.
+    #[cfg(feature = "pubsub")]
+    Pubsub(outbox_sinks::PubSubConfig),
 }
 
 impl Default for SourceConfig {

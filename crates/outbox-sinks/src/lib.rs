@@ -24,6 +24,10 @@
 //! | `redis` | [`redis`] | Redis Streams (`XADD`, pipelined per batch) |
 //! | `rabbitmq` | [`rabbitmq`] | RabbitMQ (AMQP 0-9-1) with publisher confirms and mandatory routing |
 //! | `kafka` | [`kafka`] | Kafka, idempotent producer with `acks=all` (librdkafka, bundled) |
+//! | `sqs` | [`sqs`] | Amazon SQS, standard and FIFO queues (`SendMessageBatch`) |
+//! | `sns` | [`sns`] | Amazon SNS, standard and FIFO topics (`PublishBatch`) |
+//! | `kinesis` | [`kinesis`] | Amazon Kinesis Data Streams (`PutRecords`) |
+//! | `pubsub` | [`pubsub`] | Google Cloud Pub/Sub, ordered by `ordering_key` (REST API) |
 
 /// Implements [`outbox_core::BuildSink`] for a sink's config type: its `kind`, and how to
 /// describe where an event goes (`|config, event| ...`). `validate` and `build` are the
@@ -72,20 +76,33 @@ macro_rules! build_sink {
 }
 pub(crate) use build_sink;
 
+#[cfg(any(feature = "sqs", feature = "sns", feature = "kinesis"))]
+mod aws;
+#[cfg(any(feature = "sqs", feature = "sns", feature = "kinesis", feature = "pubsub"))]
+mod cloud;
 mod error;
 mod secret;
+#[cfg(any(feature = "http", feature = "nats", feature = "rabbitmq", feature = "redis"))]
 mod tls;
 
 #[cfg(feature = "http")]
 pub mod http;
 #[cfg(feature = "kafka")]
 pub mod kafka;
+#[cfg(feature = "kinesis")]
+pub mod kinesis;
 #[cfg(feature = "nats")]
 pub mod nats;
 #[cfg(feature = "rabbitmq")]
 pub mod rabbitmq;
+#[cfg(feature = "pubsub")]
+pub mod pubsub;
 #[cfg(feature = "redis")]
 pub mod redis;
+#[cfg(feature = "sns")]
+pub mod sns;
+#[cfg(feature = "sqs")]
+pub mod sqs;
 #[cfg(feature = "stdout")]
 pub mod stdout;
 
@@ -96,12 +113,20 @@ pub use secret::Secret;
 pub use http::{HttpConfig, HttpSink};
 #[cfg(feature = "kafka")]
 pub use kafka::{KafkaConfig, KafkaSink};
+#[cfg(feature = "kinesis")]
+pub use kinesis::{KinesisConfig, KinesisSink};
+#[cfg(feature = "pubsub")]
+pub use pubsub::{PubSubConfig, PubSubSink};
 #[cfg(feature = "nats")]
 pub use nats::{NatsConfig, NatsSink};
 #[cfg(feature = "rabbitmq")]
 pub use rabbitmq::{RabbitMqConfig, RabbitMqSink};
 #[cfg(feature = "redis")]
 pub use redis::{RedisConfig, RedisSink};
+#[cfg(feature = "sns")]
+pub use sns::{SnsConfig, SnsSink};
+#[cfg(feature = "sqs")]
+pub use sqs::{SqsConfig, SqsSink};
 #[cfg(feature = "stdout")]
 pub use stdout::{FileConfig, FileSink, StdoutConfig, StdoutSink};
 
@@ -113,7 +138,11 @@ pub use stdout::{FileConfig, FileSink, StdoutConfig, StdoutSink};
     feature = "http",
     feature = "redis",
     feature = "rabbitmq",
-    feature = "kafka"
+    feature = "kafka",
+    feature = "sqs",
+    feature = "sns",
+    feature = "kinesis",
+    feature = "pubsub"
 ))]
 fn collapse_unavailable(
     deliveries: Vec<outbox_core::sink::Delivery>,
@@ -136,7 +165,11 @@ fn collapse_unavailable(
     feature = "http",
     feature = "redis",
     feature = "rabbitmq",
-    feature = "kafka"
+    feature = "kafka",
+    feature = "sqs",
+    feature = "sns",
+    feature = "kinesis",
+    feature = "pubsub"
 ))]
 fn sample_event(aggregate_type: &str, aggregate_id: &str, event_type: &str) -> outbox_core::Event {
     outbox_core::Event {

@@ -46,7 +46,14 @@ impl From<&str> for Secret {
 }
 
 /// The workspace's one redaction function (`outbox_core::redact::redact_url`).
-#[cfg(any(feature = "redis", feature = "rabbitmq"))]
+#[cfg(any(
+    feature = "redis",
+    feature = "rabbitmq",
+    feature = "sqs",
+    feature = "sns",
+    feature = "kinesis",
+    feature = "pubsub"
+))]
 pub(crate) use outbox_core::redact::redact_url;
 
 #[cfg(test)]

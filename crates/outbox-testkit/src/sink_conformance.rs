@@ -28,7 +28,8 @@ use bytes::Bytes;
 use outbox_core::{Destination, Event, Sink, SinkErrorKind};
 
 use expect::{
-    check_message, check_order, eventually_err, eventually_ok, expect_all_ok, find_one, is_copy_of,
+    check_message, check_order, eventually_err, eventually_ok, expect_all_ok, find_one, identity,
+    is_copy_of,
 };
 use fixture::{event, target};
 
@@ -132,6 +133,20 @@ pub trait SinkHarness: Send + Sync {
     /// Whether the broker drops a republished event.
     fn dedupe(&self) -> Dedupe;
 
+    /// What the suite puts between the literal parts of its destination templates: `.` by
+    /// default; `-` for a service whose names cannot hold a dot (SQS queues, SNS topics).
+    /// With any other separator, the event types of the template check have no dot either.
+    fn separator(&self) -> char {
+        '.'
+    }
+
+    /// Whether messages carry headers. Kinesis records carry only data and a partition key:
+    /// then the suite checks no headers and tells events apart by key and body (every check
+    /// publishes distinct bodies), and the harness must be [`keyed`](Self::keyed).
+    fn carries_headers(&self) -> bool {
+        true
+    }
+
     /// Whether messages carry a key (Kafka); then it must be `aggregate_id`.
     fn keyed(&self) -> bool {
         false
@@ -174,6 +189,7 @@ pub async fn run_all<H: SinkHarness>(harness: &H) -> anyhow::Result<()> {
 /// `publish(&[])` returns no deliveries and sends nothing.
 pub async fn an_empty_batch_publishes_nothing<H: SinkHarness>(h: &H) -> anyhow::Result<()> {
     let target = target(
+        h,
         "{scope}.event.{aggregate_type}",
         &[event("Order", "o_1", "")],
     )?;
@@ -209,7 +225,7 @@ pub async fn messages_carry_exact_bytes_headers_and_key<H: SinkHarness>(
         ("id".to_owned(), "spoofed".to_owned()),
         ("tenant".to_owned(), "globex".to_owned()),
     ];
-    let target = target("{scope}.event.{aggregate_type}", &batch)?;
+    let target = target(h, "{scope}.event.{aggregate_type}", &batch)?;
     let sink = h.sink(&target).await?;
     expect_all_ok(&sink.publish(&batch).await?, &batch)?;
 
@@ -221,7 +237,7 @@ pub async fn messages_carry_exact_bytes_headers_and_key<H: SinkHarness>(
         received.len()
     );
     for sent in &batch {
-        let got = find_one(&received, sent)?;
+        let got = find_one(h, &received, sent)?;
         check_message(h, &target, sent, got)?;
     }
     Ok(())
@@ -237,7 +253,14 @@ pub async fn the_destination_template_is_rendered_per_event<H: SinkHarness>(
         event("Invoice", "i_1", "3"),
     ];
     batch[1].event_type = "order.shipped".to_owned();
+    let sep = h.separator();
+    if sep != '.' {
+        for e in &mut batch {
+            e.event_type = e.event_type.replace('.', "_");
+        }
+    }
     let target = target(
+        h,
         "{scope}.{aggregate_type}.{event_type}.{aggregate_id}",
         &batch,
     )?;
@@ -245,9 +268,9 @@ pub async fn the_destination_template_is_rendered_per_event<H: SinkHarness>(
     expect_all_ok(&sink.publish(&batch).await?, &batch)?;
     let received = h.received(&target, batch.len()).await?;
     for sent in &batch {
-        let got = find_one(&received, sent)?;
+        let got = find_one(h, &received, sent)?;
         let expected = format!(
-            "{}.{}.{}.{}",
+            "{}{sep}{}{sep}{}{sep}{}",
             target.scope, sent.aggregate_type, sent.event_type, sent.aggregate_id
         );
         ensure!(
@@ -282,7 +305,7 @@ pub async fn events_of_one_aggregate_keep_their_order_across_batches<H: SinkHarn
         })
         .collect();
     let all: Vec<Event> = batches.iter().flatten().cloned().collect();
-    let target = target("{scope}.event.{aggregate_type}", &all)?;
+    let target = target(h, "{scope}.event.{aggregate_type}", &all)?;
     let sink = h.sink(&target).await?;
     for batch in &batches {
         expect_all_ok(&sink.publish(batch).await?, batch)?;
@@ -294,7 +317,7 @@ pub async fn events_of_one_aggregate_keep_their_order_across_batches<H: SinkHarn
         all.len(),
         received.len()
     );
-    check_order(&received, &all)
+    check_order(h, &received, &all)
 }
 
 /// A body one byte over the broker's limit is rejected with a reason; the other events of the
@@ -308,7 +331,7 @@ pub async fn an_oversized_message_is_rejected_while_the_rest_flow<H: SinkHarness
         event("Order", "o_2", vec![b'x'; too_big]),
         event("Order", "o_3", "small after"),
     ];
-    let target = target("{scope}.event.{aggregate_type}", &batch)?;
+    let target = target(h, "{scope}.event.{aggregate_type}", &batch)?;
     let sink = h.sink(&target).await?;
     let deliveries = sink
         .publish(&batch)
@@ -367,7 +390,11 @@ pub async fn an_oversized_message_is_rejected_while_the_rest_flow<H: SinkHarness
 /// broker deduplicates, else twice with the same `id`.
 pub async fn publishing_an_event_twice_is_harmless<H: SinkHarness>(h: &H) -> anyhow::Result<()> {
     let e = event("Order", "o_1", "once");
-    let target = target("{scope}.event.{aggregate_type}", std::slice::from_ref(&e))?;
+    let target = target(
+        h,
+        "{scope}.event.{aggregate_type}",
+        std::slice::from_ref(&e),
+    )?;
     let sink = h.sink(&target).await?;
     for attempt in 1..=2 {
         let deliveries = sink.publish(std::slice::from_ref(&e)).await?;
@@ -387,10 +414,9 @@ pub async fn publishing_an_event_twice_is_harmless<H: SinkHarness>(h: &H) -> any
         h.dedupe(),
         received.len()
     );
-    let id = e.id.to_string();
     for got in &received {
         ensure!(
-            got.header("id") == Some(id.as_str()) && got.body == e.payload,
+            is_copy_of(h, got, &e) && got.body == e.payload,
             "every copy carries the same id and body: {got:?}"
         );
     }
@@ -416,7 +442,7 @@ pub async fn a_broker_outage_fails_whole_batches_and_loses_nothing<H: SinkHarnes
         .map(|id| event("Order", id, format!("{id} after")))
         .collect();
     let all: Vec<Event> = [&before[..], &during[..], &after[..]].concat();
-    let target = target("{scope}.event.{aggregate_type}", &all)?;
+    let target = target(h, "{scope}.event.{aggregate_type}", &all)?;
     let sink = h.sink(&target).await?;
     sink.healthcheck()
         .await
@@ -483,7 +509,7 @@ pub async fn a_broker_outage_fails_whole_batches_and_loses_nothing<H: SinkHarnes
     let received = h.received(&target, kept.len()).await?;
     for sent in &kept {
         ensure!(
-            received.iter().any(|r| is_copy_of(r, sent)),
+            received.iter().any(|r| is_copy_of(h, r, sent)),
             "event {} ({:?}) was acknowledged but the consumer does not have it",
             sent.id,
             String::from_utf8_lossy(&sent.payload)
@@ -493,7 +519,7 @@ pub async fn a_broker_outage_fails_whole_batches_and_loses_nothing<H: SinkHarnes
     let mut seen = std::collections::HashSet::new();
     let first_copies: Vec<Received> = received
         .into_iter()
-        .filter(|r| seen.insert(r.header("id").map(str::to_owned)))
+        .filter(|r| seen.insert(identity(h, r)))
         .collect();
-    check_order(&first_copies, &kept)
+    check_order(h, &first_copies, &kept)
 }

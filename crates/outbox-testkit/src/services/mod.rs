@@ -15,10 +15,12 @@ mod http;
 mod kafka;
 mod mariadb;
 mod methods;
+mod moto;
 mod nats;
 mod pgbouncer;
 mod postgres;
 mod process;
+mod pubsub;
 mod rabbitmq;
 mod redis;
 mod server;
@@ -27,8 +29,12 @@ pub use http::{HttpReceiver, Request};
 #[cfg(feature = "kafka")]
 pub use kafka::{KAFKA_BROKERS_ENV, Kafka, TANSU_BIN_ENV, find_tansu};
 pub use mariadb::{MYSQL_URL_ENV, MariaDb};
+pub use moto::{MOTO_BIN_ENV, MOTO_URL_ENV, Moto};
 pub use nats::{NATS_URL_ENV, Nats};
 pub use pgbouncer::PgBouncer;
 pub use postgres::{DATABASE_URL_ENV, Postgres};
+pub use pubsub::{
+    PUBSUB_EMULATOR_ENV, PUBSUB_HOST_ENV, PubSubEmulator, PulledMessage, find_emulator,
+};
 pub use rabbitmq::{AMQP_URL_ENV, RabbitMq};
 pub use redis::{REDIS_URL_ENV, Redis};

@@ -6,12 +6,20 @@ use outbox_core::{Destination, Event, Position};
 use time::OffsetDateTime;
 use uuid::Uuid;
 
-use super::Target;
+use super::{SinkHarness, Target};
 
-/// A fresh scope and the target for `events` under `template` (`{scope}` is replaced).
-pub(super) fn target(template: &str, events: &[Event]) -> anyhow::Result<Target> {
+/// A fresh scope and the target for `events` under `template` (`{scope}` is replaced, and
+/// every `.` becomes the harness' [separator](SinkHarness::separator)).
+pub(super) fn target<H: SinkHarness>(
+    h: &H,
+    template: &str,
+    events: &[Event],
+) -> anyhow::Result<Target> {
     let scope = format!("t{}", &Uuid::now_v7().simple().to_string()[20..]);
-    let template = Destination::parse(&template.replace("{scope}", &scope))?;
+    let template = template
+        .replace('.', &h.separator().to_string())
+        .replace("{scope}", &scope);
+    let template = Destination::parse(&template)?;
     let mut destinations: Vec<String> = Vec::new();
     for e in events {
         let d = template.render(e);

@@ -1,0 +1,807 @@
+//! What the AWS sinks (`sqs`, `sns`, `kinesis`) share: the SDK configuration (the standard
+//! credential chain, `region`, `endpoint_url`, timeouts), how an SDK failure maps to a
+//! [`SinkError`] kind, and the message rules of SQS and SNS (`DESIGN.md`, "Cloud sinks"):
+//! text bodies and at most ten message attributes.
+
+use std::error::Error as StdError;
+use std::time::Duration;
+
+use aws_config::{BehaviorVersion, Region, SdkConfig};
+use aws_smithy_runtime_api::client::orchestrator::HttpResponse;
+use aws_smithy_runtime_api::client::result::SdkError;
+use aws_smithy_types::error::display::DisplayErrorContext;
+use aws_smithy_types::error::metadata::ProvideErrorMetadata;
+use aws_smithy_types::retry::RetryConfig;
+use aws_smithy_types::timeout::TimeoutConfig;
+use base64::Engine as _;
+use futures::StreamExt as _;
+use outbox_core::sink::Delivery;
+use outbox_core::{Event, SinkError, message};
+
+use crate::ConfigError;
+use crate::secret::redact_url;
+
+/// The SDK configuration for one sink: the standard credential chain (environment, profile,
+/// web identity, ECS/EC2 metadata), `region` when set (else the chain's), and `endpoint_url`
+/// for local servers. One SDK retry on a failed connection: an outage surfaces quickly as
+/// `Unavailable` and the relay backs off itself.
+pub(crate) async fn sdk_config(
+    region: Option<&str>,
+    endpoint_url: Option<&str>,
+    connect_timeout: Duration,
+    timeout: Duration,
+) -> SdkConfig {
+    let mut loader = aws_config::defaults(BehaviorVersion::latest())
+        .retry_config(RetryConfig::standard().with_max_attempts(2))
+        .timeout_config(
+            TimeoutConfig::builder()
+                .connect_timeout(connect_timeout)
+                .operation_attempt_timeout(timeout)
+                .build(),
+        );
+    if let Some(region) = region {
+        loader = loader.region(Region::new(region.to_owned()));
+    }
+    if let Some(url) = endpoint_url {
+        loader = loader.endpoint_url(url);
+    }
+    loader.load().await
+}
+
+/// Declares the `[sink]` table of an AWS sink: the key that names where events go (a
+/// destination template, required), then the keys every AWS sink shares: `region`,
+/// `endpoint_url`, `max_message_size`, `connect_timeout` and `timeout`. Writes the struct
+/// (serde, `deny_unknown_fields`), its `Default`, a `Debug` that masks the endpoint's
+/// credentials, and `validate_shared()` and `sdk()` for the sink's own `validate` and `build`.
+macro_rules! aws_sink_config {
+    (
+        $(#[$doc:meta])*
+        pub struct $name:ident {
+            $(#[$target_doc:meta])*
+            $target:ident,
+            service: $service:literal,
+            max_message_size: $default_max:expr, at most $max:expr,
+            $(#[$max_doc:meta])*
+        }
+    ) => {
+        $(#[$doc])*
+        #[derive(Clone, PartialEq, serde::Deserialize, serde::Serialize)]
+        #[serde(deny_unknown_fields, default)]
+        pub struct $name {
+            $(#[$target_doc])*
+            pub $target: Option<outbox_core::Destination>,
+            /// The AWS region (`eu-west-1`). Default: the standard chain's (`AWS_REGION`,
+            /// the profile's `region`).
+            pub region: Option<String>,
+            #[doc = concat!("Another endpoint for the ", $service, " API, for a local server                              (`http://127.0.0.1:5000`). Credentials in it are never printed.")]
+            pub endpoint_url: Option<String>,
+            $(#[$max_doc])*
+            pub max_message_size: usize,
+            /// Longest wait for a connection. Default `3s`.
+            #[serde(with = "humantime_serde")]
+            pub connect_timeout: std::time::Duration,
+            /// Longest wait for one request's answer. Default `10s`.
+            #[serde(with = "humantime_serde")]
+            pub timeout: std::time::Duration,
+        }
+
+        impl Default for $name {
+            fn default() -> Self {
+                Self {
+                    $target: None,
+                    region: None,
+                    endpoint_url: None,
+                    max_message_size: $default_max,
+                    connect_timeout: std::time::Duration::from_secs(3),
+                    timeout: std::time::Duration::from_secs(10),
+                }
+            }
+        }
+
+        impl std::fmt::Debug for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_struct(stringify!($name))
+                    .field(stringify!($target), &self.$target.as_ref().map(|d| d.template()))
+                    .field("region", &self.region)
+                    .field(
+                        "endpoint_url",
+                        &self.endpoint_url.as_deref().map(crate::secret::redact_url),
+                    )
+                    .field("max_message_size", &self.max_message_size)
+                    .field("connect_timeout", &self.connect_timeout)
+                    .field("timeout", &self.timeout)
+                    .finish()
+            }
+        }
+
+        impl $name {
+            /// Checks the keys every AWS sink has.
+            fn validate_shared(&self) -> Result<(), crate::ConfigError> {
+                crate::aws::validate_shared(
+                    self.region.as_deref(),
+                    self.endpoint_url.as_deref(),
+                    [
+                        ("connect_timeout", self.connect_timeout),
+                        ("timeout", self.timeout),
+                    ],
+                )?;
+                if !(1024..=$max).contains(&self.max_message_size) {
+                    return Err(crate::ConfigError::new(
+                        "max_message_size",
+                        format!(
+                            "{} is out of range: {} accepts 1024 to {} bytes",
+                            self.max_message_size, $service, $max
+                        ),
+                    ));
+                }
+                Ok(())
+            }
+
+            /// The SDK configuration these keys make, and the endpoint for messages.
+            pub(crate) async fn sdk(&self) -> (aws_config::SdkConfig, String) {
+                let sdk = crate::aws::sdk_config(
+                    self.region.as_deref(),
+                    self.endpoint_url.as_deref(),
+                    self.connect_timeout,
+                    self.timeout,
+                )
+                .await;
+                let endpoint = crate::aws::endpoint_label($service, &sdk);
+                (sdk, endpoint)
+            }
+        }
+    };
+}
+pub(crate) use aws_sink_config;
+
+/// Checks the keys every AWS sink has.
+pub(crate) fn validate_shared(
+    region: Option<&str>,
+    endpoint_url: Option<&str>,
+    timeouts: [(&str, Duration); 2],
+) -> Result<(), ConfigError> {
+    if let Some(region) = region
+        && (region.is_empty()
+            || !region
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-'))
+    {
+        return Err(ConfigError::new(
+            "region",
+            format!("`{region}` is not an AWS region name (like `eu-west-1`)"),
+        ));
+    }
+    if let Some(url) = endpoint_url
+        && !(url.starts_with("http://") || url.starts_with("https://"))
+    {
+        return Err(ConfigError::new(
+            "endpoint_url",
+            format!("`{}` must start with http:// or https://", redact_url(url)),
+        ));
+    }
+    for (key, value) in timeouts {
+        if value.is_zero() {
+            return Err(ConfigError::new(key, "must be greater than 0"));
+        }
+    }
+    Ok(())
+}
+
+/// Where the sink sends requests, for messages: `endpoint_url` (credentials masked) or the
+/// service's regional endpoint.
+pub(crate) fn endpoint_label(service: &str, config: &SdkConfig) -> String {
+    match config.endpoint_url() {
+        Some(url) => format!("{service} at {}", redact_url(url)),
+        None => format!(
+            "{service} in {}",
+            config.region().map_or("the default region", |r| r.as_ref())
+        ),
+    }
+}
+
+/// The [`SinkError`] for a failed request, by what failed:
+///
+/// | failure | kind |
+/// | --- | --- |
+/// | no connection, timeout, no credentials, credentials refused, access denied | `Unavailable` (nothing about the events; the relay pauses) |
+/// | throttling, a 5xx, an unreadable answer | `Transient` |
+/// | any other error the service names (invalid parameter, missing queue or topic, ...) | `Rejected` |
+pub(crate) fn request_error<E>(
+    endpoint: &str,
+    what: &str,
+    err: SdkError<E, HttpResponse>,
+) -> SinkError
+where
+    E: ProvideErrorMetadata + StdError + Send + Sync + 'static,
+{
+    let detail = DisplayErrorContext(&err).to_string();
+    match &err {
+        SdkError::DispatchFailure(_) | SdkError::TimeoutError(_) => {
+            SinkError::unavailable(format!("cannot reach {endpoint} ({what}): {detail}"))
+        }
+        SdkError::ConstructionFailure(_) => SinkError::unavailable(format!(
+            "cannot sign the request to {endpoint} ({what}; are AWS credentials configured?): \
+             {detail}"
+        )),
+        SdkError::ResponseError(_) => SinkError::transient(format!(
+            "{endpoint} gave an unreadable answer ({what}): {detail}"
+        )),
+        SdkError::ServiceError(service) => {
+            let code = service.err().code().unwrap_or("");
+            let status = service.raw().status().as_u16();
+            service_error(endpoint, what, code, status, &detail)
+        }
+        _ => SinkError::transient(format!("{what} to {endpoint} failed: {detail}")),
+    }
+}
+
+fn service_error(endpoint: &str, what: &str, code: &str, status: u16, detail: &str) -> SinkError {
+    let message = format!("{what} to {endpoint} failed: {detail}");
+    if is_auth_code(code) || status == 401 || status == 403 {
+        SinkError::unavailable(message)
+    } else if is_retryable_code(code) || status == 429 || status >= 500 {
+        SinkError::transient(message)
+    } else {
+        SinkError::rejected(message)
+    }
+}
+
+/// Error codes that say the credentials or permissions are wrong: nothing about the event.
+pub(crate) fn is_auth_code(code: &str) -> bool {
+    matches!(
+        code,
+        "AccessDenied"
+            | "AccessDeniedException"
+            | "AuthorizationError"
+            | "InvalidClientTokenId"
+            | "UnrecognizedClientException"
+            | "SignatureDoesNotMatch"
+            | "IncompleteSignature"
+            | "ExpiredToken"
+            | "ExpiredTokenException"
+            | "MissingAuthenticationToken"
+            | "InvalidSecurity"
+            | "KMSAccessDeniedException"
+            | "KMS.AccessDeniedException"
+    )
+}
+
+/// Error codes that may pass on their own.
+pub(crate) fn is_retryable_code(code: &str) -> bool {
+    matches!(
+        code,
+        "Throttling"
+            | "ThrottlingException"
+            | "ThrottledException"
+            | "RequestThrottled"
+            | "RequestThrottledException"
+            | "TooManyRequestsException"
+            | "ProvisionedThroughputExceededException"
+            | "LimitExceededException"
+            | "KMSThrottlingException"
+            | "KMS.ThrottlingException"
+            | "ServiceUnavailable"
+            | "InternalError"
+            | "InternalFailure"
+            | "InternalErrorException"
+            | "AWS.SimpleQueueService.NonExistentQueue"
+            | "QueueDoesNotExist"
+            | "NotFound"
+            | "NotFoundException"
+            | "ResourceNotFoundException"
+    )
+}
+
+/// One message ready to send, and which event of the batch it is.
+#[derive(Debug)]
+pub(crate) struct Pending<M> {
+    /// The event's position in the batch.
+    pub(crate) index: usize,
+    /// What the service counts against its per-call size limit.
+    pub(crate) size: usize,
+    /// The message.
+    pub(crate) message: M,
+}
+
+/// What the service answered for one entry of a batch call.
+#[derive(Debug, Clone)]
+pub(crate) enum EntryOutcome {
+    /// Stored.
+    Sent,
+    /// Not stored: `retry` when it may pass (the service's fault, throttling), else the
+    /// sender's fault; `reason` for people.
+    Failed { retry: bool, reason: String },
+}
+
+/// How a service batches: at most `entries` entries and `bytes` bytes per call.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BatchLimits {
+    pub(crate) entries: usize,
+    pub(crate) bytes: usize,
+}
+
+/// Calls in flight at once.
+const CONCURRENCY: usize = 16;
+/// Tries of an entry the service failed on its side, within one publish.
+const ENTRY_ATTEMPTS: u32 = 3;
+/// Pause before sending failed entries again alone (times the attempt number).
+const ENTRY_RETRY_PAUSE: Duration = Duration::from_millis(100);
+
+/// Sends every message of `targets` (`(target, messages in batch order)`) in calls of at most
+/// `limits`, all calls at once (up to 16 in flight), awaiting every answer. Entries the
+/// service failed on its side are sent again, alone, twice; an entry it refused as the
+/// sender's fault is `Rejected`; a failed call fails its entries with the call's error.
+/// `deliveries` holds what was already decided (one slot per event of the batch); returns one
+/// delivery per event.
+pub(crate) async fn send_batched<'a, M, F, Fut>(
+    mut deliveries: Vec<Option<Delivery>>,
+    targets: &'a Targets<M>,
+    limits: BatchLimits,
+    send: F,
+) -> Result<Vec<Delivery>, SinkError>
+where
+    M: Sync,
+    F: Fn(&'a str, Vec<&'a Pending<M>>) -> Fut,
+    Fut: std::future::Future<Output = Result<Vec<EntryOutcome>, SinkError>> + 'a,
+{
+    let mut calls: Vec<(&'a str, Vec<&'a Pending<M>>)> = Vec::new();
+    for (target, messages) in targets {
+        let mut chunk: Vec<&Pending<M>> = Vec::new();
+        let mut bytes = 0;
+        for pending in messages {
+            if chunk.len() == limits.entries
+                || (!chunk.is_empty() && bytes + pending.size > limits.bytes)
+            {
+                calls.push((target, std::mem::take(&mut chunk)));
+                bytes = 0;
+            }
+            bytes += pending.size;
+            chunk.push(pending);
+        }
+        if !chunk.is_empty() {
+            calls.push((target, chunk));
+        }
+    }
+    let mut sends = Vec::with_capacity(calls.len());
+    for (target, chunk) in calls {
+        sends.push(send_with_retries(target, chunk, &send));
+    }
+    let answers: Vec<Vec<(usize, Delivery)>> = futures::stream::iter(sends)
+        .buffer_unordered(CONCURRENCY)
+        .collect()
+        .await;
+    for (index, delivery) in answers.into_iter().flatten() {
+        deliveries[index] = Some(delivery);
+    }
+    crate::collapse_unavailable(
+        deliveries
+            .into_iter()
+            .map(|d| d.unwrap_or_else(|| Err(SinkError::transient("message not sent"))))
+            .collect(),
+    )
+}
+
+/// One call's messages, failed entries sent again alone; `(batch index, delivery)` each.
+async fn send_with_retries<'a, M, F, Fut>(
+    target: &'a str,
+    chunk: Vec<&'a Pending<M>>,
+    send: &F,
+) -> Vec<(usize, Delivery)>
+where
+    F: Fn(&'a str, Vec<&'a Pending<M>>) -> Fut,
+    Fut: std::future::Future<Output = Result<Vec<EntryOutcome>, SinkError>> + 'a,
+{
+    let mut done: Vec<(usize, Delivery)> = Vec::with_capacity(chunk.len());
+    let mut pending = chunk;
+    for attempt in 1..=ENTRY_ATTEMPTS {
+        if attempt > 1 {
+            tokio::time::sleep(ENTRY_RETRY_PAUSE * attempt).await;
+        }
+        let outcomes = match send(target, pending.clone()).await {
+            Ok(outcomes) => outcomes,
+            Err(e) => {
+                done.extend(pending.iter().map(|p| (p.index, Err(e.clone()))));
+                return done;
+            }
+        };
+        let mut again = Vec::new();
+        for (position, p) in pending.iter().enumerate() {
+            match outcomes.get(position) {
+                Some(EntryOutcome::Sent) => done.push((p.index, Ok(()))),
+                Some(EntryOutcome::Failed {
+                    retry: false,
+                    reason,
+                }) => done.push((p.index, Err(SinkError::rejected(reason.clone())))),
+                Some(EntryOutcome::Failed {
+                    retry: true,
+                    reason,
+                }) => {
+                    if attempt == ENTRY_ATTEMPTS {
+                        done.push((p.index, Err(SinkError::transient(reason.clone()))));
+                    } else {
+                        again.push(*p);
+                    }
+                }
+                None => {
+                    let reason = format!("{target} gave no answer for one entry of the batch");
+                    if attempt == ENTRY_ATTEMPTS {
+                        done.push((p.index, Err(SinkError::transient(reason))));
+                    } else {
+                        again.push(*p);
+                    }
+                }
+            }
+        }
+        if again.is_empty() {
+            break;
+        }
+        tracing::debug!(
+            target = target,
+            failed = again.len(),
+            attempt,
+            "the service failed some entries of a batch; sending them again alone"
+        );
+        pending = again;
+    }
+    done
+}
+
+/// The outcomes of a batch call of `count` entries whose ids are `e<position>`, from the
+/// service's lists of successful ids and failed `(id, sender_fault, reason)`.
+pub(crate) fn outcomes_by_id<'a>(
+    count: usize,
+    successful: impl IntoIterator<Item = &'a str>,
+    failed: impl IntoIterator<Item = (&'a str, bool, String)>,
+) -> Vec<EntryOutcome> {
+    let mut outcomes = vec![
+        EntryOutcome::Failed {
+            retry: true,
+            reason: "no answer for this entry of the batch".to_owned(),
+        };
+        count
+    ];
+    for id in successful {
+        if let Some(slot) = entry_position(id).and_then(|i| outcomes.get_mut(i)) {
+            *slot = EntryOutcome::Sent;
+        }
+    }
+    for (id, sender_fault, reason) in failed {
+        if let Some(slot) = entry_position(id).and_then(|i| outcomes.get_mut(i)) {
+            *slot = EntryOutcome::Failed {
+                retry: !sender_fault,
+                reason,
+            };
+        }
+    }
+    outcomes
+}
+
+/// Messages per target (queue URL, topic ARN, stream), each target once, in first-use order.
+pub(crate) type Targets<M> = Vec<(String, Vec<Pending<M>>)>;
+
+/// The events of `batch` by target (queue URL, topic ARN, stream), in batch order, each made
+/// into a message by `make(index, event, target)`; an event `make` refuses has its delivery
+/// decided already.
+pub(crate) fn plan<M>(
+    batch: &[Event],
+    target_of: impl Fn(&Event) -> String,
+    make: impl Fn(usize, &Event, &str) -> Result<Pending<M>, SinkError>,
+) -> (Vec<Option<Delivery>>, Targets<M>) {
+    let mut deliveries: Vec<Option<Delivery>> = vec![None; batch.len()];
+    let mut targets: Targets<M> = Vec::new();
+    for (i, event) in batch.iter().enumerate() {
+        let target = target_of(event);
+        match make(i, event, &target) {
+            Err(e) => deliveries[i] = Some(Err(e)),
+            Ok(pending) => match targets.iter_mut().find(|(t, _)| *t == target) {
+                Some((_, messages)) => messages.push(pending),
+                None => targets.push((target, vec![pending])),
+            },
+        }
+    }
+    (deliveries, targets)
+}
+
+/// An SQS or SNS message of one event, with the FIFO ids when the target is FIFO.
+#[derive(Debug)]
+pub(crate) struct QueueMessage {
+    pub(crate) message: TextMessage,
+    /// `MessageGroupId`: [`group_id`] of `aggregate_id`.
+    pub(crate) group_id: Option<String>,
+    /// `MessageDeduplicationId`: the event id.
+    pub(crate) dedup_id: Option<String>,
+}
+
+/// The SQS or SNS message of `event` for a target named `name` (FIFO when it ends in
+/// `.fifo`), or `Rejected` when it is larger than `max_size`.
+pub(crate) fn queue_message(
+    index: usize,
+    event: &Event,
+    name: Result<&str, String>,
+    service: &str,
+    max_size: usize,
+) -> Result<Pending<QueueMessage>, SinkError> {
+    let name = name.map_err(SinkError::rejected)?;
+    let message = text_message(event);
+    if message.size > max_size {
+        return Err(SinkError::rejected(format!(
+            "message of {} bytes (body and attributes) exceeds the {service} limit of {max_size} \
+             bytes (sink.max_message_size)",
+            message.size
+        )));
+    }
+    let fifo = name.ends_with(".fifo");
+    Ok(Pending {
+        index,
+        size: message.size,
+        message: QueueMessage {
+            group_id: fifo.then(|| group_id(&event.aggregate_id).into_owned()),
+            dedup_id: fifo.then(|| event.id.to_string()),
+            message,
+        },
+    })
+}
+
+/// The id of the entry at `position` of a batch call.
+pub(crate) fn entry_id(position: usize) -> String {
+    format!("e{position}")
+}
+
+fn entry_position(id: &str) -> Option<usize> {
+    id.strip_prefix('e')?.parse().ok()
+}
+
+/// The attribute that says how the body encodes the payload.
+pub(crate) const ENCODING_ATTRIBUTE: &str = "content-transfer-encoding";
+/// The attribute that carries, as JSON `[[name, value], ...]`, the headers that cannot be
+/// attributes of their own.
+pub(crate) const OVERFLOW_ATTRIBUTE: &str = "outbox-headers";
+/// SQS and SNS allow ten message attributes.
+pub(crate) const MAX_ATTRIBUTES: usize = 10;
+/// The data type of every attribute the sinks send.
+pub(crate) const STRING_TYPE: &str = "String";
+/// The body sent for an empty payload (SQS and SNS refuse an empty body), with
+/// `content-transfer-encoding: empty`.
+pub(crate) const EMPTY_BODY: &str = "-";
+
+/// An SQS or SNS message of one event: its text body and its attributes.
+#[derive(Debug)]
+pub(crate) struct TextMessage {
+    /// The body: the payload itself, base64, or [`EMPTY_BODY`].
+    pub(crate) body: String,
+    /// `(name, value)` String attributes, at most [`MAX_ATTRIBUTES`].
+    pub(crate) attributes: Vec<(String, String)>,
+    /// What the service counts against its size limit: body, attribute names, types, values.
+    pub(crate) size: usize,
+}
+
+/// True when SQS and SNS accept `c` in a body or a String attribute value (XML 1.0
+/// characters: tab, line feed, carriage return, U+0020..U+D7FF, U+E000..U+FFFD, above U+FFFF).
+fn is_legal_text_char(c: char) -> bool {
+    matches!(c, '\t' | '\n' | '\r' | '\u{20}'..='\u{D7FF}' | '\u{E000}'..='\u{FFFD}')
+        || u32::from(c) > 0xFFFF
+}
+
+/// True when `value` is a legal, non-empty String attribute value.
+fn is_legal_value(value: &str) -> bool {
+    !value.is_empty() && value.chars().all(is_legal_text_char)
+}
+
+/// True when `name` is a legal message attribute name: at most 256 of `A-Za-z0-9_-.`, no
+/// leading, trailing or doubled `.`, not starting with `AWS.` or `Amazon.` (any case).
+pub(crate) fn is_legal_attribute_name(name: &str) -> bool {
+    let lower = name.to_ascii_lowercase();
+    !name.is_empty()
+        && name.len() <= 256
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+        && !name.starts_with('.')
+        && !name.ends_with('.')
+        && !name.contains("..")
+        && !lower.starts_with("aws.")
+        && !lower.starts_with("amazon.")
+}
+
+/// The message of `event` for SQS or SNS, per `DESIGN.md`:
+///
+/// - body: the payload when it is legal text for the service, else base64 with the attribute
+///   `content-transfer-encoding: base64`; an empty payload is the body `-` with
+///   `content-transfer-encoding: empty` (the services refuse an empty body);
+/// - attributes: every header (contract headers first) as a String attribute of its own name
+///   when its name and value are legal and all fit in ten; otherwise the headers that do not
+///   fit or are not legal go, in order, in one attribute `outbox-headers` holding the JSON
+///   array `[[name, value], ...]`. Nothing is dropped.
+pub(crate) fn text_message(event: &Event) -> TextMessage {
+    let payload = &event.payload[..];
+    let (body, encoding) = if payload.is_empty() {
+        (EMPTY_BODY.to_owned(), Some("empty"))
+    } else {
+        match std::str::from_utf8(payload) {
+            Ok(text) if text.chars().all(is_legal_text_char) => (text.to_owned(), None),
+            _ => (
+                base64::engine::general_purpose::STANDARD.encode(payload),
+                Some("base64"),
+            ),
+        }
+    };
+    let mut attributes = Vec::with_capacity(6);
+    if let Some(encoding) = encoding {
+        attributes.push((ENCODING_ATTRIBUTE.to_owned(), encoding.to_owned()));
+    }
+    let mut headers: Vec<(String, String)> = Vec::with_capacity(4 + event.headers.len());
+    message::for_each_header(event, |name, value| {
+        headers.push((name.to_owned(), value.to_owned()));
+    });
+    let fits_alone = |(name, value): &(String, String)| {
+        is_legal_attribute_name(name)
+            && is_legal_value(value)
+            && name != ENCODING_ATTRIBUTE
+            && name != OVERFLOW_ATTRIBUTE
+    };
+    let all_alone = headers.iter().all(fits_alone);
+    let room = MAX_ATTRIBUTES - attributes.len();
+    if all_alone && headers.len() <= room {
+        attributes.extend(headers);
+    } else {
+        let mut overflow: Vec<(String, String)> = Vec::new();
+        for header in headers {
+            if fits_alone(&header) && attributes.len() < MAX_ATTRIBUTES - 1 {
+                attributes.push(header);
+            } else {
+                overflow.push(header);
+            }
+        }
+        attributes.push((OVERFLOW_ATTRIBUTE.to_owned(), overflow_json(&overflow)));
+    }
+    let size = body.len()
+        + attributes
+            .iter()
+            .map(|(n, v)| n.len() + STRING_TYPE.len() + v.len())
+            .sum::<usize>();
+    TextMessage {
+        body,
+        attributes,
+        size,
+    }
+}
+
+/// `[[name, value], ...]` as JSON that is itself a legal attribute value: serde escapes the
+/// control characters; U+FFFE and U+FFFF, which it leaves as they are, are escaped here.
+fn overflow_json(headers: &[(String, String)]) -> String {
+    let pairs: Vec<[&str; 2]> = headers
+        .iter()
+        .map(|(n, v)| [n.as_str(), v.as_str()])
+        .collect();
+    let json = serde_json::to_string(&pairs).unwrap_or_else(|_| "[]".to_owned());
+    if json.contains(['\u{FFFE}', '\u{FFFF}']) {
+        json.replace('\u{FFFE}', "\\ufffe")
+            .replace('\u{FFFF}', "\\uffff")
+    } else {
+        json
+    }
+}
+
+/// A FIFO `MessageGroupId` for `aggregate_id`: itself when legal (1 to 128 printable ASCII
+/// characters), else `sha256:<hex>` of it.
+pub(crate) fn group_id(aggregate_id: &str) -> std::borrow::Cow<'_, str> {
+    crate::cloud::ordering_key(aggregate_id, 128, |c| c.is_ascii_graphic())
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+    use outbox_core::Position;
+    use time::OffsetDateTime;
+    use uuid::Uuid;
+
+    use super::*;
+
+    fn event(payload: &'static [u8], headers: &[(&str, &str)]) -> Event {
+        Event {
+            id: Uuid::now_v7(),
+            position: Position(0),
+            aggregate_type: "Order".into(),
+            aggregate_id: "o_1".into(),
+            event_type: "order.placed".into(),
+            payload: Bytes::from_static(payload),
+            headers: headers
+                .iter()
+                .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
+                .collect(),
+            created_at: OffsetDateTime::UNIX_EPOCH,
+            attempts: 0,
+        }
+    }
+
+    fn attribute<'a>(m: &'a TextMessage, name: &str) -> Option<&'a str> {
+        m.attributes
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    #[test]
+    fn text_goes_as_is_and_binary_or_control_characters_as_base64() {
+        let text = text_message(&event("caf\u{e9} {\"a\":1}\n".as_bytes(), &[]));
+        assert_eq!(text.body, "caf\u{e9} {\"a\":1}\n");
+        assert_eq!(attribute(&text, ENCODING_ATTRIBUTE), None);
+
+        for payload in [&b"\x00\xffbin"[..], b"nul\x00inside", b"bell\x07"] {
+            let leaked: &'static [u8] = Box::leak(payload.to_vec().into_boxed_slice());
+            let m = text_message(&event(leaked, &[]));
+            assert_eq!(attribute(&m, ENCODING_ATTRIBUTE), Some("base64"));
+            let decoded = base64::engine::general_purpose::STANDARD
+                .decode(&m.body)
+                .expect("base64");
+            assert_eq!(decoded, payload);
+        }
+        let empty = text_message(&event(b"", &[]));
+        assert_eq!(empty.body, EMPTY_BODY);
+        assert_eq!(attribute(&empty, ENCODING_ATTRIBUTE), Some("empty"));
+    }
+
+    #[test]
+    fn headers_are_attributes_and_the_overflow_is_one_json_attribute() {
+        let few = text_message(&event(b"x", &[("tenant", "acme")]));
+        assert_eq!(attribute(&few, "id").map(str::len), Some(36));
+        assert_eq!(attribute(&few, "tenant"), Some("acme"));
+        assert_eq!(attribute(&few, OVERFLOW_ATTRIBUTE), None);
+
+        let many: Vec<(String, String)> =
+            (0..8).map(|i| (format!("h{i}"), format!("v{i}"))).collect();
+        let refs: Vec<(&str, &str)> = many.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
+        let full = text_message(&event(b"x", &refs));
+        assert_eq!(full.attributes.len(), MAX_ATTRIBUTES);
+        let overflow: Vec<(String, String)> =
+            serde_json::from_str(attribute(&full, OVERFLOW_ATTRIBUTE).expect("overflow attribute"))
+                .expect("JSON pairs");
+        // Four contract headers and five own headers fit beside the overflow attribute.
+        assert_eq!(
+            overflow,
+            vec![
+                ("h5".to_owned(), "v5".to_owned()),
+                ("h6".to_owned(), "v6".to_owned()),
+                ("h7".to_owned(), "v7".to_owned())
+            ]
+        );
+        assert_eq!(attribute(&full, "h4"), Some("v4"));
+
+        let odd = text_message(&event(
+            b"x",
+            &[
+                ("AWS.trace", "1"),
+                ("with space", "2"),
+                ("empty", ""),
+                ("ctl", "a\u{1}b"),
+            ],
+        ));
+        let overflow: Vec<(String, String)> =
+            serde_json::from_str(attribute(&odd, OVERFLOW_ATTRIBUTE).expect("overflow"))
+                .expect("JSON pairs");
+        assert_eq!(overflow.len(), 4, "{overflow:?}");
+        assert_eq!(overflow[3], ("ctl".to_owned(), "a\u{1}b".to_owned()));
+        assert!(
+            odd.attributes
+                .iter()
+                .all(|(n, v)| is_legal_attribute_name(n) && is_legal_value(v))
+        );
+    }
+
+    #[test]
+    fn attribute_names_follow_aws_rules() {
+        for ok in ["id", "event_type", "trace-id", "a.b", "X_1"] {
+            assert!(is_legal_attribute_name(ok), "{ok}");
+        }
+        for bad in ["", ".a", "a.", "a..b", "aws.x", "Amazon.y", "sp ace", "ünï"] {
+            assert!(!is_legal_attribute_name(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn group_ids_are_printable_ascii_up_to_128() {
+        assert_eq!(group_id("o_1"), "o_1");
+        assert!(group_id("caf\u{e9}").starts_with("sha256:"));
+        assert!(group_id(&"a".repeat(129)).starts_with("sha256:"));
+    }
+}
