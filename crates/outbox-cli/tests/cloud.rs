@@ -157,7 +157,11 @@ async fn boto3_line(moto: &Moto, args: &[&str]) -> anyhow::Result<String> {
 }
 
 /// Relays everything in the outbox with the config at `config` and waits until it is drained.
-async fn relay(work: &Workdir, pool: &sqlx::PgPool, config: &std::path::Path) -> anyhow::Result<()> {
+async fn relay(
+    work: &Workdir,
+    pool: &sqlx::PgPool,
+    config: &std::path::Path,
+) -> anyhow::Result<()> {
     let mut relay = work.spawn_relay(config, "relay.log")?;
     let drained = wait_drained(pool, Duration::from_secs(60)).await;
     terminate(&mut relay, Duration::from_secs(30)).await?;

@@ -78,11 +78,21 @@ pub(crate) use build_sink;
 
 #[cfg(any(feature = "sqs", feature = "sns", feature = "kinesis"))]
 mod aws;
-#[cfg(any(feature = "sqs", feature = "sns", feature = "kinesis", feature = "pubsub"))]
+#[cfg(any(
+    feature = "sqs",
+    feature = "sns",
+    feature = "kinesis",
+    feature = "pubsub"
+))]
 mod cloud;
 mod error;
 mod secret;
-#[cfg(any(feature = "http", feature = "nats", feature = "rabbitmq", feature = "redis"))]
+#[cfg(any(
+    feature = "http",
+    feature = "nats",
+    feature = "rabbitmq",
+    feature = "redis"
+))]
 mod tls;
 
 #[cfg(feature = "http")]
@@ -93,10 +103,10 @@ pub mod kafka;
 pub mod kinesis;
 #[cfg(feature = "nats")]
 pub mod nats;
-#[cfg(feature = "rabbitmq")]
-pub mod rabbitmq;
 #[cfg(feature = "pubsub")]
 pub mod pubsub;
+#[cfg(feature = "rabbitmq")]
+pub mod rabbitmq;
 #[cfg(feature = "redis")]
 pub mod redis;
 #[cfg(feature = "sns")]
@@ -115,10 +125,10 @@ pub use http::{HttpConfig, HttpSink};
 pub use kafka::{KafkaConfig, KafkaSink};
 #[cfg(feature = "kinesis")]
 pub use kinesis::{KinesisConfig, KinesisSink};
-#[cfg(feature = "pubsub")]
-pub use pubsub::{PubSubConfig, PubSubSink};
 #[cfg(feature = "nats")]
 pub use nats::{NatsConfig, NatsSink};
+#[cfg(feature = "pubsub")]
+pub use pubsub::{PubSubConfig, PubSubSink};
 #[cfg(feature = "rabbitmq")]
 pub use rabbitmq::{RabbitMqConfig, RabbitMqSink};
 #[cfg(feature = "redis")]

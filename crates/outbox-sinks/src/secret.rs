@@ -51,8 +51,7 @@ impl From<&str> for Secret {
     feature = "rabbitmq",
     feature = "sqs",
     feature = "sns",
-    feature = "kinesis",
-    feature = "pubsub"
+    feature = "kinesis"
 ))]
 pub(crate) use outbox_core::redact::redact_url;
 
