@@ -401,3 +401,104 @@ async fn no_command_prints_a_mysql_password() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// The AWS sinks: the secret key and session token in the environment (the standard chain).
+/// With the endpoint down, no command and no relay debug log (with the SDK's request tracing
+/// on) prints them. A password in `endpoint_url` is refused with a clear error that does not
+/// print it either.
+#[cfg(all(feature = "sqs", feature = "sns", feature = "kinesis"))]
+#[tokio::test]
+async fn no_command_prints_aws_credentials_or_an_endpoint_password() -> anyhow::Result<()> {
+    const AWS_SECRET: &str = "awsSecretKey23";
+    const AWS_TOKEN: &str = "awsSessionTok24";
+    const ENDPOINT_PASSWORD: &str = "endpointPw25";
+    let markers: Vec<String> = [AWS_SECRET, AWS_TOKEN, ENDPOINT_PASSWORD]
+        .map(str::to_owned)
+        .to_vec();
+    let url = Postgres::shared().await?.fresh_database().await?;
+    let work = Workdir::new()?;
+    let down = closed_port()?;
+    let endpoint = format!("http://127.0.0.1:{down}");
+    let sinks = [
+        format!("kind = \"sqs\"\nqueue_url = \"http://127.0.0.1:{down}/123456789012/orders.fifo\""),
+        "kind = \"sns\"\ntopic_arn = \"arn:aws:sns:us-east-1:123456789012:orders\"".to_owned(),
+        "kind = \"kinesis\"\nstream = \"orders\"".to_owned(),
+    ];
+    let with_aws_env = |mut cmd: tokio::process::Command| {
+        cmd.env("AWS_ACCESS_KEY_ID", "AKIAOUTBOXTEST")
+            .env("AWS_SECRET_ACCESS_KEY", AWS_SECRET)
+            .env("AWS_SESSION_TOKEN", AWS_TOKEN)
+            .env("AWS_REGION", "us-east-1")
+            .env("AWS_EC2_METADATA_DISABLED", "true");
+        cmd
+    };
+    for (i, sink) in sinks.iter().enumerate() {
+        let toml = format!(
+            "[source]\nkind = \"postgres\"\nurl = \"{url}\"\n[sink]\n{sink}\nendpoint_url = \"{endpoint}\"\nconnect_timeout = \"1s\"\ntimeout = \"2s\"\n"
+        );
+        let path = work.write_config(&format!("aws-{i}.toml"), &toml)?;
+        let cfg = path.to_str().context("utf-8 path")?;
+        for command in [
+            &["check-config"][..],
+            &["migrate"],
+            &["status"],
+            &["doctor", "--sink-timeout", "3s"],
+            &["doctor", "--json", "--sink-timeout", "3s"],
+        ] {
+            let mut args = command.to_vec();
+            args.extend(["--config", cfg]);
+            let out = support::output(with_aws_env(work.command(&args))).await?;
+            ensure_clean(
+                &format!("`outbox {}` ({sink})", args.join(" ")),
+                &both(&out),
+                &markers,
+            )?;
+        }
+        // An endpoint with a password is refused, and the refusal masks it.
+        let with_password = toml.replace("http://", &format!("http://relay:{ENDPOINT_PASSWORD}@"));
+        let bad = work.write_config(&format!("aws-{i}-password.toml"), &with_password)?;
+        let out = support::output(with_aws_env(work.command(&[
+            "check-config",
+            "--config",
+            bad.to_str().context("utf-8 path")?,
+        ])))
+        .await?;
+        out.assert_clear_error("sink.endpoint_url")?;
+        ensure_clean(
+            "check-config of an endpoint with a password",
+            &both(&out),
+            &markers,
+        )?;
+
+        sqlx::query("INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('Order', 'o1', 'order.placed', 'x')")
+            .execute(&sqlx::PgPool::connect(&url).await?)
+            .await?;
+        let log = format!("relay-aws-{i}.log");
+        let mut relay = with_aws_env(work.command(&["relay", "--config", cfg]))
+            .env(
+                "OUTBOX_LOG",
+                "debug,aws_smithy_runtime=trace,aws_sigv4=trace",
+            )
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(work.path().join(&log))?)
+            .spawn()?;
+        outbox_testkit::wait::eventually(Duration::from_secs(60), || async {
+            let text = work.read_log(&log);
+            text.contains(" WARN ") || text.contains("ERROR")
+        })
+        .await
+        .with_context(|| {
+            format!(
+                "the relay never reported the outage:\n{}",
+                work.read_log(&log)
+            )
+        })?;
+        let _ = terminate(&mut relay, Duration::from_secs(30)).await;
+        ensure_clean(
+            &format!("the relay's debug log ({sink})"),
+            &work.read_log(&log),
+            &markers,
+        )?;
+    }
+    Ok(())
+}

@@ -23,6 +23,14 @@ pub mod serde_redacted {
         s.serialize_str(&super::redact_url(value))
     }
 
+    /// An optional URL, through [`super::redact_url`] when set.
+    pub fn optional_url<S: Serializer>(value: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
+        match value {
+            Some(v) => s.serialize_some(&super::redact_url(v)),
+            None => s.serialize_none(),
+        }
+    }
+
     /// A list of URLs (broker lists), each through [`super::redact_url`].
     pub fn urls<S: Serializer>(values: &[String], s: S) -> Result<S::Ok, S::Error> {
         s.collect_seq(values.iter().map(|v| super::redact_url(v)))

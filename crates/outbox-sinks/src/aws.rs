@@ -74,6 +74,7 @@ macro_rules! aws_sink_config {
             /// the profile's `region`).
             pub region: Option<String>,
             #[doc = concat!("Another endpoint for the ", $service, " API, for a local server                              (`http://127.0.0.1:5000`). Credentials in it are never printed.")]
+            #[serde(serialize_with = "outbox_core::redact::serde_redacted::optional_url")]
             pub endpoint_url: Option<String>,
             $(#[$max_doc])*
             pub max_message_size: usize,
@@ -171,13 +172,26 @@ pub(crate) fn validate_shared(
             format!("`{region}` is not an AWS region name (like `eu-west-1`)"),
         ));
     }
-    if let Some(url) = endpoint_url
-        && !(url.starts_with("http://") || url.starts_with("https://"))
-    {
-        return Err(ConfigError::new(
-            "endpoint_url",
-            format!("`{}` must start with http:// or https://", redact_url(url)),
-        ));
+    if let Some(url) = endpoint_url {
+        if !(url.starts_with("http://") || url.starts_with("https://")) {
+            return Err(ConfigError::new(
+                "endpoint_url",
+                format!("`{}` must start with http:// or https://", redact_url(url)),
+            ));
+        }
+        // AWS requests are signed with the credential chain's keys; a user or password in
+        // the URL would never be used, and the SDK's own debug log prints the endpoint.
+        let authority = url.split("://").nth(1).unwrap_or("").split('/').next();
+        if authority.is_some_and(|a| a.contains('@')) {
+            return Err(ConfigError::new(
+                "endpoint_url",
+                format!(
+                    "`{}` must not carry a user or password: AWS requests are signed with the \
+                     keys of the standard credential chain (environment, profile, role)",
+                    redact_url(url)
+                ),
+            ));
+        }
     }
     for (key, value) in timeouts {
         if value.is_zero() {

@@ -214,7 +214,7 @@ pub async fn read_stream(
     Ok(out)
 }
 
-async fn output(mut cmd: Command) -> anyhow::Result<Output> {
+pub async fn output(mut cmd: Command) -> anyhow::Result<Output> {
     let out = cmd.output().await.context("running outbox")?;
     Ok(Output {
         code: out.status.code(),

@@ -53,7 +53,7 @@ pub struct PubSubConfig {
     /// ordered publishing) or a Private Service Connect address. `https://` only (plain
     /// `http://` only to a loopback address). Wins over `PUBSUB_EMULATOR_HOST`; cannot be
     /// combined with `endpoint`. Default `https://pubsub.googleapis.com`.
-    #[serde(serialize_with = "redacted_url")]
+    #[serde(serialize_with = "outbox_core::redact::serde_redacted::optional_url")]
     pub api_url: Option<String>,
     /// Longest wait for one publish request, from connecting to the end of the answer. No
     /// answer in time counts as the service being unavailable (the batch is retried; the
@@ -236,14 +236,6 @@ impl PubSubConfig {
             .target(env.as_deref())
             .map_err(|e| SinkError::rejected(e.to_string()))?;
         PubSubSink::new(self, target).await
-    }
-}
-
-/// Serializes `api_url` with any password masked (`outbox check-config` prints it).
-fn redacted_url<S: serde::Serializer>(value: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
-    match value {
-        Some(url) => s.serialize_some(&outbox_core::redact::redact_url(url)),
-        None => s.serialize_none(),
     }
 }
 

@@ -73,6 +73,13 @@ pub(crate) fn queue_name(url: &str) -> Result<&str, String> {
             "`{shown}` is not a queue URL (it must start with https://)"
         ));
     }
+    let authority = url.split("://").nth(1).unwrap_or("").split('/').next();
+    if authority.is_some_and(|a| a.contains('@')) {
+        return Err(format!(
+            "`{shown}` must not carry a user or password (requests are signed with the keys \
+             of the standard AWS credential chain)"
+        ));
+    }
     let name = url.trim_end_matches('/').rsplit('/').next().unwrap_or("");
     let base = name.strip_suffix(".fifo").unwrap_or(name);
     if name.len() > 80
@@ -113,6 +120,11 @@ mod tests {
         let err = config(r#"queue_url = "orders""#).expect_err("not a URL");
         assert!(
             err.contains("sink.queue_url") && err.contains("https://"),
+            "{err}"
+        );
+        let err = config(r#"queue_url = "https://a:pw@sqs.x/1/orders""#).expect_err("password");
+        assert!(
+            err.contains("must not carry a user or password") && !err.contains("pw@"),
             "{err}"
         );
         let err = config(r#"queue_url = "https://sqs.x/1/or.ders""#).expect_err("dot");
