@@ -243,6 +243,13 @@ where
         SdkError::ServiceError(service) => {
             let code = service.err().code().unwrap_or("");
             let status = service.raw().status().as_u16();
+            // The code and the service's message; the full context would dump the response.
+            let detail = match service.err().message() {
+                Some(message) if !code.is_empty() => format!("{code}: {message}"),
+                Some(message) => message.to_owned(),
+                None if !code.is_empty() => format!("{code} (HTTP {status})"),
+                None => format!("HTTP {status}"),
+            };
             service_error(endpoint, what, code, status, &detail)
         }
         _ => SinkError::transient(format!("{what} to {endpoint} failed: {detail}")),
