@@ -18,6 +18,7 @@
 services_install() {
     services_tansu_bin >/dev/null 2>&1 || services_install_tansu || return 1
     services_moto_bin >/dev/null 2>&1 || services_install_moto || return 1
+    services_pubsub_emulator >/dev/null 2>&1 || services_install_pubsub_emulator
     local missing=()
     services_pg_bindir >/dev/null 2>&1 || missing+=(postgresql)
     services_nats_bin >/dev/null 2>&1 || missing+=(nats-server)
@@ -61,6 +62,39 @@ services_install_moto() {
     }
     command -v pyenv >/dev/null 2>&1 && pyenv rehash >/dev/null 2>&1
     services_moto_bin >/dev/null
+}
+
+# The Google Cloud Pub/Sub emulator (Debian package google-cloud-cli-pubsub-emulator, from
+# Google's apt repository; needs Java 11+). The tests start their own.
+services_pubsub_emulator() {
+    local root
+    if [ -n "${OUTBOX_TEST_PUBSUB_EMULATOR:-}" ]; then
+        echo "$OUTBOX_TEST_PUBSUB_EMULATOR"
+        return 0
+    fi
+    for root in /usr/lib/google-cloud-sdk /usr/share/google-cloud-sdk /opt/google-cloud-sdk; do
+        if [ -x "$root/platform/pubsub-emulator/bin/cloud-pubsub-emulator" ]; then
+            echo "$root/platform/pubsub-emulator/bin/cloud-pubsub-emulator"
+            return 0
+        fi
+    done
+    return 1
+}
+
+# Installs the emulator when its package is reachable; otherwise says so and goes on: the
+# Pub/Sub tests then print that they were skipped and why.
+services_install_pubsub_emulator() {
+    local sudo=()
+    [ "$(id -u)" != 0 ] && command -v sudo >/dev/null && sudo=(sudo)
+    if [ "$(id -u)" = 0 ] || [ ${#sudo[@]} -gt 0 ]; then
+        "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+            google-cloud-cli-pubsub-emulator default-jre-headless </dev/null >/dev/null 2>&1 &&
+            services_pubsub_emulator >/dev/null && return 0
+    fi
+    echo "services: the Google Pub/Sub emulator is not installed and its package" \
+        "(google-cloud-cli-pubsub-emulator, Google's apt repository) is not reachable:" \
+        "the Pub/Sub tests will be skipped and say so" >&2
+    return 0
 }
 
 # pgbouncer (Debian installs it in /usr/sbin); the tests start their own per test.
