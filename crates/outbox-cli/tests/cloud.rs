@@ -182,6 +182,23 @@ fn expected_group(aggregate_id: &str) -> String {
     }
 }
 
+/// Each aggregate's event ids arrived (`order`) in the order they were written.
+fn check_order(order: &HashMap<String, Vec<String>>, rows: &[Row]) -> anyhow::Result<()> {
+    for aggregate in AGGREGATES {
+        let written: Vec<String> = rows
+            .iter()
+            .filter(|r| r.aggregate_id == aggregate)
+            .map(|r| r.id.clone())
+            .collect();
+        ensure!(
+            order.get(aggregate) == Some(&written),
+            "aggregate {aggregate:?} arrived as {:?}, written as {written:?}",
+            order.get(aggregate)
+        );
+    }
+    Ok(())
+}
+
 /// Every row arrived exactly once with its payload, headers and group id, and each aggregate's
 /// messages came in order.
 fn check_sqs_messages(messages: &[serde_json::Value], rows: &[Row]) -> anyhow::Result<()> {
@@ -229,19 +246,7 @@ fn check_sqs_messages(messages: &[serde_json::Value], rows: &[Row]) -> anyhow::R
             .or_default()
             .push(id.clone());
     }
-    for aggregate in AGGREGATES {
-        let written: Vec<String> = rows
-            .iter()
-            .filter(|r| r.aggregate_id == aggregate)
-            .map(|r| r.id.clone())
-            .collect();
-        ensure!(
-            order.get(aggregate) == Some(&written),
-            "aggregate {aggregate:?} arrived as {:?}, written as {written:?}",
-            order.get(aggregate)
-        );
-    }
-    Ok(())
+    check_order(&order, rows)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -416,17 +421,5 @@ async fn the_relay_publishes_to_pubsub_and_an_ordered_subscriber_reads_it_back()
             .or_default()
             .push(id.clone());
     }
-    for aggregate in AGGREGATES {
-        let written: Vec<String> = rows
-            .iter()
-            .filter(|r| r.aggregate_id == aggregate)
-            .map(|r| r.id.clone())
-            .collect();
-        ensure!(
-            order.get(aggregate) == Some(&written),
-            "aggregate {aggregate:?} arrived as {:?}, written as {written:?}",
-            order.get(aggregate)
-        );
-    }
-    Ok(())
+    check_order(&order, &rows)
 }

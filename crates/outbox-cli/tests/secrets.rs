@@ -455,7 +455,10 @@ async fn no_command_prints_aws_credentials_or_an_endpoint_password() -> anyhow::
             )?;
         }
         // An endpoint with a password is refused, and the refusal masks it.
-        let with_password = toml.replace("http://", &format!("http://relay:{ENDPOINT_PASSWORD}@"));
+        let with_password = toml.replace(
+            &format!("endpoint_url = \"{endpoint}\""),
+            &format!("endpoint_url = \"http://relay:{ENDPOINT_PASSWORD}@127.0.0.1:{down}\""),
+        );
         let bad = work.write_config(&format!("aws-{i}-password.toml"), &with_password)?;
         let out = support::output(with_aws_env(work.command(&[
             "check-config",

@@ -29,7 +29,7 @@ use aws_sdk_kinesis::Client;
 use aws_sdk_kinesis::primitives::Blob;
 use aws_sdk_kinesis::types::PutRecordsRequestEntry;
 use outbox_core::sink::Delivery;
-use outbox_core::{Destination, Event, Sink, SinkError};
+use outbox_core::{Event, Sink, SinkError};
 
 pub use config::{KINESIS_MAX_RECORD_SIZE, KinesisConfig};
 
@@ -44,17 +44,13 @@ const BATCH_BYTES: usize = 5 * 1024 * 1024;
 #[derive(Clone)]
 pub struct KinesisSink {
     client: Client,
-    stream: Destination,
-    max_message_size: usize,
-    endpoint: String,
+    place: aws::Place,
 }
 
 impl fmt::Debug for KinesisSink {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("KinesisSink")
-            .field("stream", &self.stream.template())
-            .field("endpoint", &self.endpoint)
-            .field("max_message_size", &self.max_message_size)
+            .field("place", &self.place)
             .finish_non_exhaustive()
     }
 }
@@ -73,15 +69,10 @@ pub(crate) fn partition_key(aggregate_id: &str) -> std::borrow::Cow<'_, str> {
 
 impl KinesisSink {
     async fn new(config: KinesisConfig) -> Result<Self, SinkError> {
-        let (sdk, endpoint) = config.sdk().await;
-        let stream = config
-            .stream
-            .ok_or_else(|| SinkError::rejected("sink.stream: is required"))?;
+        let (sdk, place) = config.connect().await?;
         Ok(Self {
             client: Client::new(&sdk),
-            stream,
-            max_message_size: config.max_message_size,
-            endpoint,
+            place,
         })
     }
 
@@ -95,11 +86,11 @@ impl KinesisSink {
         config::stream_name(name).map_err(SinkError::rejected)?;
         let partition_key = partition_key(&event.aggregate_id).into_owned();
         let size = event.payload.len() + partition_key.len();
-        if size > self.max_message_size {
+        if size > self.place.max_message_size {
             return Err(SinkError::rejected(format!(
                 "record of {size} bytes (payload and partition key) exceeds the Kinesis limit of \
                  {} bytes (sink.max_message_size)",
-                self.max_message_size
+                self.place.max_message_size
             )));
         }
         Ok(Pending {
@@ -136,7 +127,7 @@ impl KinesisSink {
             .send()
             .await
             .map_err(|e| {
-                aws::request_error(&self.endpoint, &format!("PutRecords to {stream}"), e)
+                aws::request_error(&self.place.endpoint, &format!("PutRecords to {stream}"), e)
             })?;
         // The answer lists one result per record, in request order.
         Ok(output
@@ -166,7 +157,7 @@ impl Sink for KinesisSink {
     async fn publish(&self, batch: &[Event]) -> Result<Vec<Delivery>, SinkError> {
         let (deliveries, streams) = aws::plan(
             batch,
-            |event| self.stream.render(event),
+            |event| self.place.target.render(event),
             |i, event, stream| self.record(i, event, stream),
         );
         let limits = BatchLimits {
@@ -180,8 +171,8 @@ impl Sink for KinesisSink {
     }
 
     async fn healthcheck(&self) -> Result<(), SinkError> {
-        if self.stream.is_fixed() {
-            let stream = self.stream.template();
+        if self.place.target.is_fixed() {
+            let stream = self.place.target.template();
             self.client
                 .describe_stream_summary()
                 .stream_name(stream)
@@ -189,7 +180,7 @@ impl Sink for KinesisSink {
                 .await
                 .map_err(|e| {
                     aws::request_error(
-                        &self.endpoint,
+                        &self.place.endpoint,
                         &format!("DescribeStreamSummary of {stream}"),
                         e,
                     )
@@ -200,7 +191,7 @@ impl Sink for KinesisSink {
                 .limit(1)
                 .send()
                 .await
-                .map_err(|e| aws::request_error(&self.endpoint, "ListStreams", e))?;
+                .map_err(|e| aws::request_error(&self.place.endpoint, "ListStreams", e))?;
         }
         Ok(())
     }

@@ -24,7 +24,7 @@ use std::fmt;
 use aws_sdk_sns::Client;
 use aws_sdk_sns::types::{MessageAttributeValue, PublishBatchRequestEntry};
 use outbox_core::sink::Delivery;
-use outbox_core::{Destination, Event, Sink, SinkError};
+use outbox_core::{Event, Sink, SinkError};
 
 pub use config::{SNS_MAX_MESSAGE_SIZE, SnsConfig};
 
@@ -37,32 +37,23 @@ const BATCH_ENTRIES: usize = 10;
 #[derive(Clone)]
 pub struct SnsSink {
     client: Client,
-    topic_arn: Destination,
-    max_message_size: usize,
-    endpoint: String,
+    place: aws::Place,
 }
 
 impl fmt::Debug for SnsSink {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SnsSink")
-            .field("topic_arn", &self.topic_arn.template())
-            .field("endpoint", &self.endpoint)
-            .field("max_message_size", &self.max_message_size)
+            .field("place", &self.place)
             .finish_non_exhaustive()
     }
 }
 
 impl SnsSink {
     async fn new(config: SnsConfig) -> Result<Self, SinkError> {
-        let (sdk, endpoint) = config.sdk().await;
-        let topic_arn = config
-            .topic_arn
-            .ok_or_else(|| SinkError::rejected("sink.topic_arn: is required"))?;
+        let (sdk, place) = config.connect().await?;
         Ok(Self {
             client: Client::new(&sdk),
-            topic_arn,
-            max_message_size: config.max_message_size,
-            endpoint,
+            place,
         })
     }
 
@@ -85,7 +76,7 @@ impl SnsSink {
             .send()
             .await
             .map_err(|e| {
-                aws::request_error(&self.endpoint, &format!("PublishBatch to {arn}"), e)
+                aws::request_error(&self.place.endpoint, &format!("PublishBatch to {arn}"), e)
             })?;
         Ok(aws::outcomes_by_id(
             messages.len(),
@@ -133,15 +124,15 @@ impl Sink for SnsSink {
     }
 
     async fn publish(&self, batch: &[Event]) -> Result<Vec<Delivery>, SinkError> {
-        let max = self.max_message_size;
+        let max = self.place.max_message_size;
         let (deliveries, topics) = aws::plan(
             batch,
-            |event| self.topic_arn.render(event),
+            |event| self.place.target.render(event),
             |i, event, target| aws::queue_message(i, event, config::topic_name(target), "SNS", max),
         );
         let limits = BatchLimits {
             entries: BATCH_ENTRIES,
-            bytes: self.max_message_size,
+            bytes: self.place.max_message_size,
         };
         aws::send_batched(deliveries, &topics, limits, |arn, messages| {
             self.send_batch(arn, messages)
@@ -150,22 +141,26 @@ impl Sink for SnsSink {
     }
 
     async fn healthcheck(&self) -> Result<(), SinkError> {
-        if self.topic_arn.is_fixed() {
-            let arn = self.topic_arn.template();
+        if self.place.target.is_fixed() {
+            let arn = self.place.target.template();
             self.client
                 .get_topic_attributes()
                 .topic_arn(arn)
                 .send()
                 .await
                 .map_err(|e| {
-                    aws::request_error(&self.endpoint, &format!("GetTopicAttributes of {arn}"), e)
+                    aws::request_error(
+                        &self.place.endpoint,
+                        &format!("GetTopicAttributes of {arn}"),
+                        e,
+                    )
                 })?;
         } else {
             self.client
                 .list_topics()
                 .send()
                 .await
-                .map_err(|e| aws::request_error(&self.endpoint, "ListTopics", e))?;
+                .map_err(|e| aws::request_error(&self.place.endpoint, "ListTopics", e))?;
         }
         Ok(())
     }

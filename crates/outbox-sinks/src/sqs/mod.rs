@@ -30,7 +30,7 @@ use std::fmt;
 use aws_sdk_sqs::Client;
 use aws_sdk_sqs::types::{MessageAttributeValue, QueueAttributeName, SendMessageBatchRequestEntry};
 use outbox_core::sink::Delivery;
-use outbox_core::{Destination, Event, Sink, SinkError};
+use outbox_core::{Event, Sink, SinkError};
 
 pub use config::{DEFAULT_MAX_MESSAGE_SIZE, SQS_MAX_MESSAGE_SIZE, SqsConfig};
 
@@ -43,32 +43,23 @@ const BATCH_ENTRIES: usize = 10;
 #[derive(Clone)]
 pub struct SqsSink {
     client: Client,
-    queue_url: Destination,
-    max_message_size: usize,
-    endpoint: String,
+    place: aws::Place,
 }
 
 impl fmt::Debug for SqsSink {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SqsSink")
-            .field("queue_url", &self.queue_url.template())
-            .field("endpoint", &self.endpoint)
-            .field("max_message_size", &self.max_message_size)
+            .field("place", &self.place)
             .finish_non_exhaustive()
     }
 }
 
 impl SqsSink {
     async fn new(config: SqsConfig) -> Result<Self, SinkError> {
-        let (sdk, endpoint) = config.sdk().await;
-        let queue_url = config
-            .queue_url
-            .ok_or_else(|| SinkError::rejected("sink.queue_url: is required"))?;
+        let (sdk, place) = config.connect().await?;
         Ok(Self {
             client: Client::new(&sdk),
-            queue_url,
-            max_message_size: config.max_message_size,
-            endpoint,
+            place,
         })
     }
 
@@ -91,7 +82,11 @@ impl SqsSink {
             .send()
             .await
             .map_err(|e| {
-                aws::request_error(&self.endpoint, &format!("SendMessageBatch to {url}"), e)
+                aws::request_error(
+                    &self.place.endpoint,
+                    &format!("SendMessageBatch to {url}"),
+                    e,
+                )
             })?;
         Ok(aws::outcomes_by_id(
             messages.len(),
@@ -142,15 +137,15 @@ impl Sink for SqsSink {
     }
 
     async fn publish(&self, batch: &[Event]) -> Result<Vec<Delivery>, SinkError> {
-        let max = self.max_message_size;
+        let max = self.place.max_message_size;
         let (deliveries, queues) = aws::plan(
             batch,
-            |event| self.queue_url.render(event),
+            |event| self.place.target.render(event),
             |i, event, target| aws::queue_message(i, event, config::queue_name(target), "SQS", max),
         );
         let limits = BatchLimits {
             entries: BATCH_ENTRIES,
-            bytes: self.max_message_size,
+            bytes: self.place.max_message_size,
         };
         aws::send_batched(deliveries, &queues, limits, |url, messages| {
             self.send_batch(url, messages)
@@ -159,8 +154,8 @@ impl Sink for SqsSink {
     }
 
     async fn healthcheck(&self) -> Result<(), SinkError> {
-        if self.queue_url.is_fixed() {
-            let url = self.queue_url.template();
+        if self.place.target.is_fixed() {
+            let url = self.place.target.template();
             self.client
                 .get_queue_attributes()
                 .queue_url(url)
@@ -168,7 +163,11 @@ impl Sink for SqsSink {
                 .send()
                 .await
                 .map_err(|e| {
-                    aws::request_error(&self.endpoint, &format!("GetQueueAttributes of {url}"), e)
+                    aws::request_error(
+                        &self.place.endpoint,
+                        &format!("GetQueueAttributes of {url}"),
+                        e,
+                    )
                 })?;
         } else {
             self.client
@@ -176,7 +175,7 @@ impl Sink for SqsSink {
                 .max_results(1)
                 .send()
                 .await
-                .map_err(|e| aws::request_error(&self.endpoint, "ListQueues", e))?;
+                .map_err(|e| aws::request_error(&self.place.endpoint, "ListQueues", e))?;
         }
         Ok(())
     }
