@@ -116,8 +116,8 @@ async fn produce(work: &Workdir, sink: &str) -> anyhow::Result<(sqlx::PgPool, Ve
     Ok((pool, rows, config))
 }
 
-/// Runs the boto3 consumer script with `args`; its stdout lines as JSON.
-async fn boto3(moto: &Moto, args: &[&str]) -> anyhow::Result<Vec<serde_json::Value>> {
+/// Runs the boto3 script (`tests/support/aws_consumer.py`) with `args`; its stdout.
+async fn aws_consumer(moto: &Moto, args: &[&str]) -> anyhow::Result<String> {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/support/aws_consumer.py");
     let out = tokio::process::Command::new("python3")
         .arg(script)
@@ -133,27 +133,30 @@ async fn boto3(moto: &Moto, args: &[&str]) -> anyhow::Result<Vec<serde_json::Val
         "aws_consumer.py {args:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    String::from_utf8(out.stdout)?
+    Ok(String::from_utf8(out.stdout)?)
+}
+
+/// What a boto3 consumer command read: one JSON object per line.
+async fn boto3(moto: &Moto, args: &[&str]) -> anyhow::Result<Vec<serde_json::Value>> {
+    aws_consumer(moto, args)
+        .await?
         .lines()
         .map(|l| serde_json::from_str(l).with_context(|| format!("not JSON: {l}")))
         .collect()
 }
 
-/// The first stdout line of a boto3 setup command.
+/// What a boto3 setup command printed (a queue URL, a topic ARN).
 async fn boto3_line(moto: &Moto, args: &[&str]) -> anyhow::Result<String> {
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/support/aws_consumer.py");
-    let out = tokio::process::Command::new("python3")
-        .arg(script)
-        .arg(moto.url())
-        .args(args)
-        .output()
-        .await?;
-    ensure!(
-        out.status.success(),
-        "aws_consumer.py {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(String::from_utf8(out.stdout)?.trim().to_owned())
+    Ok(aws_consumer(moto, args).await?.trim().to_owned())
+}
+
+/// The `[sink]` section of an AWS sink `kind` sending to `key = value` on moto.
+fn aws_sink(moto: &Moto, kind: &str, key: &str, value: &str) -> String {
+    format!(
+        "[sink]\nkind = \"{kind}\"\n{key} = \"{value}\"\nendpoint_url = \"{}\"\nregion = \"{}\"\n",
+        moto.url(),
+        Moto::REGION
+    )
 }
 
 /// Relays everything in the outbox with the config at `config` and waits until it is drained.
@@ -256,11 +259,7 @@ async fn the_relay_sends_events_to_an_sqs_fifo_queue_that_boto3_reads_back() -> 
     let queue = format!("{}.fifo", unique());
     let queue_url = boto3_line(moto, &["create-queue", &queue]).await?;
     let work = Workdir::new()?;
-    let sink = format!(
-        "[sink]\nkind = \"sqs\"\nqueue_url = \"{queue_url}\"\nendpoint_url = \"{}\"\nregion = \"{}\"\n",
-        moto.url(),
-        Moto::REGION
-    );
+    let sink = aws_sink(moto, "sqs", "queue_url", &queue_url);
     let (pool, rows, config) = produce(&work, &sink).await?;
     relay(&work, &pool, &config).await?;
     let count = rows.len().to_string();
@@ -277,11 +276,7 @@ async fn the_relay_publishes_to_an_sns_fifo_topic_whose_subscriber_boto3_reads()
     let queue_url = boto3_line(moto, &["create-queue", &name]).await?;
     let topic_arn = boto3_line(moto, &["create-topic", &name, &queue_url]).await?;
     let work = Workdir::new()?;
-    let sink = format!(
-        "[sink]\nkind = \"sns\"\ntopic_arn = \"{topic_arn}\"\nendpoint_url = \"{}\"\nregion = \"{}\"\n",
-        moto.url(),
-        Moto::REGION
-    );
+    let sink = aws_sink(moto, "sns", "topic_arn", &topic_arn);
     let (pool, rows, config) = produce(&work, &sink).await?;
     relay(&work, &pool, &config).await?;
     let count = rows.len().to_string();
@@ -297,11 +292,7 @@ async fn the_relay_writes_to_a_kinesis_stream_that_boto3_reads_back_per_shard() 
     let stream = unique();
     boto3_line(moto, &["create-stream", &stream, "4"]).await?;
     let work = Workdir::new()?;
-    let sink = format!(
-        "[sink]\nkind = \"kinesis\"\nstream = \"{stream}\"\nendpoint_url = \"{}\"\nregion = \"{}\"\n",
-        moto.url(),
-        Moto::REGION
-    );
+    let sink = aws_sink(moto, "kinesis", "stream", &stream);
     let (pool, rows, config) = produce(&work, &sink).await?;
     relay(&work, &pool, &config).await?;
     let count = rows.len().to_string();
