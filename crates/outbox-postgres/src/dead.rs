@@ -123,18 +123,32 @@ impl PgDeadLetters {
             RetrySelection::EventType(t) => (None, Some(t.clone()), false),
             RetrySelection::All => (None, None, true),
         };
-        let query = if self.cdc {
-            &self.queries.cdc_dead_restream
-        } else {
-            &self.queries.dead_retry
-        };
-        crate::sql::query_scalar(stmt(query))
+        if !self.cdc {
+            return crate::sql::query_scalar(stmt(&self.queries.dead_retry))
+                .bind(ids)
+                .bind(event_type)
+                .bind(all)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(|e| self.err("retrying dead letters", e));
+        }
+        // CDC: the re-inserted rows keep their seq (migration 0005), which the relay
+        // compares with events streamed again after a restart.
+        let err = |e| self.err("retrying dead letters", e);
+        let mut tx = self.pool.begin().await.map_err(err)?;
+        sqlx::query(crate::cdc::queries::KEEP_SEQ)
+            .execute(&mut *tx)
+            .await
+            .map_err(err)?;
+        let put_back = crate::sql::query_scalar(stmt(&self.queries.cdc_dead_restream))
             .bind(ids)
             .bind(event_type)
             .bind(all)
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *tx)
             .await
-            .map_err(|e| self.err("retrying dead letters", e))
+            .map_err(err)?;
+        tx.commit().await.map_err(err)?;
+        Ok(put_back)
     }
 
     /// Deletes dead letters dead-lettered before `before`; returns their ids.

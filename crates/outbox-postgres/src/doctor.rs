@@ -34,6 +34,10 @@ const EXPECTED_INDEXES: &[(&str, &str)] = &[
         "CREATE INDEX CONCURRENTLY {{name:_held_idx}} ON {{table}} (aggregate_type, aggregate_id, seq) WHERE state = 'dead' OR (state = 'pending' AND attempts > 0)",
     ),
     (
+        "_put_back_idx",
+        "CREATE INDEX CONCURRENTLY {{name:_put_back_idx}} ON {{table}} (aggregate_type, aggregate_id, seq) WHERE state = 'pending' AND attempts = 0 AND last_error IS NOT NULL",
+    ),
+    (
         "_delivered_at_idx",
         "CREATE INDEX CONCURRENTLY {{name:_delivered_at_idx}} ON {{table}} (delivered_at) WHERE state = 'delivered'",
     ),

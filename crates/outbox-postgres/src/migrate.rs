@@ -36,10 +36,15 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         name: "aggregate_positions",
         sql: include_str!("../migrations/0004_aggregate_positions.sql"),
     },
+    Migration {
+        version: 5,
+        name: "cdc_put_back",
+        sql: include_str!("../migrations/0005_cdc_put_back.sql"),
+    },
 ];
 
 /// The schema version this build of the library expects.
-pub const SCHEMA_VERSION: i32 = 4;
+pub const SCHEMA_VERSION: i32 = 5;
 
 const BOOKKEEPING: &str = "CREATE TABLE IF NOT EXISTS {{qname:_migrations}} (
     version    integer     PRIMARY KEY,

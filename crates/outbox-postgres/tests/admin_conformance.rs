@@ -100,13 +100,11 @@ async fn partitioned_backend_passes_the_admin_suite() -> anyhow::Result<()> {
     admin_conformance::run_all(|| PollAdmin::new(OnDelivered::Mark, Partitioning::Daily)).await
 }
 
-/// Ignored: the suite found an ordering bug. A dead letter retried with `outbox dead retry`
-/// after the relay that dead-lettered it stopped (the held event behind it still in the slot's
-/// unconfirmed tail) is published AFTER that held event: the restarted CDC relay releases the
-/// held event when the dead row disappears, before the re-inserted one streams. Polling and
-/// SQLite pass the same check. Run with `--ignored` once the CDC ledger keeps the order.
+/// The suite once found an ordering bug here: a dead letter retried while the relay that
+/// dead-lettered it was stopped (the event behind it still in the slot's unconfirmed tail)
+/// was published after that event. Retried rows now keep their seq and stay marked until
+/// delivered (migration 0005), and the relay streams an overtaking event again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "known bug: CDC dead-letter retry after a relay restart publishes the held event first"]
 async fn cdc_backend_passes_the_admin_suite() -> anyhow::Result<()> {
     admin_conformance::run_all(|| async {
         let h = CdcHarness::new().await?;

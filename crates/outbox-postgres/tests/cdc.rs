@@ -327,7 +327,7 @@ async fn a_dead_lettered_table_less_event_becomes_a_dead_row_and_holds_its_aggre
 /// The recovery SQL of docs/cdc.md: re-insert an aggregate's dead letters in one transaction.
 const REPUBLISH_DEAD: &str = "
 CREATE TEMP TABLE outbox_retry ON COMMIT DROP AS
-    SELECT id, aggregate_type, aggregate_id, event_type, payload, headers, created_at, seq
+    SELECT id, aggregate_type, aggregate_id, event_type, payload, headers, created_at, seq, last_error
     FROM outbox WHERE state = 'dead' AND aggregate_type = $1 AND aggregate_id = $2;
 ";
 
@@ -372,9 +372,12 @@ async fn dead_letters_republished_with_the_documented_sql_are_delivered_in_order
     sqlx::query("DELETE FROM outbox WHERE id IN (SELECT id FROM outbox_retry)")
         .execute(&mut *tx)
         .await?;
+    sqlx::query("SELECT set_config('outbox.keep_seq', 'on', true)")
+        .execute(&mut *tx)
+        .await?;
     sqlx::query(
-        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, headers, created_at) \
-         SELECT id, aggregate_type, aggregate_id, event_type, payload, headers, created_at \
+        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, headers, created_at, seq, last_error) \
+         SELECT id, aggregate_type, aggregate_id, event_type, payload, headers, created_at, seq, last_error \
          FROM outbox_retry ORDER BY seq",
     )
     .execute(&mut *tx)
@@ -699,6 +702,86 @@ async fn dead_letter_retry_restreams_the_aggregate_in_order() -> anyhow::Result<
         ids(&published) == ids_written,
         "published {:?}",
         ids(&published)
+    );
+    Ok(())
+}
+
+/// `outbox dead retry` while no relay runs, with the event behind the dead letter still in the
+/// slot's unconfirmed tail: the next relay streams that event first (it committed before the
+/// retry), yet publishes the retried dead letter before it, and unmarks it once delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dead_letter_retried_between_relays_still_goes_before_the_event_behind_it()
+-> anyhow::Result<()> {
+    let h = CdcHarness::new().await?;
+    let written = write_each(&h, (0..2).map(|i| event("between", i)).collect()).await?;
+    let (poison, behind) = (written[0], written[1]);
+    let mut first = h.cdc_source(Ordering::PerAggregate, DeadLetterPolicy::HoldAggregate)?;
+    let batch = fetch_at_least(&mut first, 1).await?;
+    ensure!(ids(&batch)[0] == poison, "first batch {:?}", ids(&batch));
+    let settle: Vec<Settlement> = batch
+        .iter()
+        .map(|e| Settlement {
+            position: e.position,
+            outcome: if e.id == poison {
+                Outcome::DeadLetter {
+                    reason: "rejected by the broker".into(),
+                }
+            } else {
+                Outcome::Released
+            },
+        })
+        .collect();
+    first.settle(&settle, OffsetDateTime::now_utc()).await?;
+    // Stopped before it parked the event behind: that one stays pending and unconfirmed.
+    let closed = first.closed();
+    drop(first);
+    tokio::time::timeout(WAIT, closed.wait()).await?;
+    let state: String = sqlx::query_scalar("SELECT state FROM outbox WHERE id = $1")
+        .bind(behind)
+        .fetch_one(&h.pool)
+        .await?;
+    ensure!(state == "pending", "the event behind is {state}");
+
+    let dead = outbox_postgres::PgDeadLetters::new(h.pool.clone(), &h.config);
+    let retried = dead
+        .retry(&outbox_postgres::RetrySelection::Ids(vec![poison]))
+        .await?;
+    ensure!(retried == vec![poison], "retried {retried:?}");
+    let seqs: Vec<(Uuid, i64)> = sqlx::query_as("SELECT id, seq FROM outbox ORDER BY seq")
+        .fetch_all(&h.pool)
+        .await?;
+    ensure!(
+        seqs.iter().map(|(id, _)| *id).collect::<Vec<_>>() == written,
+        "the retried row keeps its seq: {seqs:?}"
+    );
+
+    let mut second = h.cdc_source(Ordering::PerAggregate, DeadLetterPolicy::HoldAggregate)?;
+    let mut order = Vec::new();
+    let deadline = Instant::now() + WAIT;
+    while !(order.contains(&poison) && order.contains(&behind)) {
+        ensure!(Instant::now() < deadline, "published only {order:?}");
+        let fetched = second.fetch(100, OffsetDateTime::now_utc()).await?;
+        if fetched.events.is_empty() {
+            second.wait_for_events(Duration::from_millis(200)).await;
+            continue;
+        }
+        order.extend(ids(&fetched.events));
+        second
+            .settle(&delivered(&fetched.events), OffsetDateTime::now_utc())
+            .await?;
+    }
+    ensure!(
+        order == vec![poison, behind],
+        "the retried dead letter goes first, once: {order:?}"
+    );
+    let marked: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM outbox WHERE state = 'pending' AND last_error IS NOT NULL",
+    )
+    .fetch_one(&h.pool)
+    .await?;
+    ensure!(
+        marked == 0,
+        "{marked} delivered rows still marked as put back"
     );
     Ok(())
 }

@@ -78,6 +78,9 @@ struct Layout {
     headers: usize,
     created_at: usize,
     state: usize,
+    seq: usize,
+    attempts: usize,
+    last_error: usize,
 }
 
 #[derive(Debug)]
@@ -239,6 +242,9 @@ impl Decoder {
                         headers: find("headers")?,
                         created_at: find("created_at")?,
                         state: find("state")?,
+                        seq: find("seq")?,
+                        attempts: find("attempts")?,
+                        last_error: find("last_error")?,
                     })
                 } else {
                     None
@@ -257,8 +263,8 @@ impl Decoder {
                     .open
                     .as_mut()
                     .ok_or(DecodeError::OutOfTransaction("insert"))?;
-                if let Some(event) = decode_row(&layout, &tuple)? {
-                    txn.events.push((event, Origin::Row));
+                if let Some(row) = decode_row(&layout, &tuple)? {
+                    txn.events.push(row);
                 }
             }
             // The publication publishes inserts only; anything else (a publication someone
@@ -286,9 +292,10 @@ fn text<'a>(tuple: &'a TupleData, i: usize, column: &'static str) -> Result<&'a 
     })
 }
 
-/// One outbox row as an event; `None` for a row that is not `pending` (a dead letter the
-/// CDC source itself inserted for a table-less event).
-fn decode_row(layout: &Layout, tuple: &TupleData) -> Result<Option<Event>, DecodeError> {
+/// One outbox row as an event, with its `seq` and whether it is a dead letter put back in
+/// line (migration 0005: `attempts = 0` and a `last_error`); `None` for a row that is not
+/// `pending` (a dead letter the CDC source itself inserted for a table-less event).
+fn decode_row(layout: &Layout, tuple: &TupleData) -> Result<Option<(Event, Origin)>, DecodeError> {
     if text(tuple, layout.state, "state")? != "pending" {
         return Ok(None);
     }
@@ -302,7 +309,14 @@ fn decode_row(layout: &Layout, tuple: &TupleData) -> Result<Option<Event>, Decod
             .map_err(|e| bad("headers")(e.to_string()))?;
     let created_at = parse_timestamptz(text(tuple, layout.created_at, "created_at")?)
         .map_err(|e| bad("created_at")(e.to_owned()))?;
-    Ok(Some(Event {
+    let seq: i64 = text(tuple, layout.seq, "seq")?
+        .parse()
+        .map_err(|e: std::num::ParseIntError| bad("seq")(e.to_string()))?;
+    let put_back = text(tuple, layout.attempts, "attempts")? == "0"
+        && tuple
+            .get_column(layout.last_error)
+            .is_some_and(|c| !c.is_null());
+    let event = Event {
         id,
         position: Position(0),
         aggregate_type: text(tuple, layout.aggregate_type, "aggregate_type")?.to_owned(),
@@ -312,7 +326,8 @@ fn decode_row(layout: &Layout, tuple: &TupleData) -> Result<Option<Event>, Decod
         headers: outbox_core::enqueue::decode_headers(headers),
         created_at,
         attempts: 0,
-    }))
+    };
+    Ok(Some((event, Origin::Row { seq, put_back })))
 }
 
 /// Decodes bytea's hex text format (`\x` then two hex digits per byte), exactly.

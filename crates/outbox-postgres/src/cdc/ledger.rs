@@ -7,7 +7,12 @@ use outbox_core::Event;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Origin {
     /// A row of the outbox table: dead-lettering updates the row.
-    Row,
+    Row {
+        /// The row's per-aggregate commit order.
+        seq: i64,
+        /// A dead letter put back in line by `outbox dead retry`, not delivered since.
+        put_back: bool,
+    },
     /// A `pg_logical_emit_message` event: dead-lettering inserts a row.
     Message,
 }
@@ -22,6 +27,21 @@ pub(crate) struct Meta {
 
 pub(crate) type Entry = outbox_core::stream_ledger::Entry<Meta>;
 pub(crate) type Ledger = outbox_core::stream_ledger::Ledger<Meta>;
+
+impl Meta {
+    /// The row's seq (`None` for a table-less event).
+    pub(crate) fn seq(&self) -> Option<i64> {
+        match self.origin {
+            Origin::Row { seq, .. } => Some(seq),
+            Origin::Message => None,
+        }
+    }
+
+    /// Whether this is a dead letter put back in line and not delivered since.
+    pub(crate) fn put_back(&self) -> bool {
+        matches!(self.origin, Origin::Row { put_back: true, .. })
+    }
+}
 
 /// A committed transaction's events with their metadata.
 pub(crate) fn with_meta(events: Vec<(Event, Origin)>, xid: u32) -> Vec<(Event, Meta)> {

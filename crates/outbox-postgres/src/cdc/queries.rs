@@ -21,6 +21,8 @@ pub(crate) const SLOT_STATUS: &str = query_file!("replication_slot_status");
 pub(crate) const SLOT_CREATE: &str = query_file!("replication_slot_create");
 /// The publication's state; `$1` publication, `$2` schema, `$3` table.
 pub(crate) const PUBLICATION_STATUS: &str = query_file!("publication_status");
+/// Lets the outbox trigger keep a given `seq` for the rest of the transaction (migration 0005).
+pub(crate) const KEEP_SEQ: &str = "SELECT set_config('outbox.keep_seq', 'on', true)";
 /// Whether the transactions `$1` (xids) are visible to a new snapshot.
 pub(crate) const TRANSACTION_VISIBLE: &str = query_file!("transaction_visible");
 
@@ -31,6 +33,10 @@ pub(crate) struct CdcQueries {
     pub(crate) dead_insert: Arc<str>,
     pub(crate) dead_aggregates: Arc<str>,
     pub(crate) dead_of_aggregate: Arc<str>,
+    pub(crate) put_back_aggregates: Arc<str>,
+    pub(crate) put_back_of_aggregate: Arc<str>,
+    pub(crate) put_back_delivered: Arc<str>,
+    pub(crate) restream: Arc<str>,
     pub(crate) backlog: Arc<str>,
     pub(crate) publication_create: Arc<str>,
     pub(crate) publication_add_table: Arc<str>,
@@ -48,6 +54,10 @@ impl CdcQueries {
             dead_insert: r(query_file!("outbox_cdc_dead_insert")),
             dead_aggregates: r(query_file!("outbox_cdc_dead_aggregates")),
             dead_of_aggregate: r(query_file!("outbox_cdc_dead_of_aggregate")),
+            put_back_aggregates: r(query_file!("outbox_cdc_put_back_aggregates")),
+            put_back_of_aggregate: r(query_file!("outbox_cdc_put_back_of_aggregate")),
+            put_back_delivered: r(query_file!("outbox_cdc_put_back_delivered")),
+            restream: r(query_file!("outbox_cdc_restream")),
             backlog: r(query_file!("outbox_cdc_backlog")),
             publication_create: r(query_file!("outbox_publication_create")),
             publication_add_table: r(query_file!("outbox_publication_add_table")),
@@ -74,6 +84,10 @@ mod tests {
             &q.dead_insert,
             &q.dead_aggregates,
             &q.dead_of_aggregate,
+            &q.put_back_aggregates,
+            &q.put_back_of_aggregate,
+            &q.put_back_delivered,
+            &q.restream,
             &q.backlog,
             &q.publication_create,
             &q.publication_add_table,

@@ -6,7 +6,7 @@
 //! dies its connection closes, the server releases the slot, and a standby starts streaming at
 //! its next try.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::Ordering as AtomicOrdering;
 use std::time::Duration;
@@ -25,7 +25,7 @@ use super::decode::{Decoder, Step};
 use super::inspect::{CdcStats, PgCdcInspector};
 use super::ledger::{Entry, Ledger, Origin, with_meta};
 use super::offset::SavedOffset;
-use super::queries::{CdcQueries, TRANSACTION_VISIBLE};
+use super::queries::{CdcQueries, KEEP_SEQ, TRANSACTION_VISIBLE};
 use super::slot;
 use super::stream::{Endpoint, OpenError, Stream, wire_error};
 use crate::config::PostgresConfig;
@@ -69,8 +69,13 @@ pub struct PgCdcSource {
     ledger: Ledger,
     /// Confirmed LSN last handed to the stream.
     reported: u64,
-    /// Aggregates known to have dead letters (checked against the table before use).
+    /// Aggregates known to have dead letters, or dead letters put back in line and not
+    /// delivered since (checked against the table before use).
     dead: HashSet<(String, String)>,
+    /// Put-back rows delivered whose mark is not cleared in the table yet.
+    unmarked: HashSet<Uuid>,
+    /// Events this source streamed again (once each: see `resolve_put_back`).
+    restreamed: HashSet<Uuid>,
     next_attempt: Instant,
     standing_by: bool,
     /// A stream failure seen in `wait_for_events`, returned by the next `fetch`.
@@ -147,6 +152,8 @@ impl PgCdcSource {
             ledger: Ledger::new(0),
             reported: 0,
             dead: HashSet::new(),
+            unmarked: HashSet::new(),
+            restreamed: HashSet::new(),
             next_attempt: Instant::now(),
             standing_by: false,
             failure: None,
@@ -262,16 +269,25 @@ impl PgCdcSource {
             .map_err(|e| SourceError::fatal(format!("unreadable confirmed_flush_lsn `{lsn}`: {e}")))
     }
 
+    /// The aggregates whose events are checked before they go out: those with dead letters,
+    /// and those with dead letters put back in line and not delivered since.
     async fn load_dead(&mut self) -> Result<(), SourceError> {
-        let rows = sqlx::query(stmt(&self.queries.dead_aggregates))
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|e| self.db_err("reading dead-lettered aggregates", e))?;
-        self.dead = rows
-            .iter()
-            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
-            .collect::<Result<_, sqlx::Error>>()
-            .map_err(|e| self.db_err("reading dead-lettered aggregates", e))?;
+        let mut dead = HashSet::new();
+        for sql in [
+            &self.queries.dead_aggregates,
+            &self.queries.put_back_aggregates,
+        ] {
+            let rows = sqlx::query(stmt(sql))
+                .fetch_all(&self.pool)
+                .await
+                .map_err(|e| self.db_err("reading dead-lettered aggregates", e))?;
+            for r in &rows {
+                let key = (|| Ok::<_, sqlx::Error>((r.try_get(0)?, r.try_get(1)?)))()
+                    .map_err(|e| self.db_err("reading dead-lettered aggregates", e))?;
+                dead.insert(key);
+            }
+        }
+        self.dead = dead;
         Ok(())
     }
 
@@ -398,12 +414,7 @@ impl PgCdcSource {
                 .await
                 .map_err(|e| self.db_err("reading the dead letters of an aggregate", e))?;
             if dead_ids.is_empty() {
-                self.dead.remove(&key);
-                for p in positions {
-                    if let Some(e) = self.ledger.queued_mut(p) {
-                        e.checked = true;
-                    }
-                }
+                self.resolve_put_back(key, positions).await?;
                 continue;
             }
             let mut park = Vec::new();
@@ -445,6 +456,133 @@ impl PgCdcSource {
         Ok(())
     }
 
+    /// The queued events at `positions` of an aggregate with no dead letter left (they were
+    /// retried or purged). A retried dead letter is re-inserted and streams from where
+    /// `dead retry` committed, keeping its seq (migration 0005); an event of the aggregate
+    /// with a higher seq that streamed before it (the slot's unconfirmed tail, after a
+    /// restart) must not overtake it, so it is streamed again, after it. An older copy of a
+    /// put-back row is dropped: the put-back copy streams later.
+    async fn resolve_put_back(
+        &mut self,
+        key: (String, String),
+        positions: Vec<i64>,
+    ) -> Result<(), SourceError> {
+        let put_back: Vec<(Uuid, i64)> = if self.hold {
+            sqlx::query_as(stmt(&self.queries.put_back_of_aggregate))
+                .bind(&key.0)
+                .bind(&key.1)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(|e| self.db_err("reading the retried events of an aggregate", e))?
+        } else {
+            Vec::new()
+        };
+        // Where the stream holds each put-back copy already (its ledger position); one
+        // delivered but not yet unmarked counts as handed over.
+        let held: HashMap<Uuid, i64> = self
+            .ledger
+            .entries()
+            .filter(|e| e.meta.put_back())
+            .map(|e| (e.event.id, e.event.position.0))
+            .collect();
+        let ahead = |id: &Uuid, at: i64| {
+            self.unmarked.contains(id) || held.get(id).is_some_and(|p| *p < at)
+        };
+        let mut stale = Vec::new();
+        let mut overtaking = Vec::new();
+        for p in positions {
+            let Some(e) = self.ledger.queued_mut(p) else {
+                continue;
+            };
+            if !e.meta.put_back() && put_back.iter().any(|(id, _)| *id == e.event.id) {
+                stale.push(p);
+                continue;
+            }
+            let waits = e.meta.seq().is_some_and(|seq| {
+                put_back
+                    .iter()
+                    .any(|(id, s)| *s < seq && *id != e.event.id && !ahead(id, p))
+            });
+            if waits && !self.restreamed.contains(&e.event.id) {
+                overtaking.push(p);
+            } else {
+                e.checked = true;
+            }
+        }
+        for p in stale {
+            if let Some(entry) = self.ledger.remove_queued(p) {
+                tracing::debug!(event_id = %entry.event.id, "skipping an older copy of a retried dead letter; the retried copy streams later");
+                self.ledger.finish(&entry);
+            }
+        }
+        if !overtaking.is_empty() {
+            self.restream(&overtaking).await?;
+        }
+        // Checked again until every put-back row is handed over: events of the aggregate
+        // still to come from the tail must wait too.
+        if put_back
+            .iter()
+            .all(|(id, _)| self.unmarked.contains(id) || held.contains_key(id))
+        {
+            self.dead.remove(&key);
+        }
+        Ok(())
+    }
+
+    /// Streams the queued events at `positions` again, after everything committed so far,
+    /// by re-inserting their rows unchanged (`queries/outbox_cdc_restream.sql`), and settles
+    /// them here. An event whose row is gone is published as it is.
+    async fn restream(&mut self, positions: &[i64]) -> Result<(), SourceError> {
+        let ids: Vec<Uuid> = positions
+            .iter()
+            .filter_map(|p| self.ledger.queued_mut(*p).map(|e| e.event.id))
+            .collect();
+        let err = |e| source_error("streaming events again", &self.table, e);
+        let mut tx = self.pool.begin().await.map_err(err)?;
+        sqlx::query(KEEP_SEQ).execute(&mut *tx).await.map_err(err)?;
+        let again: Vec<Uuid> = sqlx::query_scalar(stmt(&self.queries.restream))
+            .bind(&ids)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(err)?;
+        tx.commit().await.map_err(err)?;
+        for p in positions {
+            let Some(entry) = self.ledger.queued_mut(*p) else {
+                continue;
+            };
+            let id = entry.event.id;
+            self.restreamed.insert(id);
+            if !again.contains(&id) {
+                entry.checked = true;
+                continue;
+            }
+            if let Some(entry) = self.ledger.remove_queued(*p) {
+                tracing::info!(event_id = %id, "streaming an event again after the retried dead letters of its aggregate");
+                self.ledger.finish(&entry);
+            }
+        }
+        Ok(())
+    }
+
+    /// Clears the put-back mark of delivered rows (see `resolve_put_back`); on failure they
+    /// stay in `unmarked` and the next settle tries again.
+    async fn unmark_delivered(&mut self) {
+        if self.unmarked.is_empty() {
+            return;
+        }
+        let ids: Vec<Uuid> = self.unmarked.iter().copied().collect();
+        match sqlx::query(stmt(&self.queries.put_back_delivered))
+            .bind(&ids)
+            .execute(&self.pool)
+            .await
+        {
+            Ok(_) => self.unmarked.clear(),
+            Err(e) => {
+                tracing::warn!(error = %self.db_err("unmarking delivered retried events", e), "will try again at the next batch");
+            }
+        }
+    }
+
     /// Waits until the transactions `xids` are visible to new snapshots. The stream can
     /// deliver a commit a moment before the committing session has published it; deciding
     /// about dead letters on a snapshot without it could misjudge (or miss) its rows. Nothing
@@ -482,7 +620,7 @@ impl PgCdcSource {
     ) -> Result<(), SourceError> {
         let (rows, messages): (Vec<_>, Vec<_>) = items
             .iter()
-            .partition(|(e, _, _)| e.meta.origin == Origin::Row);
+            .partition(|(e, _, _)| matches!(e.meta.origin, Origin::Row { .. }));
         let mut tx = self
             .pool
             .begin()
@@ -658,6 +796,9 @@ impl Source for PgCdcSource {
             };
             match &s.outcome {
                 Outcome::Delivered => {
+                    if entry.meta.put_back() {
+                        self.unmarked.insert(entry.event.id);
+                    }
                     self.ledger.finish(&entry);
                 }
                 Outcome::DeadLetter { .. } => {
@@ -677,6 +818,7 @@ impl Source for PgCdcSource {
             }
         }
         self.ledger.release_in_flight();
+        self.unmark_delivered().await;
         self.report_confirmed();
         self.offset.reached(self.ledger.confirmed());
         self.offset.save(&self.pool, false).await;
