@@ -1,0 +1,18 @@
+//! DynamoDB support for `outbox` (single-table design, `DESIGN.md` "DynamoDB source"):
+//!
+//! - [`DynamoOutbox`]: the producer side, an event as the outbox item (`OUTBOX#<id>` sort
+//!   key, `seq` from the aggregate's version) for the caller's own `TransactWriteItems`;
+//! - [`migrate`]: turns the table's stream on (or checks it) and creates the relay's lease
+//!   and checkpoint table.
+//!
+//! The Streams relay source builds on these (see `docs/dynamodb.md`).
+
+mod config;
+mod error;
+mod migrate;
+mod producer;
+
+pub use config::{DynamoDbConfig, OUTBOX_PREFIX};
+pub use error::{ConfigError, DynamoError};
+pub use migrate::{LEASE_KEY, MigrateReport, client, migrate};
+pub use producer::{DynamoOutbox, MAX_ITEM_BYTES, OutboxWrite, attr};
