@@ -29,6 +29,16 @@ pub struct DynamoDbConfig {
     /// The relay's own table for shard checkpoints and leases; default `<table>-outbox-leases`.
     #[serde(default)]
     pub lease_table: Option<String>,
+    /// How long a relay's lease of a stream shard lasts without renewal: after a crash or a
+    /// pause, another relay takes the shard over this long after the last renewal. A batch is
+    /// published only while its shards' leases last, so this must exceed
+    /// `relay.publish_timeout`.
+    #[serde(default = "default_lease_duration", with = "humantime_serde")]
+    pub lease_duration: Duration,
+    /// How long an event waits for its predecessor (`seq - 1`) before it goes anyway, with an
+    /// error in the log (`docs/dynamodb.md`, "Order").
+    #[serde(default = "default_gap_timeout", with = "humantime_serde")]
+    pub gap_timeout: Duration,
     /// How long to wait for a connection.
     #[serde(default = "default_connect_timeout", with = "humantime_serde")]
     pub connect_timeout: Duration,
@@ -45,6 +55,12 @@ fn default_partition_key() -> String {
 }
 fn default_sort_key() -> String {
     "sk".to_owned()
+}
+fn default_lease_duration() -> Duration {
+    Duration::from_secs(60)
+}
+fn default_gap_timeout() -> Duration {
+    Duration::from_secs(60)
 }
 fn default_connect_timeout() -> Duration {
     Duration::from_secs(5)
@@ -63,6 +79,8 @@ impl DynamoDbConfig {
             partition_key: default_partition_key(),
             sort_key: default_sort_key(),
             lease_table: None,
+            lease_duration: default_lease_duration(),
+            gap_timeout: default_gap_timeout(),
             connect_timeout: default_connect_timeout(),
             timeout: default_timeout(),
         }
@@ -122,6 +140,7 @@ impl DynamoDbConfig {
         }
         for (key, value) in [
             ("connect_timeout", self.connect_timeout),
+            ("lease_duration", self.lease_duration),
             ("timeout", self.timeout),
         ] {
             if value.is_zero() {

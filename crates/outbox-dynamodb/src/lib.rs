@@ -11,8 +11,10 @@ mod config;
 mod error;
 mod migrate;
 mod producer;
+mod stream;
 
 pub use config::{DynamoDbConfig, OUTBOX_PREFIX};
 pub use error::{ConfigError, DynamoError};
 pub use migrate::{LEASE_KEY, MigrateReport, client, migrate};
 pub use producer::{DynamoOutbox, MAX_ITEM_BYTES, OutboxWrite, attr};
+pub use stream::{DISCOVERY_INTERVAL, DynamoStreamSource};

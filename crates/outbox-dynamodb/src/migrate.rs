@@ -18,8 +18,8 @@ use tokio::time::Instant;
 use crate::config::DynamoDbConfig;
 use crate::error::DynamoError;
 
-/// The lease table's key: one item per stream shard.
-pub const LEASE_KEY: &str = "shard_id";
+/// The lease table's key: `shard#<id>` (lease and checkpoint of a stream shard), `aggregate#<type>#<id>` (the last position delivered), `dead#<event id>` (a dead letter).
+pub const LEASE_KEY: &str = "lease_key";
 
 /// Longest wait for a table to become `ACTIVE` after a change.
 const ACTIVE_TIMEOUT: Duration = Duration::from_secs(120);
@@ -42,6 +42,11 @@ pub struct MigrateReport {
 /// A client for `config` (the standard credential chain, `region`, `endpoint_url`, the
 /// timeouts; the SDK retries a call once more on a transient failure).
 pub async fn client(config: &DynamoDbConfig) -> Client {
+    Client::new(&sdk_config(config).await)
+}
+
+/// The SDK configuration for `config`: shared by the table and the stream clients.
+pub(crate) async fn sdk_config(config: &DynamoDbConfig) -> aws_config::SdkConfig {
     let mut loader = aws_config::defaults(BehaviorVersion::latest())
         .retry_config(RetryConfig::standard().with_max_attempts(2))
         .timeout_config(
@@ -56,7 +61,7 @@ pub async fn client(config: &DynamoDbConfig) -> Client {
     if let Some(url) = &config.endpoint_url {
         loader = loader.endpoint_url(url);
     }
-    Client::new(&loader.load().await)
+    loader.load().await
 }
 
 /// Checks the table's keys, turns its stream on (new images) when it is off, refuses a

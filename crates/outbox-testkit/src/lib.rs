@@ -25,6 +25,7 @@ pub mod admin_conformance;
 pub mod conformance;
 pub mod faults;
 pub mod oracle;
+pub mod serial_proxy;
 pub mod services;
 pub mod sink_conformance;
 pub mod tls;
