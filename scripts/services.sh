@@ -28,6 +28,9 @@ services_install() {
     command -v mariadbd >/dev/null 2>&1 || [ -x /usr/sbin/mariadbd ] || missing+=(mariadb-server)
     # The TLS tests make their certificates with the openssl command line tool.
     command -v openssl >/dev/null 2>&1 || missing+=(openssl)
+    # The build: librdkafka's TLS and SASL/SCRAM link the system's OpenSSL (rdkafka's `ssl`).
+    command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
+    pkg-config --exists openssl 2>/dev/null || missing+=(libssl-dev)
     [ ${#missing[@]} -eq 0 ] && return 0
     local sudo=()
     if [ "$(id -u)" != 0 ]; then
@@ -159,10 +162,11 @@ services_tansu_bin() {
     return 1
 }
 
-# Builds tansu from crates.io (about 14 minutes on 2 cores, once) when no binary is found.
+# Builds tansu from crates.io (about 20 minutes on 2 cores, once) when no binary is found.
+# `libsql` is its SQL storage, the only one that keeps SCRAM users (the Kafka SASL tests).
 services_install_tansu() {
-    echo "services: tansu not found; building it with cargo install (about 14 minutes, once)" >&2
-    cargo install tansu --version 0.6.0 --locked --no-default-features --features dynostore >&2 &&
+    echo "services: tansu not found; building it with cargo install (about 20 minutes, once)" >&2
+    cargo install tansu --version 0.6.0 --locked --no-default-features --features dynostore,libsql >&2 &&
         services_tansu_bin >/dev/null
 }
 

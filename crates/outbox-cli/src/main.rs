@@ -88,9 +88,9 @@ fn main() -> ExitCode {
     // drown it. OUTBOX_LOG=info brings it back.
     let default_level = match cli.command {
         Command::Relay | Command::Bench(_) | Command::Retention(_) | Command::Replay(_) => "info",
-        // The NATS client logs a refused connection as an ERROR line of its own; the command's
+        // The NATS and RabbitMQ clients log a refused connection as ERROR lines of their own; the command's
         // verdict already says it, with the URL.
-        _ => "warn,async_nats=off",
+        _ => "warn,async_nats=off,lapin=off",
     };
     init_tracing(cli.log_format, default_level);
     let runtime = match tokio::runtime::Builder::new_multi_thread()

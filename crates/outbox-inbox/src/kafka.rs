@@ -44,8 +44,9 @@ use crate::lane::{
 
 const BROKER: &str = "Kafka";
 
-/// Config and runner of one member of a Kafka consumer group.
-#[derive(Debug, Clone)]
+/// Config and runner of one member of a Kafka consumer group. Its `Debug` masks the values of
+/// settings that name a password, secret, key or token (`sasl.password`, ...).
+#[derive(Clone)]
 pub struct KafkaConsumer {
     /// Bootstrap brokers, `host:port[,host:port]`.
     pub brokers: String,
@@ -65,6 +66,33 @@ pub struct KafkaConsumer {
     /// Per-aggregate order across crashes and instances (`None`: per-key order within this
     /// instance only). Build it with the inbox's `order_gate`; see [`ConsumerOrder`].
     pub ordered: Option<ConsumerOrder>,
+}
+
+impl std::fmt::Debug for KafkaConsumer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let settings: BTreeMap<&str, &str> = self
+            .settings
+            .iter()
+            .map(|(k, v)| {
+                let shown = if outbox_core::redact::is_secret_key(k) {
+                    "***"
+                } else {
+                    v.as_str()
+                };
+                (k.as_str(), shown)
+            })
+            .collect();
+        f.debug_struct("KafkaConsumer")
+            .field("brokers", &self.brokers)
+            .field("topics", &self.topics)
+            .field("group", &self.group)
+            .field("dead_letter_topic", &self.dead_letter_topic)
+            .field("settings", &settings)
+            .field("dead_letter_timeout", &self.dead_letter_timeout)
+            .field("policy", &self.policy)
+            .field("ordered", &self.ordered)
+            .finish()
+    }
 }
 
 impl KafkaConsumer {
@@ -331,6 +359,21 @@ impl Settle for KafkaSettle {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn debug_masks_secret_settings() {
+        let mut c = KafkaConsumer::new("127.0.0.1:9092", &["t"], "g");
+        c.settings
+            .insert("sasl.password".into(), "Sup3r-s3cret".into());
+        c.settings
+            .insert("security.protocol".into(), "SASL_SSL".into());
+        let shown = format!("{c:?}");
+        assert!(!shown.contains("Sup3r-s3cret"), "{shown}");
+        assert!(
+            shown.contains("sasl.password") && shown.contains("SASL_SSL"),
+            "{shown}"
+        );
+    }
 
     #[test]
     fn only_the_contiguous_done_prefix_is_committed() {

@@ -252,8 +252,9 @@ fn describe(errors: Vec<figment::Error>) -> String {
 }
 
 /// Keys of `[source]` and `[sink]` whose value may come from a file instead (`KEY_file =
-/// "/run/secrets/..."`): the URL (it may carry a password), tokens, signing secrets.
-const SECRET_FILE_KEYS: &[&str] = &["url", "token", "secret"];
+/// "/run/secrets/..."`): the URL (it may carry a password), tokens, signing secrets, NATS
+/// NKey seeds.
+const SECRET_FILE_KEYS: &[&str] = &["url", "token", "secret", "nkey_seed"];
 
 /// Replaces every `[source]`/`[sink]` `KEY_file` by `KEY` = the file's contents (one trailing
 /// newline dropped). Errors name the key and the path, never the contents.

@@ -24,6 +24,7 @@
 pub mod admin_conformance;
 pub mod conformance;
 pub mod faults;
+pub mod nats_auth;
 pub mod oracle;
 pub mod serial_proxy;
 pub mod services;

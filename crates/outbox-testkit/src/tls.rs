@@ -152,6 +152,37 @@ impl TlsFront {
             .with_safe_default_protocol_versions()?
             .with_client_cert_verifier(verifier)
             .with_single_cert(certs, key)?;
+        Self::relay(config, target).await
+    }
+
+    /// `https://127.0.0.1:PORT` (no trailing slash).
+    pub fn url(&self) -> String {
+        format!("https://{}", self.addr)
+    }
+
+    /// Like [`TlsFront::start`], but asks for no client certificate: TLS as most brokers use
+    /// it, with the client authenticating otherwise (SASL) or not at all. Relays the raw bytes,
+    /// so it fronts any TCP protocol (a Kafka broker, for one).
+    pub async fn start_without_client_auth(
+        ca: &TestCa,
+        target: SocketAddr,
+    ) -> anyhow::Result<Self> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let certs = CertificateDer::pem_file_iter(&ca.server_cert)?
+            .collect::<Result<Vec<_>, _>>()
+            .context("reading the server certificate")?;
+        let key = PrivateKeyDer::from_pem_file(&ca.server_key).context("reading the server key")?;
+        let config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()?
+            .with_no_client_auth()
+            .with_single_cert(certs, key)?;
+        Self::relay(config, target).await
+    }
+
+    /// Accepts TLS on a free port of 127.0.0.1 with `config` and relays the plain bytes to
+    /// `target`. A refused handshake (no, or a foreign, client certificate; a client that does
+    /// not trust the CA) just ends its connection.
+    async fn relay(config: rustls::ServerConfig, target: SocketAddr) -> anyhow::Result<Self> {
         let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
         let addr = listener.local_addr()?;
@@ -159,7 +190,6 @@ impl TlsFront {
             while let Ok((tcp, _)) = listener.accept().await {
                 let acceptor = acceptor.clone();
                 tokio::spawn(async move {
-                    // A refused handshake (no or a foreign client certificate) just ends here.
                     let Ok(mut tls) = acceptor.accept(tcp).await else {
                         return;
                     };
@@ -173,9 +203,9 @@ impl TlsFront {
         Ok(Self { addr, task })
     }
 
-    /// `https://127.0.0.1:PORT` (no trailing slash).
-    pub fn url(&self) -> String {
-        format!("https://{}", self.addr)
+    /// The address the front listens on (127.0.0.1 and a free port).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
     }
 }
 

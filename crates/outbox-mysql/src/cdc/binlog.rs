@@ -143,10 +143,13 @@ pub(crate) fn binlog_opts(config: &MySqlConfig) -> Result<OptsBuilder, String> {
     let database = url.path().trim_start_matches('/').to_owned();
     let mut ssl_mode = "preferred".to_owned();
     let mut ssl_ca: Option<PathBuf> = None;
+    let (mut ssl_cert, mut ssl_key): (Option<PathBuf>, Option<PathBuf>) = (None, None);
     for (key, value) in url.query_pairs() {
         match key.as_ref() {
             "ssl-mode" | "sslmode" => ssl_mode = value.to_ascii_lowercase(),
             "ssl-ca" | "sslca" => ssl_ca = Some(PathBuf::from(value.as_ref())),
+            "ssl-cert" | "sslcert" => ssl_cert = Some(PathBuf::from(value.as_ref())),
+            "ssl-key" | "sslkey" => ssl_key = Some(PathBuf::from(value.as_ref())),
             _ => {}
         }
     }
@@ -163,6 +166,21 @@ pub(crate) fn binlog_opts(config: &MySqlConfig) -> Result<OptsBuilder, String> {
         Some(ca) => ssl.with_root_certs(vec![ca.clone().into()]),
         None => ssl,
     });
+    // A client certificate (a user `REQUIRE X509`), as for the relay's pool.
+    let ssl = match (ssl, ssl_cert, ssl_key) {
+        (Some(ssl), Some(cert), Some(key)) => Some(ssl.with_client_identity(Some(
+            mysql_async::ClientIdentity::new(cert.into(), key.into()),
+        ))),
+        (_, Some(_), None) | (_, None, Some(_)) => {
+            return Err("source.url: `ssl-cert` and `ssl-key` go together".to_owned());
+        }
+        (ssl, _, _) => ssl,
+    };
+    if ssl.is_some() {
+        // mysql_async builds its rustls config with the process' default provider, which
+        // rustls cannot pick by itself when both of its own are compiled in (it panics).
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
     Ok(OptsBuilder::default()
         .ip_or_hostname(host)
         .tcp_port(url.port().unwrap_or(3306))

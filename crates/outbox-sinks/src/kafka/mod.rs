@@ -49,7 +49,7 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{DeliveryFuture, FutureRecord, Producer as _};
 use rdkafka::types::RDKafkaErrorCode;
 
-use client::{KafkaContext, Producer};
+use client::{KafkaContext, LastErrors, Producer};
 pub use config::KafkaConfig;
 use topic::Topics;
 
@@ -66,6 +66,8 @@ pub struct KafkaSink {
     client_config: ClientConfig,
     producer: Mutex<Current>,
     topics: Topics,
+    /// What librdkafka last reported, shared by every client of this sink.
+    last_errors: LastErrors,
 }
 
 /// The producer in use, its context, and a generation number so that a batch replaces only
@@ -144,10 +146,11 @@ struct Aftermath {
 
 impl KafkaSink {
     fn new(config: KafkaConfig, client_config: ClientConfig) -> Result<Self, SinkError> {
-        let current = create_producer(&client_config, 0)?;
+        let last_errors = LastErrors::default();
+        let current = create_producer(&client_config, 0, &last_errors)?;
         let creator = if config.create_topics {
             let admin = client_config
-                .create_with_context(KafkaContext::default())
+                .create_with_context(KafkaContext::new(&last_errors))
                 .map_err(|e| {
                     SinkError::rejected("cannot create the Kafka admin client").with_source(e)
                 })?;
@@ -170,6 +173,7 @@ impl KafkaSink {
             metadata_timeout: config.metadata_timeout,
             client_config,
             producer: Mutex::new(current),
+            last_errors,
         })
     }
 
@@ -191,8 +195,12 @@ impl KafkaSink {
         } else if !current.context.brokers_suspect() {
             return Ok(current);
         }
-        let fresh = create_producer(&self.client_config, current.generation + 1)?;
-        if let Err(e) = self.probe(&fresh.producer).await {
+        let fresh = create_producer(
+            &self.client_config,
+            current.generation + 1,
+            &self.last_errors,
+        )?;
+        if let Err(e) = self.probe(&fresh).await {
             dispose(fresh.producer);
             return Err(e);
         }
@@ -216,20 +224,32 @@ impl KafkaSink {
     }
 
     /// Asks the brokers for metadata; `Ok` once one answers within `metadata_timeout`.
-    async fn probe(&self, producer: &Producer) -> Result<(), SinkError> {
-        let producer = producer.clone();
+    async fn probe(&self, current: &Current) -> Result<(), SinkError> {
+        let producer = current.producer.clone();
+        let producer_context = current.context.clone();
         let timeout = self.metadata_timeout;
         let answer = tokio::task::spawn_blocking(move || {
             producer.client().fetch_metadata(None, timeout).map(drop)
         })
         .await;
         match answer {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(SinkError::unavailable(format!(
-                "cannot reach the Kafka brokers at {}: no metadata within {timeout:?}",
-                self.brokers
-            ))
-            .with_source(e)),
+            Ok(Ok(())) => {
+                producer_context.clear_last_error();
+                Ok(())
+            }
+            Ok(Err(e)) => {
+                // librdkafka's own error says only "broker transport failure"; the reason (a
+                // refused certificate or password) came through the context.
+                let why = producer_context
+                    .last_error()
+                    .map(|reason| format!(" (last error: {reason})"))
+                    .unwrap_or_default();
+                Err(SinkError::unavailable(format!(
+                    "cannot reach the Kafka brokers at {}: no metadata within {timeout:?}{why}",
+                    self.brokers
+                ))
+                .with_source(e))
+            }
             Err(e) => Err(SinkError::unavailable(format!(
                 "the metadata request to the Kafka brokers at {} did not finish",
                 self.brokers
@@ -415,8 +435,12 @@ impl Verdict {
 
 /// A fresh producer (with its own context, so that an old producer's farewell errors never
 /// mark the new one's brokers as down).
-fn create_producer(config: &ClientConfig, generation: u64) -> Result<Current, SinkError> {
-    let context = KafkaContext::default();
+fn create_producer(
+    config: &ClientConfig,
+    generation: u64,
+    last: &LastErrors,
+) -> Result<Current, SinkError> {
+    let context = KafkaContext::new(last);
     let producer = config
         .create_with_context(context.clone())
         .map_err(|e| SinkError::rejected("cannot create the Kafka producer").with_source(e))?;
@@ -523,7 +547,7 @@ impl Sink for KafkaSink {
 
     async fn healthcheck(&self) -> Result<(), SinkError> {
         let current = self.ready().await?;
-        self.probe(&current.producer).await
+        self.probe(&current).await
     }
 }
 

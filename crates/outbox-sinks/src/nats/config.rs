@@ -56,10 +56,18 @@ pub struct NatsConfig {
     /// `max_payload` always applies; this can only lower it. Larger events are rejected
     /// (dead-lettered) with their size and the limit. Default: the server's limit.
     pub max_payload: Option<NonZeroUsize>,
-    /// Authentication token. Never printed. Mutually exclusive with `credentials`.
+    /// Authentication token. Never printed. Mutually exclusive with `credentials` and
+    /// `nkey_seed`.
     pub token: Option<Secret>,
-    /// Path of a NATS `.creds` file (user JWT and NKey seed). Mutually exclusive with `token`.
+    /// Path of a NATS `.creds` file (user JWT and NKey seed), for servers in operator (JWT)
+    /// mode. Mutually exclusive with `token` and `nkey_seed`.
     pub credentials: Option<PathBuf>,
+    /// A user NKey seed (`SU...`), for servers that list the user's public NKey
+    /// (`authorization { users = [ { nkey: "U..." } ] }`): the client signs the server's nonce
+    /// with it. Usually given as `nkey_seed_file` (the path of a file holding the seed, as
+    /// `nk -gen user` writes it). Never printed. Mutually exclusive with `token` and
+    /// `credentials`.
+    pub nkey_seed: Option<Secret>,
     /// Path of a PEM file of CA certificates to verify the server with (instead of the
     /// system's roots). Setting it requires TLS, whatever the URL's scheme.
     pub tls_ca: Option<PathBuf>,
@@ -89,6 +97,7 @@ impl std::fmt::Debug for NatsConfig {
             .field("max_payload", &self.max_payload)
             .field("token", &self.token)
             .field("credentials", &self.credentials)
+            .field("nkey_seed", &self.nkey_seed)
             .field("tls_ca", &self.tls_ca)
             .field("tls_cert", &self.tls_cert)
             .field("tls_key", &self.tls_key)
@@ -109,6 +118,7 @@ impl Default for NatsConfig {
             max_payload: None,
             token: None,
             credentials: None,
+            nkey_seed: None,
             tls_ca: None,
             tls_cert: None,
             tls_key: None,
@@ -180,11 +190,24 @@ impl NatsConfig {
             ));
         }
 
-        if self.token.is_some() && self.credentials.is_some() {
+        let methods: Vec<&str> = [
+            ("token", self.token.is_some()),
+            ("credentials", self.credentials.is_some()),
+            ("nkey_seed", self.nkey_seed.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(key, set)| set.then_some(key))
+        .collect();
+        if let [first, second, ..] = methods.as_slice() {
             return Err(ConfigError::new(
-                "credentials",
-                "set either `token` or `credentials`, not both",
+                *second,
+                format!(
+                    "set only one of `token`, `credentials` and `nkey_seed` (both `{first}` and `{second}` are set)"
+                ),
             ));
+        }
+        if let Some(seed) = &self.nkey_seed {
+            user_key_pair(seed)?;
         }
         if self.tls_cert.is_some() != self.tls_key.is_some() {
             return Err(ConfigError::new(
@@ -236,6 +259,31 @@ impl NatsConfig {
             .map_err(|e| SinkError::rejected(e.to_string()))?;
         NatsSink::connect(self).await
     }
+}
+
+/// The user key pair of an NKey seed (surrounding whitespace ignored). The error names the
+/// key and what is wrong, never the seed.
+pub(super) fn user_key_pair(seed: &Secret) -> Result<nkeys::KeyPair, ConfigError> {
+    let seed = seed.expose().trim();
+    if seed.is_empty() {
+        return Err(ConfigError::new("nkey_seed", "must not be empty"));
+    }
+    let pair = nkeys::KeyPair::from_seed(seed).map_err(|_| {
+        ConfigError::new(
+            "nkey_seed",
+            "is not a valid NKey seed (expected the `SU...` seed of a user key, as `nk -gen user` writes it)",
+        )
+    })?;
+    if pair.key_pair_type() != nkeys::KeyPairType::User {
+        return Err(ConfigError::new(
+            "nkey_seed",
+            format!(
+                "is the seed of a key of type {:?}, not of a user key (`SU...`)",
+                pair.key_pair_type()
+            ),
+        ));
+    }
+    Ok(pair)
 }
 
 #[cfg(test)]
@@ -316,6 +364,19 @@ mod tests {
                 "sink.credentials: ",
             ),
             (
+                "credentials = \"x.creds\"\nnkey_seed = \"SU\"",
+                "sink.nkey_seed: set only one of",
+            ),
+            (
+                "token = \"t\"\nnkey_seed = \"SU\"",
+                "sink.nkey_seed: set only one of",
+            ),
+            (
+                "nkey_seed = \"SUnotaseed\"",
+                "sink.nkey_seed: is not a valid NKey seed",
+            ),
+            ("nkey_seed = \" \"", "sink.nkey_seed: must not be empty"),
+            (
                 "ack_timeout = \"0s\"",
                 "sink.ack_timeout: must be greater than 0",
             ),
@@ -324,6 +385,29 @@ mod tests {
             let err = parse(text).expect("parses").validate().expect_err(text);
             assert!(err.to_string().starts_with(expected), "{text}: {err}");
         }
+    }
+
+    #[test]
+    fn an_nkey_seed_must_be_a_users_and_never_prints() {
+        let seed = nkeys::KeyPair::new_user().seed().expect("seed");
+        let config = parse(&format!("nkey_seed = \"{seed}\\n\"")).expect("parses");
+        assert_eq!(config.validate(), Ok(()));
+        assert!(!format!("{config:?}").contains(&seed));
+        let printed = toml::to_string(&config).expect("serializes");
+        assert!(printed.contains("nkey_seed = \"***\""), "{printed}");
+        assert!(!printed.contains(&seed), "{printed}");
+
+        let account = nkeys::KeyPair::new_account().seed().expect("seed");
+        let err = parse(&format!("nkey_seed = \"{account}\""))
+            .expect("parses")
+            .validate()
+            .expect_err("an account seed");
+        let err = err.to_string();
+        assert!(
+            err.starts_with("sink.nkey_seed: is the seed of a key of type Account"),
+            "{err}"
+        );
+        assert!(!err.contains(&account), "{err}");
     }
 
     #[test]

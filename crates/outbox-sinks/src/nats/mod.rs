@@ -215,6 +215,12 @@ async fn connect_client(
             .with_source(e)
         })?;
     }
+    if let Some(seed) = &config.nkey_seed {
+        // Checked here too (not only in `validate`): async-nats logs an error of its own and
+        // says only "authentication" for a seed it cannot read.
+        config::user_key_pair(seed).map_err(|e| SinkError::rejected(e.to_string()))?;
+        options = options.nkey(seed.expose().trim().to_owned());
+    }
     crate::tls::choose_crypto_provider();
     if let Some(ca) = &config.tls_ca {
         options = options.add_root_certificates(ca.clone()).require_tls(true);

@@ -14,11 +14,17 @@
 //! this process, and [`Kafka::disconnect`] / [`Kafka::reconnect`] cut and restore it (every
 //! client connection dropped, new ones refused) while tansu keeps running with its topics.
 //!
+//! [`Kafka::start_secured`] starts a private broker that clients reach over TLS (a
+//! [`TlsFront`] in this process, since tansu 0.6 cannot load a key and a certificate itself)
+//! and/or must authenticate to with SASL/SCRAM ([`KafkaUser`]s, stored in a SQLite database,
+//! which needs a tansu built with the `libsql` feature: memory storage keeps no users).
+//!
 //! The binary is found in this order: `$TANSU_BIN`, `tansu` on `PATH`, the prebuilt copy in
 //! `../shared/tools/tansu` beside the repository; otherwise the error says how to install it.
 
 mod client;
 mod front;
+mod secured;
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -31,9 +37,12 @@ use rdkafka::message::OwnedMessage;
 
 use self::client::{client_config, consume_blocking, probe, wait_for_topic};
 use self::front::Front;
+pub use self::secured::{KafkaSecurity, KafkaUser, Scram};
+use self::secured::{Secured, create_users};
 use super::methods::launcher_methods;
 use super::process;
 use super::server::{Server, ServerSpec, poll};
+use crate::tls::TlsFront;
 
 /// Environment variable with the bootstrap address of an existing Kafka-protocol broker
 /// (`127.0.0.1:PORT`) that [`Kafka::shared`] uses instead of starting its own.
@@ -81,6 +90,10 @@ struct Tansu {
     /// The port tansu listens on (the front's when there is one is what clients use).
     listen_port: u16,
     front: Option<Front>,
+    /// TLS and SASL of a broker started with [`Kafka::start_secured`].
+    secured: Option<Secured>,
+    /// The TLS terminator clients reach when [`Secured::tls`] is set.
+    tls_front: Option<TlsFront>,
 }
 
 launcher_methods! {
@@ -135,7 +148,74 @@ impl Kafka {
     /// waits until it answers metadata requests.
     pub async fn reconnect(&self) -> anyhow::Result<()> {
         self.front("reconnect")?.restore().await?;
-        probe(self.brokers().to_owned(), Duration::from_secs(10)).await
+        probe(
+            self.brokers().to_owned(),
+            Vec::new(),
+            Duration::from_secs(10),
+        )
+        .await
+    }
+
+    /// A private broker with TLS and/or SASL/SCRAM authentication (see [`KafkaSecurity`]):
+    /// with `tls`, clients reach it through a TLS terminator presenting the CA's server
+    /// certificate (tansu advertises the terminator's address); with `users`, it is started
+    /// with `--authentication` after the users (and the testkit's own) were created. The
+    /// testkit's own clients ([`Kafka::create_topic`], [`Kafka::consume`]) use
+    /// [`Kafka::client_settings`]. Runs its TLS terminator on the Tokio runtime that calls
+    /// this.
+    ///
+    /// ```no_run
+    /// # async fn example() -> anyhow::Result<()> {
+    /// use outbox_testkit::services::{Kafka, KafkaSecurity, KafkaUser, Scram};
+    /// # let ca: outbox_testkit::tls::TestCa = unimplemented!();
+    /// let kafka = Kafka::start_secured(KafkaSecurity {
+    ///     tls: Some(ca),
+    ///     users: vec![KafkaUser::new("relay", "s3cret", Scram::Sha512)],
+    /// })
+    /// .await?;
+    /// assert_eq!(kafka.security_protocol(), "SASL_SSL");
+    /// # Ok(()) }
+    /// ```
+    pub async fn start_secured(security: KafkaSecurity) -> anyhow::Result<Kafka> {
+        let bin = find_tansu()?;
+        let secured = Secured::new(security)?;
+        if let Some(db) = &secured.db {
+            create_users(&bin, db.path(), &secured.all_users()).await?;
+        }
+        let setup = move |root: &Path| {
+            if let Some(db) = &secured.db {
+                secured::copy_database(db.path(), root)?;
+            }
+            Ok(Tansu {
+                bin,
+                fronted: false,
+                listen_port: 0,
+                front: None,
+                secured: Some(secured),
+                tls_front: None,
+            })
+        };
+        Server::launch(true, setup).await.map(Kafka)
+    }
+
+    /// librdkafka's `security.protocol` for this broker: `PLAINTEXT`, `SSL`,
+    /// `SASL_PLAINTEXT` or `SASL_SSL`.
+    pub fn security_protocol(&self) -> &'static str {
+        self.secured()
+            .map_or("PLAINTEXT", |s| s.security_protocol(true))
+    }
+
+    /// The librdkafka settings the testkit's own clients use with this broker
+    /// (`security.protocol`, `ssl.ca.location`, and SASL as the testkit's own user); empty
+    /// for a plain broker.
+    pub fn client_settings(&self) -> Vec<(String, String)> {
+        self.secured()
+            .map(|s| s.client_settings(true))
+            .unwrap_or_default()
+    }
+
+    fn secured(&self) -> Option<&Secured> {
+        self.0.spec().and_then(|t| t.secured.as_ref())
     }
 
     fn front(&self, what: &str) -> anyhow::Result<&Front> {
@@ -150,9 +230,10 @@ impl Kafka {
     /// Creates `name` with `partitions` partitions (replication factor 1) and waits until
     /// its metadata shows every partition. A topic that already exists is an error.
     pub async fn create_topic(&self, name: &str, partitions: i32) -> anyhow::Result<()> {
-        let admin: AdminClient<DefaultClientContext> = client_config(self.brokers())
-            .create()
-            .context("creating a Kafka admin client")?;
+        let admin: AdminClient<DefaultClientContext> =
+            client_config(self.brokers(), &self.client_settings())
+                .create()
+                .context("creating a Kafka admin client")?;
         let options = AdminOptions::new().operation_timeout(Some(ADMIN_TIMEOUT));
         let results = tokio::time::timeout(
             ADMIN_TIMEOUT + Duration::from_secs(5),
@@ -188,10 +269,13 @@ impl Kafka {
         timeout: Duration,
     ) -> anyhow::Result<Vec<OwnedMessage>> {
         let brokers = self.brokers().to_owned();
+        let settings = self.client_settings();
         let topics: Vec<String> = topics.iter().map(|t| (*t).to_owned()).collect();
-        tokio::task::spawn_blocking(move || consume_blocking(&brokers, &topics, expected, timeout))
-            .await
-            .context("consumer thread")?
+        tokio::task::spawn_blocking(move || {
+            consume_blocking(&brokers, &settings, &topics, expected, timeout)
+        })
+        .await
+        .context("consumer thread")?
     }
 }
 
@@ -211,6 +295,8 @@ impl ServerSpec for Tansu {
             fronted: false,
             listen_port: 0,
             front: None,
+            secured: None,
+            tls_front: None,
         })
     }
 
@@ -218,8 +304,17 @@ impl ServerSpec for Tansu {
     async fn choose_port(&mut self) -> anyhow::Result<u16> {
         self.listen_port = process::free_port()?;
         self.front = None;
+        self.tls_front = None;
         if self.fronted {
             self.front = Some(Front::bind(self.listen_port).await?);
+        }
+        if let Some(ca) = self.secured.as_ref().and_then(|s| s.tls.as_ref()) {
+            let target = std::net::SocketAddr::from(([127, 0, 0, 1], self.listen_port));
+            self.tls_front = Some(
+                TlsFront::start_without_client_auth(ca, target)
+                    .await
+                    .context("starting the TLS terminator in front of tansu")?,
+            );
         }
         Ok(self.advertised_port())
     }
@@ -238,7 +333,7 @@ impl ServerSpec for Tansu {
     }
 
     async fn probe(brokers: &str, _port: u16) -> anyhow::Result<()> {
-        probe(brokers.to_owned(), Duration::from_secs(10)).await
+        probe(brokers.to_owned(), Vec::new(), Duration::from_secs(10)).await
     }
 
     fn program(&self) -> &Path {
@@ -248,19 +343,30 @@ impl ServerSpec for Tansu {
     fn args(&self, port: u16) -> Vec<OsString> {
         let listen = format!("tcp://127.0.0.1:{}", self.listen_port);
         let advertised = format!("tcp://127.0.0.1:{port}");
-        vec![
+        let sasl = self.secured.as_ref().is_some_and(|s| s.db.is_some());
+        let storage = if sasl {
+            secured::STORAGE_URL
+        } else {
+            "memory://tansu/"
+        };
+        let mut args: Vec<OsString> = vec![
             "broker".into(),
             "--listener-url".into(),
             listen.into(),
             "--advertised-listener-url".into(),
             advertised.into(),
             "--storage-engine".into(),
-            "memory://tansu/".into(),
-        ]
+            storage.into(),
+        ];
+        if sasl {
+            args.push("--authentication".into());
+        }
+        args
     }
 
     /// Cheap TCP connects until tansu's own port is open (a disconnected front must not make a
-    /// restart fail), then one real metadata request.
+    /// restart fail), then one real metadata request (authenticated when SASL is on; straight
+    /// to tansu, without TLS).
     async fn ready(&self, _brokers: &str, _port: u16) -> anyhow::Result<()> {
         let own = format!("127.0.0.1:{}", self.listen_port);
         let connect = || async {
@@ -270,14 +376,23 @@ impl ServerSpec for Tansu {
         poll(Self::READY_TIMEOUT, Duration::from_millis(10), connect)
             .await
             .context("not listening")?;
-        Self::probe(&own, self.listen_port).await
+        let settings = self
+            .secured
+            .as_ref()
+            .map(|s| s.client_settings(false))
+            .unwrap_or_default();
+        probe(own, settings, Duration::from_secs(10)).await
     }
 }
 
 impl Tansu {
-    /// The port clients are told to use: the front's, else tansu's own.
+    /// The port clients are told to use: the front's (plain or TLS), else tansu's own.
     fn advertised_port(&self) -> u16 {
-        self.front.as_ref().map_or(self.listen_port, Front::port)
+        match (&self.front, &self.tls_front) {
+            (Some(front), _) => front.port(),
+            (None, Some(tls)) => tls.addr().port(),
+            (None, None) => self.listen_port,
+        }
     }
 }
 

@@ -105,6 +105,31 @@ impl MariaDb {
     }
 }
 
+impl MariaDb {
+    /// Replaces the certificate and key of a private server with TLS on
+    /// ([`enable_tls`](Self::enable_tls)) without a restart (`FLUSH SSL`): new connections get
+    /// the new certificate, open ones keep theirs.
+    pub async fn replace_tls(&self, cert: &Path, key: &Path) -> anyhow::Result<()> {
+        let dir = self.0.private_root("replace TLS")?.join(TLS_DIR);
+        anyhow::ensure!(
+            dir.join(TLS_CERT).exists(),
+            "TLS is not on: call enable_tls first"
+        );
+        for (from, name) in [(cert, TLS_CERT), (key, TLS_KEY)] {
+            let to = dir.join(name);
+            std::fs::copy(from, &to)
+                .with_context(|| format!("copying {} to {}", from.display(), to.display()))?;
+        }
+        let mut conn = MySqlConnection::connect(self.url()).await?;
+        sqlx::raw_sql("FLUSH SSL")
+            .execute(&mut conn)
+            .await
+            .context("FLUSH SSL")?;
+        conn.close().await.ok();
+        Ok(())
+    }
+}
+
 /// Where [`MariaDb::enable_tls`] puts the certificate and key, under the server's root.
 const TLS_DIR: &str = "tls";
 const TLS_CERT: &str = "server.pem";

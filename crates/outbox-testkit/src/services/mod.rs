@@ -27,7 +27,9 @@ mod server;
 
 pub use http::{HttpReceiver, Request};
 #[cfg(feature = "kafka")]
-pub use kafka::{KAFKA_BROKERS_ENV, Kafka, TANSU_BIN_ENV, find_tansu};
+pub use kafka::{
+    KAFKA_BROKERS_ENV, Kafka, KafkaSecurity, KafkaUser, Scram, TANSU_BIN_ENV, find_tansu,
+};
 pub use mariadb::{MYSQL_URL_ENV, MariaDb};
 pub use moto::{MOTO_BIN_ENV, MOTO_URL_ENV, Moto};
 pub use nats::{NATS_URL_ENV, Nats};

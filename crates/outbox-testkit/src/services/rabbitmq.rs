@@ -84,6 +84,68 @@ impl RabbitMq {
     /// certificate `ca` signed), restarts it, and returns the `amqps://` URL of the default
     /// vhost once the TLS port accepts connections.
     pub async fn enable_tls(&self, ca: &crate::tls::TestCa) -> anyhow::Result<String> {
+        self.tls_listener(ca, false).await
+    }
+
+    /// [`enable_tls`](Self::enable_tls), and authentication by client certificate too: the
+    /// `rabbitmq_auth_mechanism_ssl` plugin enabled, `EXTERNAL` offered besides `PLAIN` and
+    /// `AMQPLAIN`, the user name taken from the certificate's common name
+    /// (`ssl_cert_login_from = common_name`). Create that user with
+    /// [`add_certificate_user`](Self::add_certificate_user). Returns the `amqps://` URL of the
+    /// default vhost with `guest`'s password (drop it and add `?auth_mechanism=external` to log
+    /// in by certificate).
+    pub async fn enable_tls_and_external_auth(
+        &self,
+        ca: &crate::tls::TestCa,
+    ) -> anyhow::Result<String> {
+        self.tls_listener(ca, true).await
+    }
+
+    /// Adds a user `name` without a password (it can log in only by certificate, `EXTERNAL`)
+    /// with every permission on the default vhost, with `rabbitmqctl`.
+    pub async fn add_certificate_user(&self, name: &str) -> anyhow::Result<()> {
+        self.ctl(&["add_user", name, &uuid::Uuid::new_v4().simple().to_string()])
+            .await?;
+        self.ctl(&["clear_password", name]).await?;
+        self.ctl(&["set_permissions", "-p", "/", name, ".*", ".*", ".*"])
+            .await?;
+        Ok(())
+    }
+
+    /// The broker's users, one a line, as `rabbitmqctl list_users` prints them.
+    pub async fn list_users(&self) -> anyhow::Result<String> {
+        self.ctl(&["list_users", "--quiet"]).await
+    }
+
+    /// Runs `rabbitmqctl ARGS` against a private broker; its standard output.
+    async fn ctl(&self, args: &[&str]) -> anyhow::Result<String> {
+        self.0.private_root("run rabbitmqctl")?;
+        let node = self.0.spec().context("a private broker")?;
+        let output = tokio::process::Command::new(&node.ctl)
+            .args(["-n", &node.node])
+            .args(args)
+            .envs(node.env(self.port()))
+            .stdin(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .output()
+            .await
+            .context("running rabbitmqctl")?;
+        anyhow::ensure!(
+            output.status.success(),
+            "`rabbitmqctl {}` failed ({}): {}{}",
+            args.first().copied().unwrap_or_default(),
+            output.status,
+            String::from_utf8_lossy(&output.stdout).trim(),
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    }
+
+    async fn tls_listener(
+        &self,
+        ca: &crate::tls::TestCa,
+        external: bool,
+    ) -> anyhow::Result<String> {
         let root = self.0.private_root("enable TLS")?.to_owned();
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
@@ -100,6 +162,18 @@ impl RabbitMq {
             ca.server_cert.display(),
             ca.server_key.display()
         ));
+        if external {
+            conf.push_str(
+                "auth_mechanisms.1 = PLAIN\n\
+                 auth_mechanisms.2 = AMQPLAIN\n\
+                 auth_mechanisms.3 = EXTERNAL\n\
+                 ssl_cert_login_from = common_name\n",
+            );
+            std::fs::write(
+                root.join("enabled_plugins"),
+                "[rabbitmq_auth_mechanism_ssl].\n",
+            )?;
+        }
         std::fs::write(root.join("rabbitmq.conf"), conf)?;
         self.restart().await?;
         crate::wait::eventually(Self::READY, || async {

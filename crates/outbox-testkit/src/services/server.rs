@@ -200,8 +200,8 @@ impl<S: ServerSpec> Server<S> {
         self.port
     }
 
-    /// What `setup` made of a server this process started (`None` for an external one).
-    #[cfg(feature = "kafka")] // only the Kafka front is reached this way
+    /// What `setup` made of a server this process started (`None` for an external one): the
+    /// Kafka front, RabbitMQ's node for `rabbitmqctl`.
     pub(crate) fn spec(&self) -> Option<&S> {
         self.local.as_ref().map(|l| &l.spec)
     }

@@ -12,20 +12,28 @@ use rdkafka::message::OwnedMessage;
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Message as _, Offset, TopicPartitionList};
 
-/// Settings every test client shares: quick to notice a broker and to give up.
-pub(super) fn client_config(brokers: &str) -> ClientConfig {
+/// Settings every test client shares: quick to notice a broker and to give up; plus
+/// `security` (TLS and SASL settings of a secured broker).
+pub(super) fn client_config(brokers: &str, security: &[(String, String)]) -> ClientConfig {
     let mut config = ClientConfig::new();
     config
         .set("bootstrap.servers", brokers)
         .set("socket.timeout.ms", "5000")
         .set("reconnect.backoff.max.ms", "200");
+    for (key, value) in security {
+        config.set(key, value);
+    }
     config
 }
 
 /// Waits until a metadata request to `brokers` succeeds, or `timeout` passes.
-pub(super) async fn probe(brokers: String, timeout: Duration) -> anyhow::Result<()> {
+pub(super) async fn probe(
+    brokers: String,
+    security: Vec<(String, String)>,
+    timeout: Duration,
+) -> anyhow::Result<()> {
     tokio::task::spawn_blocking(move || {
-        let consumer: BaseConsumer = client_config(&brokers)
+        let consumer: BaseConsumer = client_config(&brokers, &security)
             .create()
             .context("creating a Kafka client")?;
         consumer
@@ -67,11 +75,12 @@ pub(super) fn wait_for_topic(
 /// See [`Kafka::consume`](super::Kafka::consume).
 pub(super) fn consume_blocking(
     brokers: &str,
+    security: &[(String, String)],
     topics: &[String],
     expected: usize,
     timeout: Duration,
 ) -> anyhow::Result<Vec<OwnedMessage>> {
-    let consumer: BaseConsumer = client_config(brokers)
+    let consumer: BaseConsumer = client_config(brokers, security)
         .set(
             "group.id",
             format!("outbox-testkit-{}", uuid::Uuid::now_v7()),
