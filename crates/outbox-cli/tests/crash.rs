@@ -14,7 +14,7 @@ use outbox_core::NewEvent;
 use outbox_postgres::PgOutbox;
 use outbox_testkit::services::{Nats, Postgres};
 use rand::Rng;
-use support::{Workdir, read_stream, terminate, wait_drained};
+use support::{Workdir, read_stream, wait_drained};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sigkilled_relays_lose_no_committed_event_and_keep_per_aggregate_order()
@@ -133,10 +133,7 @@ stream = "{tag}"
         relays[victim].wait().await?;
         // A marker per spawn: a relay killed before its start line (a loaded machine can take
         // longer than the pause to exec it) must not make the next one look unstarted.
-        work.append_log(
-            &format!("relay-{victim}.log"),
-            "=== restarted by the test ===\n",
-        )?;
+        work.append_log(&format!("relay-{victim}.log"), support::RESTART_MARKER)?;
         relays[victim] = work.spawn_relay(&config, &format!("relay-{victim}.log"))?;
         tracing::info!(kill = k, victim, "relay killed and restarted");
     }
@@ -165,27 +162,7 @@ stream = "{tag}"
             })?;
         }
     }
-    for (i, r) in relays.iter_mut().enumerate() {
-        // A relay restarted a moment ago may still be exec'ing; let it reach its start line
-        // (its signal handlers are installed before that) so SIGTERM means "drain".
-        let log = format!("relay-{i}.log");
-        outbox_testkit::wait::eventually(Duration::from_secs(90), || async {
-            let text = work.read_log(&log);
-            let current = text
-                .rsplit("=== restarted by the test ===")
-                .next()
-                .unwrap_or("");
-            current.contains("starting relay")
-        })
-        .await
-        .with_context(|| format!("relay {i} never started:\n{}", work.read_log(&log)))?;
-        let code = terminate(r, Duration::from_secs(30)).await?;
-        ensure!(
-            code == Some(0),
-            "relay {i} exited with {code:?} after SIGTERM:\n{}",
-            work.read_log(&format!("relay-{i}.log"))
-        );
-    }
+    support::stop_restarted_relays(&work, &mut relays).await?;
 
     let received = read_stream(&client, &tag).await?;
     let mut seen = HashSet::new();

@@ -225,10 +225,7 @@ stream = "{tag}"
         };
         relays[victim].start_kill()?;
         relays[victim].wait().await?;
-        work.append_log(
-            &format!("relay-{victim}.log"),
-            "=== restarted by the test ===\n",
-        )?;
+        work.append_log(&format!("relay-{victim}.log"), support::RESTART_MARKER)?;
         relays[victim] = work.spawn_relay(&config, &format!("relay-{victim}.log"))?;
         tracing::info!(kill = k, victim, "relay killed and restarted");
     }
@@ -256,25 +253,7 @@ stream = "{tag}"
             work.read_log("relay-1.log")
         )
     })?;
-    for (i, r) in relays.iter_mut().enumerate() {
-        let log = format!("relay-{i}.log");
-        outbox_testkit::wait::eventually(Duration::from_secs(90), || async {
-            let text = work.read_log(&log);
-            let current = text
-                .rsplit("=== restarted by the test ===")
-                .next()
-                .unwrap_or("");
-            current.contains("starting relay")
-        })
-        .await
-        .with_context(|| format!("relay {i} never started:\n{}", work.read_log(&log)))?;
-        let code = terminate(r, Duration::from_secs(30)).await?;
-        ensure!(
-            code == Some(0),
-            "relay {i} exited with {code:?} after SIGTERM:\n{}",
-            work.read_log(&log)
-        );
-    }
+    support::stop_restarted_relays(&work, &mut relays).await?;
 
     if cdc {
         let logs = format!(

@@ -7,13 +7,17 @@
 //!
 //! The Streams relay source builds on these (see `docs/dynamodb.md`).
 
+mod backend;
 mod config;
+mod dead;
 mod error;
 mod migrate;
 mod producer;
 mod stream;
 
+pub use backend::DynamoBackend;
 pub use config::{DynamoDbConfig, OUTBOX_PREFIX};
+pub use dead::DynamoDeadLetters;
 pub use error::{ConfigError, DynamoError};
 pub use migrate::{LEASE_KEY, MigrateReport, client, migrate};
 pub use producer::{DynamoOutbox, MAX_ITEM_BYTES, OutboxWrite, attr};

@@ -152,7 +152,10 @@ pub async fn migrate(
 }
 
 /// The table's description, or `None` when it does not exist.
-async fn describe(client: &Client, table: &str) -> Result<Option<TableDescription>, DynamoError> {
+pub(crate) async fn describe(
+    client: &Client,
+    table: &str,
+) -> Result<Option<TableDescription>, DynamoError> {
     match client.describe_table().table_name(table).send().await {
         Ok(out) => Ok(out.table),
         Err(e) if e.code() == Some("ResourceNotFoundException") => Ok(None),
@@ -160,7 +163,7 @@ async fn describe(client: &Client, table: &str) -> Result<Option<TableDescriptio
     }
 }
 
-fn key_name(table: &TableDescription, kind: KeyType) -> Option<String> {
+pub(crate) fn key_name(table: &TableDescription, kind: KeyType) -> Option<String> {
     table
         .key_schema()
         .iter()
@@ -168,7 +171,10 @@ fn key_name(table: &TableDescription, kind: KeyType) -> Option<String> {
         .map(|k| k.attribute_name().to_owned())
 }
 
-fn check_keys(config: &DynamoDbConfig, table: &TableDescription) -> Result<(), DynamoError> {
+pub(crate) fn check_keys(
+    config: &DynamoDbConfig,
+    table: &TableDescription,
+) -> Result<(), DynamoError> {
     let problem = |problem: String| DynamoError::Table {
         table: config.table.clone(),
         problem,
@@ -210,7 +216,7 @@ fn check_keys(config: &DynamoDbConfig, table: &TableDescription) -> Result<(), D
     Ok(())
 }
 
-fn stream_view(table: &TableDescription) -> Option<String> {
+pub(crate) fn stream_view(table: &TableDescription) -> Option<String> {
     let spec = table.stream_specification()?;
     if !spec.stream_enabled() {
         return None;
@@ -222,7 +228,7 @@ fn stream_view(table: &TableDescription) -> Option<String> {
     )
 }
 
-fn view_has_new_images(view: &str) -> bool {
+pub(crate) fn view_has_new_images(view: &str) -> bool {
     view == StreamViewType::NewImage.as_str() || view == StreamViewType::NewAndOldImages.as_str()
 }
 

@@ -4,8 +4,9 @@
 //!
 //! moto handles requests in parallel without locking: every client here (producers and
 //! relays) goes through `SerialProxy`, one request at a time, which is what DynamoDB
-//! guarantees (each request atomic). A transaction that must not commit is one DynamoDB
-//! refuses whole (see `transact`).
+//! guarantees (each request atomic). A transaction that must not commit fails a condition;
+//! the test support starts moto with its transactions made all-or-nothing
+//! (`services/moto_atomic.py`).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -160,27 +161,21 @@ impl DynamoHarness {
                 }
             }
             if !commit {
-                // A transaction DynamoDB refuses as a whole: more than 100 items. (A canceled
-                // condition would be the natural failure, but moto applies a canceled
-                // transaction's writes to the table's stream shard and then swaps the table for
-                // a copy: open shard iterators keep reading the discarded shard, records that
-                // never committed included. Over the limit, moto refuses before touching
-                // anything, as DynamoDB does. The producer tests cover canceled conditions.)
-                while items.len() <= 100 {
-                    let n = items.len();
-                    items.push(
-                        TransactWriteItem::builder()
-                            .condition_check(
-                                ConditionCheck::builder()
-                                    .table_name(&self.config.table)
-                                    .key("pk", s(&format!("PAD#{n}")))
-                                    .key("sk", s("PAD"))
-                                    .condition_expression("attribute_not_exists(pk)")
-                                    .build()?,
-                            )
-                            .build(),
-                    );
-                }
+                // A version check that fails: DynamoDB cancels the whole transaction. (The
+                // test support's moto checks every condition first, as DynamoDB does.)
+                items.insert(
+                    0,
+                    TransactWriteItem::builder()
+                        .condition_check(
+                            ConditionCheck::builder()
+                                .table_name(&self.config.table)
+                                .key("pk", s("NO-SUCH"))
+                                .key("sk", s("ITEM"))
+                                .condition_expression("attribute_exists(pk)")
+                                .build()?,
+                        )
+                        .build(),
+                );
             }
             let sent = self
                 .client

@@ -134,6 +134,8 @@ source_registry! {
         Sqlite(outbox_sqlite::SqliteConfig),
         /// MySQL 8 / MariaDB 10.6+: polling (`FOR UPDATE SKIP LOCKED`).
         Mysql(outbox_mysql::MySqlConfig),
+        /// DynamoDB (single-table design), relayed from the table's stream.
+        Dynamodb(outbox_dynamodb::DynamoDbConfig),
     }
 }
 

@@ -133,6 +133,38 @@ impl Output {
     }
 }
 
+/// The marker a chaos test appends to a relay's log before it starts a replacement.
+pub const RESTART_MARKER: &str = "=== restarted by the test ===\n";
+
+/// Stops the relays a chaos test kept restarting (`relays[i]` logs to `relay-{i}.log`): waits
+/// until each current one reached its start line (signal handlers are installed before it, so
+/// SIGTERM means "drain"), then sends SIGTERM and expects exit code 0.
+pub async fn stop_restarted_relays(work: &Workdir, relays: &mut [Child]) -> anyhow::Result<()> {
+    for (i, r) in relays.iter_mut().enumerate() {
+        let log = format!("relay-{i}.log");
+        crate::support::eventually_started(work, &log).await?;
+        let code = terminate(r, Duration::from_secs(30)).await?;
+        ensure!(
+            code == Some(0),
+            "relay {i} exited with {code:?} after SIGTERM:\n{}",
+            work.read_log(&log)
+        );
+    }
+    Ok(())
+}
+
+async fn eventually_started(work: &Workdir, log: &str) -> anyhow::Result<()> {
+    outbox_testkit::wait::eventually(Duration::from_secs(90), || async {
+        work.read_log(log)
+            .rsplit(RESTART_MARKER.trim_end())
+            .next()
+            .unwrap_or("")
+            .contains("starting relay")
+    })
+    .await
+    .with_context(|| format!("{log}: the relay never started:\n{}", work.read_log(log)))
+}
+
 /// Sends SIGTERM to a child and waits for it, returning its exit code.
 pub async fn terminate(child: &mut Child, within: Duration) -> anyhow::Result<Option<i32>> {
     let pid = child.id().context("child already gone")?;

@@ -40,6 +40,11 @@ fn shard_key(shard: &str) -> AttributeValue {
     s(format!("shard#{shard}"))
 }
 
+/// The marker item of an aggregate that has dead letters.
+pub(crate) fn held_key(aggregate: &(String, String)) -> String {
+    format!("held#{}\u{1f}{}", aggregate.0, aggregate.1)
+}
+
 fn aggregate_key(aggregate: &(String, String)) -> String {
     // A unit separator cannot appear in a configured type and is unlikely in an id; the
     // key is only ever built here, never parsed.
@@ -276,7 +281,8 @@ impl Leases {
             )
             .item("attempts", n(attempts))
             .item("reason", s(reason))
-            .item("dead_lettered_at", n(now.unix_timestamp()));
+            .item("dead_lettered_at", n(now.unix_timestamp()))
+            .item("created_at", n(event.created_at.unix_timestamp()));
         if let Some(seq) = seq {
             put = put.item("seq", n(seq));
         }
@@ -294,11 +300,42 @@ impl Leases {
         }
         put.send()
             .await
-            .map_err(|e| self.err("keeping a dead letter", e))
+            .map_err(|e| self.err("keeping a dead letter", e))?;
+        // The aggregate's marker: it has dead letters (until `outbox dead purge` removes the
+        // last one). A relay reads it before parking an event of the aggregate.
+        self.client
+            .put_item()
+            .table_name(&self.table)
+            .item(
+                LEASE_KEY,
+                s(held_key(&(
+                    event.aggregate_type.clone(),
+                    event.aggregate_id.clone(),
+                ))),
+            )
+            .item("aggregate_type", s(&event.aggregate_type))
+            .item("aggregate_id", s(&event.aggregate_id))
+            .send()
+            .await
+            .map_err(|e| self.err("marking an aggregate as held", e))
             .map(drop)
     }
 
-    /// The aggregates that have dead letters.
+    /// Whether `aggregate` still has dead letters (its marker is there).
+    pub(crate) async fn held(&self, aggregate: &(String, String)) -> Result<bool, SourceError> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .key(LEASE_KEY, s(held_key(aggregate)))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| self.err("reading an aggregate's dead letters", e))?;
+        Ok(out.item().is_some())
+    }
+
+    /// The aggregates that have dead letters (their markers).
     pub(crate) async fn dead_aggregates(&self) -> Result<HashSet<(String, String)>, SourceError> {
         let mut out = HashSet::new();
         let mut start = None;
@@ -307,9 +344,9 @@ impl Leases {
                 .client
                 .scan()
                 .table_name(&self.table)
-                .filter_expression("begins_with(#k, :dead)")
+                .filter_expression("begins_with(#k, :held)")
                 .expression_attribute_names("#k", LEASE_KEY)
-                .expression_attribute_values(":dead", s("dead#"))
+                .expression_attribute_values(":held", s("held#"))
                 .consistent_read(true)
                 .set_exclusive_start_key(start)
                 .send()

@@ -23,6 +23,8 @@
 mod decode;
 mod lease;
 
+pub(crate) use lease::held_key;
+
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -30,7 +32,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use aws_sdk_dynamodb::error::ProvideErrorMetadata;
 use aws_sdk_dynamodbstreams::types::ShardIteratorType;
 use outbox_core::source::{Fetched, Outcome, Settlement};
-use outbox_core::stream_ledger::{Entry, Ledger};
+use outbox_core::stream_ledger::{Entry, Ledger, LedgerStats};
 use outbox_core::{DeadLetterPolicy, Event, Ordering, Source, SourceError};
 use time::OffsetDateTime;
 use tokio::time::Instant;
@@ -111,6 +113,9 @@ pub struct DynamoStreamSource {
     /// Positions handed out for good, not yet recorded in the lease table.
     unrecorded: HashMap<(String, String), u64>,
     dead: Option<HashSet<(String, String)>>,
+    stats: Arc<LedgerStats>,
+    closed_tx: Option<tokio::sync::watch::Sender<()>>,
+    closed_rx: tokio::sync::watch::Receiver<()>,
 }
 
 impl std::fmt::Debug for DynamoStreamSource {
@@ -149,7 +154,10 @@ impl DynamoStreamSource {
         let streams =
             aws_sdk_dynamodbstreams::Client::new(&crate::migrate::sdk_config(config).await);
         let leases = Leases::new(table.clone(), config.lease_table(), owner.into());
+        let (closed_tx, closed_rx) = tokio::sync::watch::channel(());
         Ok(Self {
+            closed_tx: Some(closed_tx),
+            closed_rx,
             config: config.clone(),
             table,
             streams,
@@ -170,7 +178,21 @@ impl DynamoStreamSource {
             next_position_refresh: Instant::now(),
             unrecorded: HashMap::new(),
             dead: None,
+            stats: Arc::new(LedgerStats::default()),
         })
+    }
+
+    /// Resolves once this source, after being dropped, saved its checkpoints and gave its
+    /// leases up (so another relay takes its shards over at once).
+    pub fn closed(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut rx = self.closed_rx.clone();
+        async move { while rx.changed().await.is_ok() {} }
+    }
+
+    /// The counters this source shares with metrics, `/readyz` and the watchdog: events read
+    /// and not yet settled for good (in line, in flight, retrying).
+    pub fn stats(&self) -> Arc<LedgerStats> {
+        self.stats.clone()
     }
 
     fn call_err<E>(&self, doing: &str, e: E) -> SourceError
@@ -454,6 +476,15 @@ impl DynamoStreamSource {
         now: OffsetDateTime,
     ) -> Result<(), SourceError> {
         let key = aggregate(&event);
+        if self.hold
+            && self.dead.as_ref().is_some_and(|d| d.contains(&key))
+            && !self.leases.held(&key).await?
+        {
+            // Its dead letters were purged: the aggregate flows again.
+            if let Some(dead) = self.dead.as_mut() {
+                dead.remove(&key);
+            }
+        }
         if self.hold && self.dead.as_ref().is_some_and(|d| d.contains(&key)) {
             if self.leases.is_dead(event.id).await? {
                 self.mark_settled(&meta.shard, &meta.seqnum);
@@ -671,6 +702,10 @@ impl Source for DynamoStreamSource {
         self.refresh_waiting().await?;
         self.checkpoint(false).await?;
         let events = self.ledger.take(limit, now, self.ordering);
+        self.stats.publish(&self.ledger);
+        self.stats
+            .streaming
+            .store(!self.held.is_empty(), std::sync::atomic::Ordering::Relaxed);
         Ok(Fetched {
             more: events.len() >= limit,
             events,
@@ -755,6 +790,7 @@ impl Source for DynamoStreamSource {
                 }
             }
         }
+        self.stats.publish(&self.ledger);
         self.checkpoint(true).await
     }
 
@@ -799,6 +835,7 @@ impl Drop for DynamoStreamSource {
                 (s.id.to_string(), done)
             })
             .collect();
+        let closed = self.closed_tx.take();
         if shards.is_empty() {
             return;
         }
@@ -813,6 +850,7 @@ impl Drop for DynamoStreamSource {
                     let _ = leases.save(&shard, checkpoint.as_deref(), false, 0).await;
                     leases.release(&shard).await;
                 }
+                drop(closed);
             });
         }
     }

@@ -47,11 +47,17 @@ pub const MOTO_BIN_ENV: &str = "OUTBOX_TEST_MOTO_SERVER";
 #[derive(Debug)]
 pub struct Moto(Server<MotoServer>);
 
-/// A `moto_server` this process starts.
+/// A `moto_server` this process starts: through `moto_atomic.py` (DynamoDB transactions made
+/// all-or-nothing, as on AWS) when `python3` can import moto, else the program as installed.
 #[derive(Debug)]
 struct MotoServer {
     bin: PathBuf,
+    /// Arguments before moto_server's own (the launcher script).
+    prefix: Vec<OsString>,
 }
+
+/// The launcher that makes moto's `TransactWriteItems` all-or-nothing (see the file).
+const ATOMIC_LAUNCHER: &str = include_str!("moto_atomic.py");
 
 impl Moto {
     /// The region the tests use.
@@ -121,7 +127,23 @@ impl ServerSpec for MotoServer {
     const URL_ENV: &'static str = MOTO_URL_ENV;
     const POLL: Duration = Duration::from_millis(50);
 
-    fn setup(_root: &Path) -> anyhow::Result<Self> {
+    fn setup(root: &Path) -> anyhow::Result<Self> {
+        if std::env::var_os(MOTO_BIN_ENV).is_none_or(|p| p.is_empty())
+            && let Some(python) = process::find_program("python3")
+            && std::process::Command::new(&python)
+                .args(["-c", "import moto.server, moto.dynamodb.models"])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        {
+            let launcher = root.join("moto_atomic.py");
+            std::fs::write(&launcher, ATOMIC_LAUNCHER)?;
+            return Ok(MotoServer {
+                bin: python,
+                prefix: vec![launcher.into_os_string()],
+            });
+        }
         let bin = match std::env::var_os(MOTO_BIN_ENV) {
             Some(path) if !path.is_empty() => PathBuf::from(path),
             _ => process::find_program("moto_server").context(
@@ -130,7 +152,10 @@ impl ServerSpec for MotoServer {
                  OUTBOX_TEST_MOTO_URL to a running server",
             )?,
         };
-        Ok(MotoServer { bin })
+        Ok(MotoServer {
+            bin,
+            prefix: Vec::new(),
+        })
     }
 
     fn url(port: u16) -> String {
@@ -174,8 +199,8 @@ impl ServerSpec for MotoServer {
     }
 
     fn args(&self, port: u16) -> Vec<OsString> {
-        ["-H", "127.0.0.1", "-p", &port.to_string()]
-            .map(Into::into)
-            .to_vec()
+        let mut args = self.prefix.clone();
+        args.extend(["-H", "127.0.0.1", "-p", &port.to_string()].map(OsString::from));
+        args
     }
 }

@@ -1,0 +1,381 @@
+//! `kind = "dynamodb"` for the runtime and the `outbox` command: migrate, the relay's
+//! pipeline (one [`DynamoStreamSource`] per relay process; replicas share the shards through
+//! leases), `status` (shards, leases, checkpoints, dead letters) and `doctor`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use aws_sdk_dynamodb::Client;
+use aws_sdk_dynamodb::types::KeyType;
+use outbox_core::admin::{DoctorCheck, DoctorThresholds, StatusReport};
+use outbox_core::backend::{
+    Backend, BackendConfig, BoxedSource, DeadLetterStore, DynInspect, OpenError, OpenOptions,
+    Pipelines, Unsupported,
+};
+use outbox_core::sink::BoxFuture;
+use outbox_core::source::{Backlog, Inspect};
+use outbox_core::stream_ledger::LedgerStats;
+use outbox_core::{Ordering, RelayConfig, SourceError};
+use time::OffsetDateTime;
+
+use crate::config::DynamoDbConfig;
+use crate::dead::DynamoDeadLetters;
+use crate::migrate::{
+    LEASE_KEY, check_keys, describe, key_name, migrate, stream_view, view_has_new_images,
+};
+use crate::stream::DynamoStreamSource;
+
+impl BackendConfig for DynamoDbConfig {
+    const KIND: &'static str = "dynamodb";
+
+    fn claims_url(_url: &str) -> bool {
+        false
+    }
+
+    fn validate(&self, relay: &RelayConfig) -> Result<(), String> {
+        DynamoDbConfig::validate(self).map_err(|e| e.to_string())?;
+        if relay.ordering == Ordering::Total {
+            return Err("relay.ordering: `total` is not offered by the DynamoDB source (a stream has one order per shard); use `none` or `per-aggregate`".into());
+        }
+        if self.lease_duration <= relay.publish_timeout {
+            return Err(format!(
+                "source.lease_duration: must be longer than relay.publish_timeout ({:?}): a batch is published only while its shards' leases last",
+                relay.publish_timeout
+            ));
+        }
+        Ok(())
+    }
+
+    fn describe(&self) -> String {
+        format!("DynamoDB table `{}`{}", self.table, self.place())
+    }
+
+    fn open(&self, _options: OpenOptions) -> BoxFuture<'_, Result<Arc<dyn Backend>, OpenError>> {
+        Box::pin(async move {
+            let client = crate::migrate::client(self).await;
+            Ok(Arc::new(DynamoBackend {
+                dead: DynamoDeadLetters::new(client.clone(), self.lease_table()),
+                config: self.clone(),
+                client,
+            }) as Arc<dyn Backend>)
+        })
+    }
+}
+
+impl DynamoDbConfig {
+    /// ` at <endpoint>` / ` in <region>` for messages.
+    fn place(&self) -> String {
+        match (&self.endpoint_url, &self.region) {
+            (Some(url), _) => format!(" at {url}"),
+            (None, Some(region)) => format!(" in {region}"),
+            (None, None) => String::new(),
+        }
+    }
+}
+
+/// An opened DynamoDB outbox.
+#[derive(Debug)]
+pub struct DynamoBackend {
+    config: DynamoDbConfig,
+    client: Client,
+    dead: DynamoDeadLetters,
+}
+
+/// The backlog of a running source: events read from the stream and not yet settled.
+struct StreamInspector(Arc<LedgerStats>);
+
+impl Inspect for StreamInspector {
+    async fn backlog(&self) -> Result<Backlog, SourceError> {
+        let mut backlog = Backlog::default();
+        self.0.fill(&mut backlog, OffsetDateTime::now_utc());
+        Ok(backlog)
+    }
+}
+
+fn unavailable(doing: &str, table: &str, e: impl std::fmt::Display) -> SourceError {
+    SourceError::unavailable(format!("{doing} (table `{table}`) failed: {e}"))
+}
+
+impl DynamoBackend {
+    /// Each shard's lease: (shard, owner, checkpoint, finished, lease expiry in Unix ms), and
+    /// the number of dead letters.
+    async fn leases(&self) -> Result<(Vec<LeaseRow>, u64), SourceError> {
+        let table = self.config.lease_table();
+        let mut rows = Vec::new();
+        let mut dead = 0;
+        let mut start = None;
+        loop {
+            let page = self
+                .client
+                .scan()
+                .table_name(&table)
+                .consistent_read(true)
+                .set_exclusive_start_key(start)
+                .send()
+                .await
+                .map_err(|e| {
+                    unavailable(
+                        "reading the lease table",
+                        &table,
+                        aws_smithy_types::error::display::DisplayErrorContext(&e),
+                    )
+                })?;
+            for item in page.items() {
+                let text = |k: &str| item.get(k).and_then(|v| v.as_s().ok()).cloned();
+                let key = text(LEASE_KEY).unwrap_or_default();
+                if key.starts_with("dead#") {
+                    dead += 1;
+                } else if let Some(shard) = key.strip_prefix("shard#") {
+                    rows.push(LeaseRow {
+                        shard: shard.to_owned(),
+                        owner: text("owner"),
+                        checkpoint: text("checkpoint"),
+                        finished: item
+                            .get("finished")
+                            .and_then(|v| v.as_bool().ok())
+                            .copied()
+                            .unwrap_or(false),
+                        lease_until_ms: item
+                            .get("lease_until")
+                            .and_then(|v| v.as_n().ok())
+                            .and_then(|v| v.parse().ok())
+                            .unwrap_or(0),
+                    });
+                }
+            }
+            match page.last_evaluated_key {
+                Some(k) if !k.is_empty() => start = Some(k),
+                _ => break,
+            }
+        }
+        rows.sort_by(|a, b| a.shard.cmp(&b.shard));
+        Ok((rows, dead))
+    }
+}
+
+struct LeaseRow {
+    shard: String,
+    owner: Option<String>,
+    checkpoint: Option<String>,
+    finished: bool,
+    lease_until_ms: u64,
+}
+
+impl Backend for DynamoBackend {
+    fn kind(&self) -> &'static str {
+        "dynamodb"
+    }
+
+    fn database(&self) -> String {
+        format!("DynamoDB{}", self.config.place())
+    }
+
+    fn table(&self) -> String {
+        self.config.table.clone()
+    }
+
+    fn single_pipeline(&self) -> bool {
+        true
+    }
+
+    fn migrate(&self) -> BoxFuture<'_, Result<Vec<String>, SourceError>> {
+        Box::pin(async move {
+            let report = migrate(&self.client, &self.config)
+                .await
+                .map_err(|e| match e {
+                    crate::DynamoError::Call { .. } => SourceError::unavailable(e.to_string()),
+                    _ => SourceError::fatal(e.to_string()),
+                })?;
+            let mut lines = vec![if report.stream_enabled {
+                format!(
+                    "turned the stream of `{}` on (NEW_IMAGE)",
+                    self.config.table
+                )
+            } else {
+                format!(
+                    "the stream of `{}` is on ({})",
+                    self.config.table, report.stream_view
+                )
+            }];
+            lines.push(if report.lease_table_created {
+                format!("created the lease table `{}`", report.lease_table)
+            } else {
+                format!("the lease table `{}` is in place", report.lease_table)
+            });
+            Ok(lines)
+        })
+    }
+
+    fn start_relay<'a>(
+        &'a self,
+        relay: &'a RelayConfig,
+    ) -> BoxFuture<'a, Result<Pipelines, SourceError>> {
+        Box::pin(async move {
+            let table = self.config.lease_table();
+            match describe(&self.client, &table).await {
+                Ok(Some(_)) => {}
+                Ok(None) => {
+                    return Err(SourceError::fatal(format!(
+                        "the lease table `{table}` does not exist: run `outbox migrate`"
+                    )));
+                }
+                Err(e) => return Err(SourceError::unavailable(e.to_string())),
+            }
+            let owner = format!(
+                "{}-{}-{}",
+                std::env::var("HOSTNAME").unwrap_or_else(|_| "relay".into()),
+                std::process::id(),
+                uuid::Uuid::new_v4().simple()
+            );
+            let source =
+                DynamoStreamSource::new(&self.config, owner, relay.ordering, relay.dead_letter)
+                    .await?;
+            let inspector: Arc<dyn DynInspect> = Arc::new(StreamInspector(source.stats()));
+            let closed = source.closed();
+            Ok(Pipelines {
+                sources: vec![BoxedSource::new(source)],
+                inspector,
+                watchdog: None,
+                closed: Some(Box::pin(closed)),
+            })
+        })
+    }
+
+    fn pending(&self) -> BoxFuture<'_, Result<Option<u64>, SourceError>> {
+        Box::pin(async { Ok(None) })
+    }
+
+    fn status(
+        &self,
+        now: OffsetDateTime,
+        _stuck_after: Duration,
+    ) -> BoxFuture<'_, Result<StatusReport, SourceError>> {
+        Box::pin(async move {
+            let (leases, dead) = self.leases().await?;
+            let backlog = Backlog {
+                dead,
+                ..Backlog::default()
+            };
+            let mut status = StatusReport::new(self.database(), self.table(), backlog);
+            let now_ms = (now.unix_timestamp_nanos() / 1_000_000) as u64;
+            status.head_lines.push(format!(
+                "stream shards known to the relays: {} ({} finished)",
+                leases.len(),
+                leases.iter().filter(|l| l.finished).count()
+            ));
+            for l in &leases {
+                let holder = match (&l.owner, l.finished) {
+                    (_, true) => "finished".to_owned(),
+                    (Some(owner), false) if l.lease_until_ms > now_ms => format!(
+                        "read by {owner} (lease {:.0} s left)",
+                        (l.lease_until_ms - now_ms) as f64 / 1000.0
+                    ),
+                    _ => "no relay holds it".to_owned(),
+                };
+                status.detail_lines.push(format!(
+                    "shard {}: {holder}; checkpoint {}",
+                    l.shard,
+                    l.checkpoint
+                        .as_deref()
+                        .unwrap_or("none (reads from the oldest record)")
+                ));
+            }
+            status.sections.insert(
+                "shards".into(),
+                serde_json::json!(
+                    leases
+                        .iter()
+                        .map(|l| serde_json::json!({
+                            "shard": l.shard,
+                            "owner": l.owner,
+                            "checkpoint": l.checkpoint,
+                            "finished": l.finished,
+                            "lease_until_ms": l.lease_until_ms,
+                        }))
+                        .collect::<Vec<_>>()
+                ),
+            );
+            Ok(status)
+        })
+    }
+
+    fn dead_letters(&self) -> Result<&dyn DeadLetterStore, Unsupported> {
+        Ok(&self.dead)
+    }
+
+    fn doctor(&self, _thresholds: DoctorThresholds) -> BoxFuture<'_, Vec<DoctorCheck>> {
+        Box::pin(async move {
+            let mut checks = Vec::new();
+            let migrate_fix = "run `outbox migrate`";
+            match describe(&self.client, &self.config.table).await {
+                Err(e) => checks.push(DoctorCheck::red(
+                    "table",
+                    e.to_string(),
+                    "check source.region/endpoint_url and the AWS credentials (environment, profile, role)",
+                )),
+                Ok(None) => checks.push(DoctorCheck::red(
+                    "table",
+                    format!("DynamoDB table `{}` does not exist{}", self.config.table, self.config.place()),
+                    "create the table (the application owns it) or fix source.table",
+                )),
+                Ok(Some(table)) => {
+                    match check_keys(&self.config, &table) {
+                        Ok(()) => checks.push(DoctorCheck::ok(
+                            "table",
+                            format!(
+                                "`{}` reachable; keys `{}` / `{}`",
+                                self.config.table, self.config.partition_key, self.config.sort_key
+                            ),
+                        )),
+                        Err(e) => checks.push(DoctorCheck::red(
+                            "table",
+                            e.to_string(),
+                            "set source.partition_key / source.sort_key to the table's key names",
+                        )),
+                    }
+                    match stream_view(&table) {
+                        Some(view) if view_has_new_images(&view) => checks.push(DoctorCheck::ok(
+                            "stream",
+                            format!("on, {view}"),
+                        )),
+                        Some(view) => checks.push(DoctorCheck::red(
+                            "stream",
+                            format!("on, but {view}: the relay needs NEW_IMAGE or NEW_AND_OLD_IMAGES"),
+                            "turn the stream off and on again with NEW_IMAGE",
+                        )),
+                        None => checks.push(DoctorCheck::red("stream", "off", migrate_fix)),
+                    }
+                }
+            }
+            let lease_table = self.config.lease_table();
+            match describe(&self.client, &lease_table).await {
+                Ok(Some(t)) if key_name(&t, KeyType::Hash).as_deref() == Some(LEASE_KEY) => {
+                    match self.leases().await {
+                        Ok((leases, dead)) => checks.push(DoctorCheck::ok(
+                            "leases",
+                            format!(
+                                "`{lease_table}`: {} shard(s) known, {dead} dead letter(s)",
+                                leases.len()
+                            ),
+                        )),
+                        Err(e) => {
+                            checks.push(DoctorCheck::red("leases", e.to_string(), migrate_fix))
+                        }
+                    }
+                }
+                Ok(Some(_)) => checks.push(DoctorCheck::red(
+                    "leases",
+                    format!("`{lease_table}` exists but is not a lease table (key `{LEASE_KEY}`)"),
+                    "drop it or set source.lease_table to another name",
+                )),
+                Ok(None) => checks.push(DoctorCheck::red(
+                    "leases",
+                    format!("the lease table `{lease_table}` does not exist"),
+                    migrate_fix,
+                )),
+                Err(e) => checks.push(DoctorCheck::red("leases", e.to_string(), migrate_fix)),
+            }
+            checks
+        })
+    }
+}
