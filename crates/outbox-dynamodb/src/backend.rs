@@ -2,20 +2,21 @@
 //! pipeline (one [`DynamoStreamSource`] per relay process; replicas share the shards through
 //! leases), `status` (shards, leases, checkpoints, dead letters) and `doctor`.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use aws_sdk_dynamodb::Client;
-use aws_sdk_dynamodb::types::KeyType;
+use aws_sdk_dynamodb::types::{AttributeValue, KeyType, TransactWriteItem, Update};
 use outbox_core::admin::{DoctorCheck, DoctorThresholds, StatusReport};
 use outbox_core::backend::{
     Backend, BackendConfig, BoxedSource, DeadLetterStore, DynInspect, OpenError, OpenOptions,
-    Pipelines, Unsupported,
+    Pipelines, Producer, Unsupported,
 };
 use outbox_core::sink::BoxFuture;
 use outbox_core::source::{Backlog, Inspect};
 use outbox_core::stream_ledger::LedgerStats;
-use outbox_core::{Ordering, RelayConfig, SourceError};
+use outbox_core::{NewEvent, Ordering, RelayConfig, SourceError};
 use time::OffsetDateTime;
 
 use crate::config::DynamoDbConfig;
@@ -55,6 +56,7 @@ impl BackendConfig for DynamoDbConfig {
             let client = crate::migrate::client(self).await;
             Ok(Arc::new(DynamoBackend {
                 dead: DynamoDeadLetters::new(client.clone(), self.lease_table()),
+                versions: Default::default(),
                 config: self.clone(),
                 client,
             }) as Arc<dyn Backend>)
@@ -79,6 +81,8 @@ pub struct DynamoBackend {
     config: DynamoDbConfig,
     client: Client,
     dead: DynamoDeadLetters,
+    /// `outbox bench`'s producer: each aggregate's version, read once, then kept here.
+    versions: tokio::sync::Mutex<HashMap<(String, String), u64>>,
 }
 
 /// The backlog of a running source: events read from the stream and not yet settled.
@@ -150,6 +154,106 @@ impl DynamoBackend {
         }
         rows.sort_by(|a, b| a.shard.cmp(&b.shard));
         Ok((rows, dead))
+    }
+}
+
+/// The sort key of the aggregate item that `outbox bench` versions (`seq` comes from it).
+const BENCH_AGGREGATE_SK: &str = "AGGREGATE";
+
+impl DynamoBackend {
+    /// Writes `events` as an application does: per aggregate, one `TransactWriteItems` that
+    /// bumps the aggregate's version and puts its events with the next `seq`s (at most 99
+    /// events per transaction, DynamoDB's limit being 100 items).
+    async fn write(&self, events: &[NewEvent]) -> Result<(), SourceError> {
+        let outbox = crate::DynamoOutbox::new(&self.config)
+            .map_err(|e| SourceError::fatal(e.to_string()))?;
+        let mut groups: Vec<((String, String), Vec<&NewEvent>)> = Vec::new();
+        for e in events {
+            let key = (e.aggregate_type.clone(), e.aggregate_id.clone());
+            match groups.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, list)) => list.push(e),
+                None => groups.push((key, vec![e])),
+            }
+        }
+        let table = &self.config.table;
+        let err = |doing: &str, e: &dyn std::fmt::Display| unavailable(doing, table, e);
+        let mut versions = self.versions.lock().await;
+        for (key, list) in groups {
+            let pk = AttributeValue::S(format!("{}#{}", key.0, key.1));
+            let sk = AttributeValue::S(BENCH_AGGREGATE_SK.into());
+            let mut version = match versions.get(&key) {
+                Some(v) => *v,
+                None => self
+                    .client
+                    .get_item()
+                    .table_name(table)
+                    .key(&self.config.partition_key, pk.clone())
+                    .key(&self.config.sort_key, sk.clone())
+                    .consistent_read(true)
+                    .send()
+                    .await
+                    .map_err(|e| {
+                        err(
+                            "reading an aggregate's version",
+                            &aws_smithy_types::error::display::DisplayErrorContext(&e),
+                        )
+                    })?
+                    .item()
+                    .and_then(|i| i.get("version"))
+                    .and_then(|v| v.as_n().ok())
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0),
+            };
+            for chunk in list.chunks(99) {
+                let next = version + chunk.len() as u64;
+                let bump = Update::builder()
+                    .table_name(table)
+                    .key(&self.config.partition_key, pk.clone())
+                    .key(&self.config.sort_key, sk.clone())
+                    .update_expression("SET #v = :next")
+                    .condition_expression("attribute_not_exists(#v) OR #v = :v")
+                    .expression_attribute_names("#v", "version")
+                    .expression_attribute_values(":v", AttributeValue::N(version.to_string()))
+                    .expression_attribute_values(":next", AttributeValue::N(next.to_string()))
+                    .build()
+                    .map_err(|e| err("building a transaction", &e))?;
+                let mut items = vec![TransactWriteItem::builder().update(bump).build()];
+                for (i, e) in chunk.iter().enumerate() {
+                    let write = outbox
+                        .put(pk.clone(), e, version + 1 + i as u64)
+                        .map_err(|e| SourceError::fatal(e.to_string()))?;
+                    items.push(
+                        write
+                            .into_transact_item()
+                            .map_err(|e| SourceError::fatal(e.to_string()))?,
+                    );
+                }
+                self.client
+                    .transact_write_items()
+                    .set_transact_items(Some(items))
+                    .send()
+                    .await
+                    .map_err(|e| {
+                        err(
+                            "writing events",
+                            &aws_smithy_types::error::display::DisplayErrorContext(&e),
+                        )
+                    })?;
+                version = next;
+            }
+            versions.insert(key, version);
+        }
+        Ok(())
+    }
+}
+
+impl Producer for DynamoBackend {
+    fn fill<'a>(&'a self, events: &'a [NewEvent]) -> BoxFuture<'a, Result<(), SourceError>> {
+        Box::pin(self.write(events))
+    }
+
+    fn commit<'a>(&'a self, events: &'a [NewEvent]) -> BoxFuture<'a, Result<(), SourceError>> {
+        Box::pin(self.write(events))
     }
 }
 
@@ -301,6 +405,10 @@ impl Backend for DynamoBackend {
 
     fn dead_letters(&self) -> Result<&dyn DeadLetterStore, Unsupported> {
         Ok(&self.dead)
+    }
+
+    fn producer(&self) -> Result<&dyn Producer, Unsupported> {
+        Ok(self)
     }
 
     fn doctor(&self, _thresholds: DoctorThresholds) -> BoxFuture<'_, Vec<DoctorCheck>> {

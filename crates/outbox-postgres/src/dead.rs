@@ -140,6 +140,14 @@ impl PgDeadLetters {
             .execute(&mut *tx)
             .await
             .map_err(err)?;
+        // After the aggregates' locks: a relay parking their events commits first or waits.
+        sqlx::query(stmt(&self.queries.cdc_dead_retry_lock))
+            .bind(ids.clone())
+            .bind(event_type.clone())
+            .bind(all)
+            .execute(&mut *tx)
+            .await
+            .map_err(err)?;
         let put_back = crate::sql::query_scalar(stmt(&self.queries.cdc_dead_restream))
             .bind(ids)
             .bind(event_type)

@@ -154,10 +154,13 @@ pub async fn migrate_with(
         partitions_created: Vec::new(),
     };
     for (m, checksum) in plan.to_apply {
-        let sql = if m.version == 1 && options.partitioning != Partitioning::None {
-            render(&partition::partitioned_variant(m.sql), table)
-        } else {
-            render(m.sql, table)
+        // A partitioned table (layout_matches checked the option against the table) gets
+        // its variant of the statements that know the layout.
+        let partitioned = options.partitioning != Partitioning::None;
+        let sql = match m.version {
+            1 if partitioned => render(&partition::partitioned_variant(m.sql), table),
+            5 if partitioned => render(&partition::partitioned_lock_key(m.sql), table),
+            _ => render(m.sql, table),
         };
         tx.execute(sqlx::raw_sql(sqlx::AssertSqlSafe(sql)))
             .await

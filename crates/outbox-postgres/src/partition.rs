@@ -361,20 +361,28 @@ pub(crate) async fn begin_ddl(
 pub(crate) fn partitioned_variant(sql: &str) -> String {
     const PK: &str = "PRIMARY KEY (id),";
     const END: &str = "\n);\n\nCOMMENT ON TABLE";
-    const LOCK_KEY: &str = "TG_TABLE_SCHEMA || '.' || TG_TABLE_NAME || chr(31)";
     assert!(
-        [PK, END, LOCK_KEY]
-            .iter()
-            .all(|a| sql.matches(a).count() == 1),
+        [PK, END].iter().all(|a| sql.matches(a).count() == 1),
         "migration 1 lost its partitioning anchors"
     );
-    sql.replace(PK, "PRIMARY KEY (id, created_at),")
-        .replace(
-            END,
-            "\n) PARTITION BY RANGE (created_at);\n\nCOMMENT ON TABLE",
-        )
-        // '"schema"."table"' once rendered: a string literal (identifiers hold no quote).
-        .replace(LOCK_KEY, "'{{table}}' || chr(31)")
+    partitioned_lock_key(&sql.replace(PK, "PRIMARY KEY (id, created_at),").replace(
+        END,
+        "\n) PARTITION BY RANGE (created_at);\n\nCOMMENT ON TABLE",
+    ))
+}
+
+/// The ordering trigger's lock key for a partitioned table: the parent table's name, not
+/// the partition's (`TG_TABLE_NAME` is the partition a row lands in), so that one
+/// aggregate's writers into two partitions still wait for each other. For every migration
+/// that (re)defines the trigger function.
+pub(crate) fn partitioned_lock_key(sql: &str) -> String {
+    const LOCK_KEY: &str = "TG_TABLE_SCHEMA || '.' || TG_TABLE_NAME || chr(31)";
+    assert!(
+        sql.matches(LOCK_KEY).count() == 1,
+        "a migration that defines the trigger function lost its lock key anchor"
+    );
+    // '"schema"."table"' once rendered: a string literal (identifiers hold no quote).
+    sql.replace(LOCK_KEY, "'{{table}}' || chr(31)")
 }
 
 #[cfg(test)]
@@ -436,6 +444,25 @@ mod tests {
             "outbox_d20261341",
         ] {
             assert_eq!(Partition::parse("outbox", name), None, "{name}");
+        }
+    }
+
+    #[test]
+    fn every_migration_that_defines_the_trigger_locks_the_parent_table_when_partitioned() {
+        for m in crate::migrate::MIGRATIONS {
+            if m.sql.contains("_before_insert}}() RETURNS trigger") {
+                let v = partitioned_lock_key(m.sql);
+                assert!(
+                    v.contains("'{{table}}' || chr(31)"),
+                    "migration {}",
+                    m.version
+                );
+                assert!(
+                    !v.contains("TG_TABLE_NAME || chr(31)"),
+                    "migration {}",
+                    m.version
+                );
+            }
         }
     }
 

@@ -61,6 +61,7 @@ pub(crate) struct Queries {
     pub(crate) dead_retry: Arc<str>,
     pub(crate) dead_purge: Arc<str>,
     pub(crate) cdc_dead_restream: Arc<str>,
+    pub(crate) cdc_dead_retry_lock: Arc<str>,
 }
 
 macro_rules! query_file {
@@ -90,6 +91,7 @@ impl Queries {
             dead_retry: r(query_file!("outbox_dead_retry")),
             dead_purge: r(query_file!("outbox_dead_purge")),
             cdc_dead_restream: r(query_file!("outbox_cdc_dead_restream")),
+            cdc_dead_retry_lock: r(query_file!("outbox_cdc_dead_retry_lock")),
         }
     }
 }
@@ -179,6 +181,7 @@ mod tests {
             &q.dead_retry,
             &q.dead_purge,
             &q.cdc_dead_restream,
+            &q.cdc_dead_retry_lock,
         ] {
             assert!(!sql.contains("{{"), "{sql}");
         }

@@ -407,15 +407,28 @@ impl PgCdcSource {
             }
         }
         for (key, positions) in groups {
-            let dead_ids: Vec<Uuid> = sqlx::query_scalar(stmt(&self.queries.dead_of_aggregate))
+            let dead: Vec<(Uuid, i64)> = sqlx::query_as(stmt(&self.queries.dead_of_aggregate))
                 .bind(&key.0)
                 .bind(&key.1)
                 .fetch_all(&self.pool)
                 .await
                 .map_err(|e| self.db_err("reading the dead letters of an aggregate", e))?;
-            if dead_ids.is_empty() {
-                self.resolve_put_back(key, positions).await?;
+            if dead.is_empty() {
+                self.resolve_put_back(key, positions, true).await?;
                 continue;
+            }
+            let dead_ids: Vec<Uuid> = dead.iter().map(|(id, _)| *id).collect();
+            // A row ahead of every dead letter of its aggregate (a retried one, say) is not
+            // held by them: it goes as if the aggregate had none, and the aggregate stays
+            // checked.
+            let lowest = dead.iter().map(|(_, seq)| *seq).min().unwrap_or(i64::MAX);
+            let (ahead, positions): (Vec<i64>, Vec<i64>) = positions.into_iter().partition(|p| {
+                self.ledger.queued_mut(*p).is_some_and(|e| {
+                    !dead_ids.contains(&e.event.id) && e.meta.seq().is_some_and(|s| s < lowest)
+                })
+            });
+            if !ahead.is_empty() {
+                self.resolve_put_back(key.clone(), ahead, false).await?;
             }
             let mut park = Vec::new();
             for p in positions {
@@ -439,15 +452,21 @@ impl PgCdcSource {
                 }
             }
             if !park.is_empty() {
-                self.write_dead(&park, now).await?;
+                let parked = self.park(&key, &park, now).await?;
                 for (entry, _, _) in &park {
-                    if let Some(entry) = self.ledger.remove_queued(entry.event.position.0) {
-                        self.ledger.finish(&entry);
+                    let position = entry.event.position.0;
+                    if parked.contains(&entry.event.id) {
+                        if let Some(entry) = self.ledger.remove_queued(position) {
+                            self.ledger.finish(&entry);
+                        }
+                    } else if let Some(e) = self.ledger.queued_mut(position) {
+                        // Its dead letter was retried meanwhile: checked again next time.
+                        e.checked = false;
                     }
                 }
                 tracing::warn!(
                     aggregate_type = %key.0,
-                    held = park.len(),
+                    held = parked.len(),
                     "events parked as dead letters behind a dead letter of their aggregate"
                 );
             }
@@ -466,6 +485,7 @@ impl PgCdcSource {
         &mut self,
         key: (String, String),
         positions: Vec<i64>,
+        may_release: bool,
     ) -> Result<(), SourceError> {
         let put_back: Vec<(Uuid, i64)> = if self.hold {
             sqlx::query_as(stmt(&self.queries.put_back_of_aggregate))
@@ -520,9 +540,10 @@ impl PgCdcSource {
         }
         // Checked again until every put-back row is handed over: events of the aggregate
         // still to come from the tail must wait too.
-        if put_back
-            .iter()
-            .all(|(id, _)| self.unmarked.contains(id) || held.contains_key(id))
+        if may_release
+            && put_back
+                .iter()
+                .all(|(id, _)| self.unmarked.contains(id) || held.contains_key(id))
         {
             self.dead.remove(&key);
         }
@@ -581,6 +602,50 @@ impl PgCdcSource {
                 tracing::warn!(error = %self.db_err("unmarking delivered retried events", e), "will try again at the next batch");
             }
         }
+    }
+
+    /// Parks `items` of aggregate `key` as dead letters behind its dead letter, under the
+    /// aggregate's lock (shared with `dead retry`) and only while a dead letter with a lower
+    /// seq still holds them; returns the ids parked. Table-less events are parked as rows.
+    async fn park(
+        &self,
+        key: &(String, String),
+        items: &[(Entry, i32, String)],
+        now: OffsetDateTime,
+    ) -> Result<HashSet<Uuid>, SourceError> {
+        let (rows, messages): (Vec<_>, Vec<_>) = items
+            .iter()
+            .cloned()
+            .partition(|(e, _, _)| matches!(e.meta.origin, Origin::Row { .. }));
+        let mut parked: HashSet<Uuid> = messages.iter().map(|(e, _, _)| e.event.id).collect();
+        if !messages.is_empty() {
+            self.write_dead(&messages, now).await?;
+        }
+        if rows.is_empty() {
+            return Ok(parked);
+        }
+        let err = |e| self.db_err("parking events behind a dead letter", e);
+        let mut tx = self.pool.begin().await.map_err(err)?;
+        sqlx::query(stmt(&self.queries.aggregate_lock))
+            .bind(vec![key.0.clone()])
+            .bind(vec![key.1.clone()])
+            .execute(&mut *tx)
+            .await
+            .map_err(err)?;
+        let ids: Vec<Uuid> = rows.iter().map(|(e, _, _)| e.event.id).collect();
+        let attempts: Vec<i32> = rows.iter().map(|(_, a, _)| *a).collect();
+        let reasons: Vec<&str> = rows.iter().map(|(_, _, r)| r.as_str()).collect();
+        let done: Vec<Uuid> = sqlx::query_scalar(stmt(&self.queries.park))
+            .bind(&ids)
+            .bind(&attempts)
+            .bind(&reasons)
+            .bind(now)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(err)?;
+        tx.commit().await.map_err(err)?;
+        parked.extend(done);
+        Ok(parked)
     }
 
     /// Waits until the transactions `xids` are visible to new snapshots. The stream can
