@@ -206,6 +206,26 @@ async fn the_commands_migrate_relay_and_report_a_dynamodb_outbox() -> anyhow::Re
     );
     let doctor = work.run(&["doctor", "--config", cfg]).await?;
     ensure!(doctor.code == Some(0), "doctor after migrate: {doctor:?}");
+    // No AWS credentials anywhere: red, saying so in one line, no SDK debug dump.
+    let mut cmd = work.command(&["doctor", "--config", cfg]);
+    cmd.env_remove("AWS_ACCESS_KEY_ID")
+        .env_remove("AWS_SECRET_ACCESS_KEY")
+        .env(
+            "AWS_SHARED_CREDENTIALS_FILE",
+            work.path().join("no-credentials"),
+        )
+        .env("AWS_CONFIG_FILE", work.path().join("no-config"))
+        .env("AWS_EC2_METADATA_DISABLED", "true");
+    let no_credentials = support::output(cmd).await?;
+    ensure!(
+        no_credentials.code == Some(1)
+            && no_credentials
+                .stdout
+                .contains("no providers in chain provided credentials")
+            && no_credentials.stdout.contains("AWS credentials")
+            && !no_credentials.stdout.contains("DispatchFailure"),
+        "doctor without credentials: {no_credentials:?}"
+    );
 
     let outbox = DynamoOutbox::new(&s.config)?;
     let mut expected: HashMap<String, Vec<String>> = HashMap::new();

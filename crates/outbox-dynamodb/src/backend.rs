@@ -121,7 +121,7 @@ impl DynamoBackend {
                     unavailable(
                         "reading the lease table",
                         &table,
-                        aws_smithy_types::error::display::DisplayErrorContext(&e),
+                        outbox_core::relay::ErrorChain(&e),
                     )
                 })?;
             for item in page.items() {
@@ -195,7 +195,7 @@ impl DynamoBackend {
                     .map_err(|e| {
                         err(
                             "reading an aggregate's version",
-                            &aws_smithy_types::error::display::DisplayErrorContext(&e),
+                            &outbox_core::relay::ErrorChain(&e),
                         )
                     })?
                     .item()
@@ -233,12 +233,7 @@ impl DynamoBackend {
                     .set_transact_items(Some(items))
                     .send()
                     .await
-                    .map_err(|e| {
-                        err(
-                            "writing events",
-                            &aws_smithy_types::error::display::DisplayErrorContext(&e),
-                        )
-                    })?;
+                    .map_err(|e| err("writing events", &outbox_core::relay::ErrorChain(&e)))?;
                 version = next;
             }
             versions.insert(key, version);
@@ -304,7 +299,7 @@ impl DynamoBackend {
                     .set_request_items(Some(pending))
                     .send()
                     .await
-                    .map_err(|e| err(&aws_smithy_types::error::display::DisplayErrorContext(&e)))?;
+                    .map_err(|e| err(&outbox_core::relay::ErrorChain(&e)))?;
                 pending = out.unprocessed_items.unwrap_or_default();
                 pending.retain(|_, v| !v.is_empty());
             }
@@ -547,7 +542,11 @@ impl Backend for DynamoBackend {
                     format!("the lease table `{lease_table}` does not exist"),
                     migrate_fix,
                 )),
-                Err(e) => checks.push(DoctorCheck::red("leases", e.to_string(), migrate_fix)),
+                Err(e) => checks.push(DoctorCheck::red(
+                    "leases",
+                    e.to_string(),
+                    "check source.region/endpoint_url and the AWS credentials (environment, profile, role)",
+                )),
             }
             checks
         })

@@ -71,7 +71,7 @@ impl DynamoDeadLetters {
         SourceError::unavailable(format!(
             "{doing} (lease table `{}`) failed: {}",
             self.table,
-            aws_smithy_types::error::display::DisplayErrorContext(&e)
+            outbox_core::relay::ErrorChain(&e)
         ))
     }
 

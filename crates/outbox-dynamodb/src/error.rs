@@ -1,8 +1,6 @@
 //! This crate's errors: a bad setting (naming its key), and a failed DynamoDB call (saying
 //! what was being done, on which table, and what AWS answered).
 
-use aws_smithy_types::error::display::DisplayErrorContext;
-
 /// A `[source]` value that is not acceptable.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("source.{key}: {message}")]
@@ -79,7 +77,7 @@ impl DynamoError {
         Self::Call {
             doing,
             table: table.to_owned(),
-            message: DisplayErrorContext(&error).to_string(),
+            message: outbox_core::relay::ErrorChain(&error).to_string(),
         }
     }
 }

@@ -64,7 +64,7 @@ impl Leases {
         let message = format!(
             "{doing} (lease table `{}`) failed: {}",
             self.table,
-            aws_smithy_types::error::display::DisplayErrorContext(&e)
+            outbox_core::relay::ErrorChain(&e)
         );
         SourceError::unavailable(message)
     }

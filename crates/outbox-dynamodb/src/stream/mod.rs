@@ -202,7 +202,7 @@ impl DynamoStreamSource {
         SourceError::unavailable(format!(
             "{doing} (table `{}`) failed: {}",
             self.config.table,
-            aws_smithy_types::error::display::DisplayErrorContext(&e)
+            outbox_core::relay::ErrorChain(&e)
         ))
     }
 
