@@ -18,6 +18,7 @@
 services_install() {
     services_tansu_bin >/dev/null 2>&1 || services_install_tansu || return 1
     services_moto_bin >/dev/null 2>&1 || services_install_moto || return 1
+    services_install_promtool || return 1
     services_pubsub_emulator >/dev/null 2>&1 || services_install_pubsub_emulator
     local missing=()
     services_pg_bindir >/dev/null 2>&1 || missing+=(postgresql)
@@ -65,6 +66,42 @@ services_install_moto() {
     }
     command -v pyenv >/dev/null 2>&1 && pyenv rehash >/dev/null 2>&1
     services_moto_bin >/dev/null
+}
+
+# promtool, which checks and unit-tests the Prometheus alert rules in deploy/prometheus/
+# (crates/outbox-cli/tests/deploy.rs). It is taken out of Debian's `prometheus` package
+# without installing the package: the package's scripts would create a user and start a
+# Prometheus server (init script and systemd unit) on the machine.
+services_install_promtool() {
+    command -v promtool >/dev/null 2>&1 && return 0
+    [ -x /usr/local/bin/promtool ] && return 0
+    local sudo=() dir status
+    if [ "$(id -u)" != 0 ]; then
+        command -v sudo >/dev/null || {
+            echo "services: promtool is missing and not root (no sudo): install it first" \
+                "(Debian package prometheus) or set OUTBOX_TEST_PROMTOOL" >&2
+            return 1
+        }
+        sudo=(sudo)
+    fi
+    echo "services: installing promtool (from Debian's prometheus package)" >&2
+    dir=$(mktemp -d "${TMPDIR:-/tmp}/promtool.XXXXXX") || return 1
+    chmod 0755 "$dir"
+    (
+        cd "$dir" &&
+            { apt-get download prometheus >/dev/null 2>&1 || {
+                "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2 &&
+                    apt-get download prometheus >/dev/null 2>&1
+            }; } &&
+            dpkg-deb --fsys-tarfile prometheus_*.deb | tar -xOf - ./usr/bin/promtool >promtool &&
+            "${sudo[@]}" install -m 0755 promtool /usr/local/bin/promtool
+    )
+    status=$?
+    rm -rf "$dir"
+    if [ $status -ne 0 ] || ! /usr/local/bin/promtool --version >/dev/null 2>&1; then
+        echo "services: could not install promtool from Debian's prometheus package" >&2
+        return 1
+    fi
 }
 
 # The Google Cloud Pub/Sub emulator (Debian package google-cloud-cli-pubsub-emulator, from

@@ -417,49 +417,85 @@ impl Backend for DynamoBackend {
     ) -> BoxFuture<'_, Result<StatusReport, SourceError>> {
         Box::pin(async move {
             let (leases, dead) = self.leases().await?;
+            let known: HashMap<String, (Option<String>, bool)> = leases
+                .iter()
+                .map(|l| (l.shard.clone(), (l.checkpoint.clone(), l.finished)))
+                .collect();
+            let shards = crate::stream::unread(&self.config, &self.client, &known).await?;
+            let oldest = shards
+                .iter()
+                .flatten()
+                .filter_map(|s| s.oldest_unread)
+                .min();
+            let age = |at: OffsetDateTime| (now - at).as_seconds_f64().max(0.0);
             let backlog = Backlog {
                 dead,
+                oldest_pending_age_seconds: oldest.map_or(0.0, age),
                 ..Backlog::default()
             };
             let mut status = StatusReport::new(self.database(), self.table(), backlog);
             let now_ms = (now.unix_timestamp_nanos() / 1_000_000) as u64;
+            let Some(shards) = shards else {
+                status
+                    .head_lines
+                    .push("stream: off (run `outbox migrate`, which turns it on)".to_owned());
+                return Ok(status);
+            };
             status.head_lines.push(format!(
-                "stream shards known to the relays: {} ({} finished)",
-                leases.len(),
-                leases.iter().filter(|l| l.finished).count()
+                "stream shards: {} ({} finished); lag: {}",
+                shards.len(),
+                leases.iter().filter(|l| l.finished).count(),
+                match oldest {
+                    Some(at) => format!("the oldest unread record is {:.1} s old", age(at)),
+                    None => "every record is read".to_owned(),
+                }
             ));
-            for l in &leases {
-                let holder = match (&l.owner, l.finished) {
-                    (_, true) => "finished".to_owned(),
-                    (Some(owner), false) if l.lease_until_ms > now_ms => format!(
+            let mut rows = Vec::new();
+            for shard in &shards {
+                let lease = leases.iter().find(|l| l.shard == shard.shard);
+                let holder = match lease {
+                    Some(l) if l.finished => "finished".to_owned(),
+                    Some(LeaseRow {
+                        owner: Some(owner),
+                        lease_until_ms,
+                        ..
+                    }) if *lease_until_ms > now_ms => format!(
                         "read by {owner} (lease {:.0} s left)",
-                        (l.lease_until_ms - now_ms) as f64 / 1000.0
+                        (lease_until_ms - now_ms) as f64 / 1000.0
                     ),
-                    _ => "no relay holds it".to_owned(),
+                    Some(_) => "no relay holds it".to_owned(),
+                    None => "not read yet".to_owned(),
+                };
+                let checkpoint = lease.and_then(|l| l.checkpoint.clone());
+                let unread = match shard.oldest_unread {
+                    Some(at) => format!("oldest unread record {:.1} s old", age(at)),
+                    None => "nothing unread".to_owned(),
                 };
                 status.detail_lines.push(format!(
-                    "shard {}: {holder}; checkpoint {}",
-                    l.shard,
-                    l.checkpoint
+                    "shard {}{}: {holder}; checkpoint {}; {unread}",
+                    shard.shard,
+                    shard
+                        .parent
+                        .as_deref()
+                        .map(|p| format!(" (child of {p})"))
+                        .unwrap_or_default(),
+                    checkpoint
                         .as_deref()
                         .unwrap_or("none (reads from the oldest record)")
                 ));
+                rows.push(serde_json::json!({
+                    "shard": shard.shard,
+                    "parent": shard.parent,
+                    "owner": lease.and_then(|l| l.owner.clone()),
+                    "checkpoint": checkpoint,
+                    "finished": lease.is_some_and(|l| l.finished),
+                    "lease_until_ms": lease.map_or(0, |l| l.lease_until_ms),
+                    "oldest_unread_age_seconds": shard.oldest_unread.map(age),
+                }));
             }
-            status.sections.insert(
-                "shards".into(),
-                serde_json::json!(
-                    leases
-                        .iter()
-                        .map(|l| serde_json::json!({
-                            "shard": l.shard,
-                            "owner": l.owner,
-                            "checkpoint": l.checkpoint,
-                            "finished": l.finished,
-                            "lease_until_ms": l.lease_until_ms,
-                        }))
-                        .collect::<Vec<_>>()
-                ),
-            );
+            status
+                .sections
+                .insert("shards".into(), serde_json::json!(rows));
             Ok(status)
         })
     }

@@ -1,9 +1,10 @@
 //! `outbox dead` for DynamoDB: dead letters are `dead#<id>` items of the lease table (written
-//! by the relay), and an aggregate that has any is marked `held#<type><US><id>`. List, show
-//! and purge work (purging an aggregate's last dead letter removes its mark, and the relay
-//! lets its events flow again); retry does not yet (see `docs/dynamodb.md`).
+//! by the relay), and an aggregate that has any is marked `held#<type><US><id>`. Purging an
+//! aggregate's last dead letter removes its mark, and the relay lets its events flow again.
+//! Retry marks the dead letters of the selected aggregates; a running relay puts them back
+//! in line (see `crate::stream` and `docs/dynamodb.md`).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::types::AttributeValue;
@@ -77,27 +78,7 @@ impl DynamoDeadLetters {
 
     /// Every dead-letter item.
     async fn all(&self) -> Result<Vec<Item>, SourceError> {
-        let mut out = Vec::new();
-        let mut start = None;
-        loop {
-            let page = self
-                .client
-                .scan()
-                .table_name(&self.table)
-                .filter_expression("begins_with(#k, :dead)")
-                .expression_attribute_names("#k", LEASE_KEY)
-                .expression_attribute_values(":dead", AttributeValue::S("dead#".into()))
-                .consistent_read(true)
-                .set_exclusive_start_key(start)
-                .send()
-                .await
-                .map_err(|e| self.err("reading dead letters", e))?;
-            out.extend(page.items().iter().cloned());
-            match page.last_evaluated_key {
-                Some(k) if !k.is_empty() => start = Some(k),
-                _ => return Ok(out),
-            }
-        }
+        crate::stream::scan_prefix(&self.client, &self.table, crate::stream::DEAD_PREFIX).await
     }
 }
 
@@ -185,15 +166,59 @@ impl DeadLetterStore for DynamoDeadLetters {
 
     fn retry<'a>(
         &'a self,
-        _selection: &'a RetrySelection,
+        selection: &'a RetrySelection,
     ) -> BoxFuture<'a, Result<Vec<Uuid>, SourceError>> {
         Box::pin(async move {
-            Err(SourceError::fatal(
-                "`outbox dead retry` is not available for kind = \"dynamodb\" yet: a dead letter \
-                 cannot be put back in a stream. Purge the aggregate's dead letters \
-                 (`outbox dead purge`), then write the events again with the producer (new ids, \
-                 the aggregate's next seq); see docs/dynamodb.md",
-            ))
+            let all = self.all().await?;
+            // An outbox item that could not be read as an event (no `seq`) cannot go again.
+            let (all, broken): (Vec<Item>, Vec<Item>) = all
+                .into_iter()
+                .partition(|item| number(item, "seq").is_some());
+            for item in &broken {
+                let Some(d) = summary(item) else { continue };
+                if let RetrySelection::Ids(ids) = selection
+                    && ids.contains(&d.id)
+                {
+                    return Err(SourceError::fatal(format!(
+                        "dead letter {} cannot be retried: its outbox item could not be read as an event ({}). Fix or rewrite the item in the table, then `outbox dead purge` this dead letter",
+                        d.id,
+                        d.reason.unwrap_or_default()
+                    )));
+                }
+            }
+            let chosen: HashSet<(String, String)> = all
+                .iter()
+                .filter_map(|item| Some((summary(item)?, crate::stream::aggregate_of(item)?)))
+                .filter(|(d, _)| match selection {
+                    RetrySelection::Ids(ids) => ids.contains(&d.id),
+                    RetrySelection::EventType(t) => d.event_type == *t,
+                    RetrySelection::All => true,
+                })
+                .map(|(_, agg)| agg)
+                .collect();
+            // Whole aggregates, in seq order: an event cannot go before the dead letter it
+            // was held behind, nor a held one stay behind a retried head.
+            let mut picked: Vec<(i64, DeadLetter)> = all
+                .iter()
+                .filter(|item| {
+                    crate::stream::aggregate_of(item).is_some_and(|a| chosen.contains(&a))
+                })
+                .filter_map(|item| Some((number(item, "seq").unwrap_or(0), summary(item)?)))
+                .collect();
+            picked.sort_by(|a, b| {
+                (&a.1.aggregate_type, &a.1.aggregate_id, a.0).cmp(&(
+                    &b.1.aggregate_type,
+                    &b.1.aggregate_id,
+                    b.0,
+                ))
+            });
+            let keys: Vec<String> = picked
+                .iter()
+                .map(|(_, d)| format!("{}{}", crate::stream::DEAD_PREFIX, d.id))
+                .collect();
+            let now_ms = (OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000) as u64;
+            crate::stream::request(&self.client, &self.table, &keys, now_ms).await?;
+            Ok(picked.into_iter().map(|(_, d)| d.id).collect())
         })
     }
 

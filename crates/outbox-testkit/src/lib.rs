@@ -29,6 +29,7 @@ pub mod oracle;
 pub mod serial_proxy;
 pub mod services;
 pub mod sink_conformance;
+pub mod stream_faults;
 pub mod tls;
 pub mod wait;
 

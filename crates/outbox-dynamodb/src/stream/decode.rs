@@ -38,11 +38,7 @@ pub(crate) fn decode(record: &Record, sort_key: &str) -> Decoded {
     let Some(id_text) = sk.strip_prefix(OUTBOX_PREFIX) else {
         return Decoded::Ignored;
     };
-    let created_at = record
-        .dynamodb()
-        .and_then(|d| d.approximate_creation_date_time())
-        .and_then(|t| OffsetDateTime::from_unix_timestamp(t.secs()).ok())
-        .unwrap_or_else(OffsetDateTime::now_utc);
+    let created_at = written_at(record).unwrap_or_else(OffsetDateTime::now_utc);
     let text = |name: &str| match image.get(name) {
         Some(AttributeValue::S(s)) if !s.is_empty() => Ok(s.clone()),
         Some(_) => Err(format!("attribute `{name}` is not a non-empty string (S)")),
@@ -122,6 +118,14 @@ fn read(image: &HashMap<String, AttributeValue>, event: &mut Event) -> Result<u6
         Some(_) => Err("attribute `seq` is not a number (N)".into()),
         None => Err("attribute `seq` is missing".into()),
     }
+}
+
+/// When the record's change was made (`ApproximateCreationDateTime`, to the precision the
+/// stream gives).
+pub(super) fn written_at(record: &Record) -> Option<OffsetDateTime> {
+    let t = record.dynamodb()?.approximate_creation_date_time()?;
+    let at = OffsetDateTime::from_unix_timestamp(t.secs()).ok()?;
+    Some(at + time::Duration::nanoseconds(i64::from(t.subsec_nanos())))
 }
 
 #[cfg(test)]

@@ -24,15 +24,15 @@ pub(crate) struct ShardLease {
 /// Access to one lease table as one relay (`owner`).
 #[derive(Debug, Clone)]
 pub(crate) struct Leases {
-    client: Client,
-    table: String,
-    owner: String,
+    pub(super) client: Client,
+    pub(super) table: String,
+    pub(super) owner: String,
 }
 
-fn s(v: impl Into<String>) -> AttributeValue {
+pub(super) fn s(v: impl Into<String>) -> AttributeValue {
     AttributeValue::S(v.into())
 }
-fn n(v: impl ToString) -> AttributeValue {
+pub(super) fn n(v: impl ToString) -> AttributeValue {
     AttributeValue::N(v.to_string())
 }
 
@@ -60,7 +60,11 @@ impl Leases {
         }
     }
 
-    fn err<E: std::error::Error + Send + Sync + 'static>(&self, doing: &str, e: E) -> SourceError {
+    pub(super) fn err<E: std::error::Error + Send + Sync + 'static>(
+        &self,
+        doing: &str,
+        e: E,
+    ) -> SourceError {
         let message = format!(
             "{doing} (lease table `{}`) failed: {}",
             self.table,
@@ -337,32 +341,11 @@ impl Leases {
 
     /// The aggregates that have dead letters (their markers).
     pub(crate) async fn dead_aggregates(&self) -> Result<HashSet<(String, String)>, SourceError> {
-        let mut out = HashSet::new();
-        let mut start = None;
-        loop {
-            let page = self
-                .client
-                .scan()
-                .table_name(&self.table)
-                .filter_expression("begins_with(#k, :held)")
-                .expression_attribute_names("#k", LEASE_KEY)
-                .expression_attribute_values(":held", s("held#"))
-                .consistent_read(true)
-                .set_exclusive_start_key(start)
-                .send()
-                .await
-                .map_err(|e| self.err("reading dead letters", e))?;
-            for item in page.items() {
-                let get = |k: &str| item.get(k).and_then(|v| v.as_s().ok()).cloned();
-                if let (Some(t), Some(i)) = (get("aggregate_type"), get("aggregate_id")) {
-                    out.insert((t, i));
-                }
-            }
-            match page.last_evaluated_key {
-                Some(k) if !k.is_empty() => start = Some(k),
-                _ => return Ok(out),
-            }
-        }
+        Ok(super::scan_prefix(&self.client, &self.table, "held#")
+            .await?
+            .iter()
+            .filter_map(super::aggregate_of)
+            .collect())
     }
 
     /// Whether `id` is a dead letter.

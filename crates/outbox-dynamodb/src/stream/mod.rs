@@ -21,9 +21,13 @@
 //!   `dead_letter = "hold-aggregate"` the later events of their aggregate are kept there too.
 
 mod decode;
+mod lag;
 mod lease;
+mod requeue;
 
+pub(crate) use lag::unread;
 pub(crate) use lease::held_key;
+pub(crate) use requeue::{DEAD_PREFIX, aggregate_of, request, scan_prefix};
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -40,6 +44,7 @@ use tokio::time::Instant;
 use crate::config::DynamoDbConfig;
 use decode::{Decoded, decode};
 use lease::Leases;
+use requeue::Requeued;
 
 /// How often the stream's shards are listed again (new shards after a split).
 pub const DISCOVERY_INTERVAL: Duration = Duration::from_secs(5);
@@ -52,13 +57,18 @@ const MAX_BUFFERED: usize = 20_000;
 const POSITION_REFRESH: Duration = Duration::from_millis(500);
 /// Records asked for per read.
 const READ_LIMIT: i32 = 1000;
+/// How often the counter of `outbox dead retry` requests is read.
+const REQUEUE_CHECK: Duration = Duration::from_secs(1);
 
 /// Where an event came from.
 #[derive(Debug, Clone)]
 struct Meta {
+    /// Empty for an event put back by `outbox dead retry`.
     shard: Arc<str>,
     seqnum: Arc<str>,
     seq: u64,
+    /// The lease-table item of an event put back by `outbox dead retry`.
+    requeued: Option<Arc<str>>,
 }
 
 /// An event read before its predecessor was handed out.
@@ -113,6 +123,16 @@ pub struct DynamoStreamSource {
     /// Positions handed out for good, not yet recorded in the lease table.
     unrecorded: HashMap<(String, String), u64>,
     dead: Option<HashSet<(String, String)>>,
+    /// The retry-request counter last seen (`None`: scan at the next check).
+    requests_seen: Option<u64>,
+    next_requeue_check: Instant,
+    /// Retried events claimed and not yet settled for good: item key → aggregate.
+    claims: HashMap<Arc<str>, (String, String)>,
+    /// Held aggregates whose dead letters are being retried: their retried events are not
+    /// parked (new events from the stream still are, and go after them).
+    retrying: HashSet<(String, String)>,
+    claims_until: Instant,
+    claims_renewed: Instant,
     stats: Arc<LedgerStats>,
     closed_tx: Option<tokio::sync::watch::Sender<()>>,
     closed_rx: tokio::sync::watch::Receiver<()>,
@@ -132,6 +152,15 @@ fn now_ms() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
+}
+
+/// Records the relay had not read were trimmed by the stream's 24-hour retention.
+fn warn_trimmed(shard: &str, after: Option<&str>) {
+    tracing::error!(
+        shard,
+        after,
+        "records after the checkpoint were trimmed from the stream (older than 24 hours): events were lost; reading from the oldest record left"
+    );
 }
 
 fn aggregate(e: &Event) -> (String, String) {
@@ -178,6 +207,12 @@ impl DynamoStreamSource {
             next_position_refresh: Instant::now(),
             unrecorded: HashMap::new(),
             dead: None,
+            requests_seen: None,
+            next_requeue_check: Instant::now(),
+            claims: HashMap::new(),
+            retrying: HashSet::new(),
+            claims_until: Instant::now(),
+            claims_renewed: Instant::now(),
             stats: Arc::new(LedgerStats::default()),
         })
     }
@@ -349,11 +384,7 @@ impl DynamoStreamSource {
                 .shard_iterator
                 .ok_or_else(|| SourceError::unavailable("the stream returned no shard iterator")),
             Err(e) if e.code() == Some("TrimmedDataAccessException") => {
-                tracing::error!(
-                    shard,
-                    after,
-                    "records after the checkpoint were trimmed from the stream (older than 24 hours): events were lost; reading from the oldest record left"
-                );
+                warn_trimmed(shard, after);
                 let out = self
                     .streams
                     .get_shard_iterator()
@@ -414,6 +445,8 @@ impl DynamoStreamSource {
                     continue;
                 }
                 Err(e) if e.code() == Some("TrimmedDataAccessException") => {
+                    let after = self.held.get(&shard).and_then(|s| s.last_read.clone());
+                    warn_trimmed(&shard, after.as_deref());
                     let fresh = self.iterator(&shard, None).await?;
                     if let Some(s) = self.held.get_mut(&shard) {
                         s.iterator = Some(fresh);
@@ -441,6 +474,7 @@ impl DynamoStreamSource {
                     shard: shard.clone(),
                     seqnum: seqnum.clone(),
                     seq,
+                    requeued: None,
                 };
                 match decoded {
                     Decoded::Ignored => {}
@@ -689,7 +723,144 @@ impl DynamoStreamSource {
 
     /// Until when a batch from the held shards may be published.
     fn valid_until(&self) -> Option<Instant> {
-        self.held.values().map(|s| s.lease_until).min()
+        let claims = (!self.claims.is_empty()).then_some(self.claims_until);
+        self.held
+            .values()
+            .map(|s| s.lease_until)
+            .chain(claims)
+            .min()
+    }
+
+    /// Puts in line what `outbox dead retry` asked for, once the request counter moved (and
+    /// at start, and when another relay's claim may have expired).
+    async fn pick_up_requeued(&mut self) -> Result<(), SourceError> {
+        if Instant::now() < self.next_requeue_check {
+            return Ok(());
+        }
+        self.next_requeue_check = Instant::now() + REQUEUE_CHECK;
+        let requests = self.leases.requeue_requests().await?;
+        if self.requests_seen == Some(requests) {
+            return Ok(());
+        }
+        let until = now_ms() + self.lease_duration.as_millis() as u64;
+        let claimed = self.leases.claim_requeued(now_ms(), until).await?;
+        // Marked items under another relay's claim: look again once that claim may have
+        // expired (its relay died).
+        self.requests_seen = (claimed.others == 0).then_some(requests);
+        if claimed.others > 0 {
+            self.next_requeue_check = Instant::now() + self.lease_duration;
+        }
+        if claimed.mine.is_empty() {
+            return Ok(());
+        }
+        let mut mine = claimed.mine;
+        mine.retain(|r| !self.claims.contains_key(r.key.as_str()));
+        mine.sort_by(|a, b| {
+            (&a.event.aggregate_type, &a.event.aggregate_id, a.seq).cmp(&(
+                &b.event.aggregate_type,
+                &b.event.aggregate_id,
+                b.seq,
+            ))
+        });
+        let keys: Vec<(String, String)> = mine.iter().map(|r| aggregate(&r.event)).collect();
+        let unknown: Vec<(String, String)> = keys
+            .iter()
+            .filter(|k| !self.last.contains_key(*k))
+            .cloned()
+            .collect();
+        if !unknown.is_empty() {
+            let found = self.leases.positions(&unknown).await?;
+            for k in unknown {
+                let p = found.get(&k).copied().unwrap_or(0);
+                self.last.insert(k, p);
+            }
+        }
+        tracing::info!(
+            events = mine.len(),
+            "putting retried dead letters back in line"
+        );
+        for Requeued { key, event, seq } in mine {
+            let agg = aggregate(&event);
+            // New events of the aggregate from the stream are still parked until these are
+            // out; then they are retried too, behind them.
+            self.retrying.insert(agg.clone());
+            let last = self.last.entry(agg.clone()).or_insert(0);
+            *last = (*last).max(seq);
+            let key: Arc<str> = Arc::from(key);
+            self.claims.insert(key.clone(), agg);
+            self.put_in_line(
+                event,
+                Meta {
+                    shard: Arc::from(""),
+                    seqnum: Arc::from(""),
+                    seq,
+                    requeued: Some(key),
+                },
+            );
+        }
+        self.claims_until = Instant::now() + self.lease_duration;
+        self.claims_renewed = Instant::now();
+        Ok(())
+    }
+
+    /// Renews the claims on retried events (with the shard leases); drops the ones lost.
+    async fn renew_claims(&mut self) -> Result<(), SourceError> {
+        if self.claims.is_empty() || self.claims_renewed.elapsed() < self.lease_duration / 3 {
+            return Ok(());
+        }
+        let keys: Vec<String> = self.claims.keys().map(|k| k.to_string()).collect();
+        let until = now_ms() + self.lease_duration.as_millis() as u64;
+        let lost = self.leases.renew_claims(&keys, until).await?;
+        self.claims_renewed = Instant::now();
+        self.claims_until = Instant::now() + self.lease_duration;
+        for key in lost {
+            tracing::warn!(item = %key, "lost the claim on a retried dead letter; another relay retries it");
+            self.claims.remove(key.as_str());
+            let queued: Vec<i64> = self
+                .ledger
+                .queued()
+                .filter(|e| e.meta.requeued.as_deref() == Some(key.as_str()))
+                .map(|e| e.event.position.0)
+                .collect();
+            for p in queued {
+                self.ledger.remove_queued(p);
+            }
+        }
+        Ok(())
+    }
+
+    /// A retried event was settled for good (`delivered`: acknowledged; else dead again or
+    /// parked). When its aggregate has no retried event left in line, what is left of its
+    /// dead letters decides: none → the aggregate's mark goes; only events parked meanwhile
+    /// behind the retried ones → they are retried too; a dead letter → the aggregate stays
+    /// held.
+    async fn requeued_settled(&mut self, key: &str, delivered: bool) -> Result<(), SourceError> {
+        let Some(agg) = self.claims.remove(key) else {
+            return Ok(());
+        };
+        if delivered {
+            self.leases.requeued_done(key).await?;
+        }
+        if self.claims.values().any(|a| *a == agg) {
+            return Ok(());
+        }
+        self.retrying.remove(&agg);
+        let left = self.leases.dead_of(&agg).await?;
+        if left.is_empty() {
+            self.leases.unhold(&agg).await?;
+            if let Some(dead) = self.dead.as_mut() {
+                dead.remove(&agg);
+            }
+        } else if left.iter().all(|(_, held)| *held) {
+            let keys: Vec<String> = left.into_iter().map(|(k, _)| k).collect();
+            request(&self.leases.client, &self.leases.table, &keys, now_ms()).await?;
+            self.next_requeue_check = Instant::now();
+        } else if self.hold
+            && let Some(dead) = self.dead.as_mut()
+        {
+            dead.insert(agg);
+        }
+        Ok(())
     }
 }
 
@@ -700,6 +871,8 @@ impl Source for DynamoStreamSource {
         self.discover().await?;
         self.read(now).await?;
         self.refresh_waiting().await?;
+        self.pick_up_requeued().await?;
+        self.renew_claims().await?;
         self.checkpoint(false).await?;
         let events = self.ledger.take(limit, now, self.ordering);
         self.stats.publish(&self.ledger);
@@ -733,20 +906,22 @@ impl Source for DynamoStreamSource {
                 }
             }
         }
-        let mut settled: Vec<Entry<Meta>> = Vec::new();
+        let mut settled: Vec<(Entry<Meta>, bool)> = Vec::new();
         for s in settlements {
             let Some(mut entry) = self.ledger.take_in_flight(s.position.0) else {
                 continue;
             };
             match &s.outcome {
-                Outcome::Delivered => settled.push(entry),
+                Outcome::Delivered => settled.push((entry, true)),
                 Outcome::DeadLetter { .. } => {
+                    // A retried event dead again: the ones behind it are parked again.
+                    self.retrying.remove(&entry.aggregate());
                     if self.hold
                         && let Some(dead) = self.dead.as_mut()
                     {
                         dead.insert(entry.aggregate());
                     }
-                    settled.push(entry);
+                    settled.push((entry, false));
                 }
                 Outcome::Retry { not_before, .. } => {
                     entry.event.attempts += 1;
@@ -757,13 +932,17 @@ impl Source for DynamoStreamSource {
             }
         }
         self.ledger.release_in_flight();
-        for entry in settled {
+        let mut requeued = Vec::new();
+        for (entry, delivered) in settled {
             self.ledger.finish(&entry);
             self.unrecorded
                 .entry(entry.aggregate())
                 .and_modify(|s| *s = (*s).max(entry.meta.seq))
                 .or_insert(entry.meta.seq);
             self.mark_settled(&entry.meta.shard, &entry.meta.seqnum);
+            if let Some(key) = entry.meta.requeued.clone() {
+                requeued.push((key, delivered));
+            }
         }
         // A held event of a dead-lettered aggregate queued behind it is parked at once.
         if self.hold {
@@ -772,6 +951,7 @@ impl Source for DynamoStreamSource {
                 .ledger
                 .queued()
                 .filter(|e| dead.contains(&e.aggregate()))
+                .filter(|e| e.meta.requeued.is_none() || !self.retrying.contains(&e.aggregate()))
                 .map(|e| e.event.position.0)
                 .collect();
             for p in parked {
@@ -785,10 +965,19 @@ impl Source for DynamoStreamSource {
                         .dead(&entry.event, Some(entry.meta.seq), 0, &reason, now)
                         .await?;
                     self.ledger.finish(&entry);
-                    self.unrecorded.insert(key, entry.meta.seq);
+                    self.unrecorded
+                        .entry(key)
+                        .and_modify(|s| *s = (*s).max(entry.meta.seq))
+                        .or_insert(entry.meta.seq);
                     self.mark_settled(&entry.meta.shard, &entry.meta.seqnum);
+                    if let Some(k) = entry.meta.requeued.clone() {
+                        requeued.push((k, false));
+                    }
                 }
             }
+        }
+        for (key, delivered) in requeued {
+            self.requeued_settled(&key, delivered).await?;
         }
         self.stats.publish(&self.ledger);
         self.checkpoint(true).await
@@ -811,6 +1000,7 @@ impl Source for DynamoStreamSource {
         if self.held.is_empty() {
             until = until.min(self.next_discovery);
         }
+        until = until.min(self.next_requeue_check);
         if let Some(due) = self.ledger.next_due(now) {
             let wait: Duration = (due - now).try_into().unwrap_or(Duration::ZERO);
             until = until.min(Instant::now() + wait);
@@ -836,13 +1026,15 @@ impl Drop for DynamoStreamSource {
             })
             .collect();
         let closed = self.closed_tx.take();
-        if shards.is_empty() {
+        let claims: Vec<String> = self.claims.keys().map(|k| k.to_string()).collect();
+        if shards.is_empty() && claims.is_empty() {
             return;
         }
         let leases = self.leases.clone();
         let unrecorded: Vec<_> = self.unrecorded.drain().collect();
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
+                leases.release_claims(&claims).await;
                 if leases.advance(unrecorded).await.is_err() {
                     return; // keep the checkpoints where they are
                 }
