@@ -511,8 +511,9 @@ services_start_mariadb() {
         return 1
     }
     user=$(id -un)
-    mkdir -p "$root"
-    if ! "$install" --no-defaults --user="$user" --datadir="$root/data" \
+    # Its own tmpdir: a bootstrap's temporary tables in a shared /tmp were seen vanishing.
+    mkdir -p "$root/tmp"
+    if ! "$install" --no-defaults --user="$user" --datadir="$root/data" --tmpdir="$root/tmp" \
         --auth-root-authentication-method=normal --skip-test-db >"$root/install.log" 2>&1; then
         echo "services: mariadb-install-db failed" >&2
         services_log_tail "$root/install.log"
@@ -523,7 +524,7 @@ services_start_mariadb() {
         : >"$root/mariadb.log"
         "$bin" --no-defaults --user="$user" --bind-address=127.0.0.1 --port="$port" \
             --skip-name-resolve --innodb-flush-log-at-trx-commit="${SERVICES_MARIADB_FLUSH:-2}" --max-connections=500 \
-            --datadir="$root/data" --socket="$root/mariadb.sock" --pid-file="$root/mariadb.pid" \
+            --datadir="$root/data" --tmpdir="$root/tmp" --socket="$root/mariadb.sock" --pid-file="$root/mariadb.pid" \
             --log-bin="$root/data/binlog" --binlog-format=ROW --server-id=1 \
             --log-error="$root/mariadb.log" </dev/null >>"$root/mariadb.out" 2>&1 &
         pid=$!

@@ -152,10 +152,15 @@ impl ServerSpec for MariaDbServer {
         let install = process::find_program("mariadb-install-db")
             .with_context(|| format!("`mariadb-install-db` not found: {hint}"))?;
         let data = root.join("data");
+        // Its own temporary directory: in a shared /tmp, a bootstrap's temporary tables were
+        // seen vanishing under load ("Error on delete of '/tmp/#sql-temptable-…'").
+        let tmp = root.join("tmp");
+        std::fs::create_dir_all(&tmp).context("creating MariaDB's tmpdir")?;
         let output = std::process::Command::new(install)
             .arg("--no-defaults")
             .arg(format!("--user={}", current_user()))
             .arg(format!("--datadir={}", data.display()))
+            .arg(format!("--tmpdir={}", tmp.display()))
             .args(["--auth-root-authentication-method=normal", "--skip-test-db"])
             .output()
             .context("running mariadb-install-db")?;
@@ -215,6 +220,7 @@ impl ServerSpec for MariaDbServer {
             ("--datadir=", "data"),
             ("--socket=", "mariadb.sock"),
             ("--pid-file=", "mariadb.pid"),
+            ("--tmpdir=", "tmp"),
         ] {
             let mut arg = OsString::from(flag);
             arg.push(path(name));
