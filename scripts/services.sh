@@ -18,8 +18,10 @@
 services_install() {
     services_tansu_bin >/dev/null 2>&1 || services_install_tansu || return 1
     services_moto_bin >/dev/null 2>&1 || services_install_moto || return 1
+    services_cloudevents_sdk || services_install_cloudevents || return 1
     services_install_promtool || return 1
     services_pubsub_emulator >/dev/null 2>&1 || services_install_pubsub_emulator
+    services_install_browser || return 1
     local missing=()
     services_pg_bindir >/dev/null 2>&1 || missing+=(postgresql)
     services_nats_bin >/dev/null 2>&1 || missing+=(nats-server)
@@ -68,6 +70,40 @@ services_install_moto() {
     services_moto_bin >/dev/null
 }
 
+# The web console's end-to-end test (crates/outbox-cli/tests/console.rs): Debian's Chromium,
+# and playwright-core from npm in the test's own folder (pinned by its package-lock.json; its
+# node_modules is git-ignored). Node.js and npm: the machine's, else Debian's.
+services_install_browser() {
+    local dir="$_services_repo/crates/outbox-cli/tests/console"
+    local missing=()
+    [ -x "${OUTBOX_CHROMIUM:-/usr/bin/chromium}" ] || missing+=(chromium)
+    command -v node >/dev/null 2>&1 || missing+=(nodejs)
+    command -v npm >/dev/null 2>&1 || missing+=(npm)
+    if [ ${#missing[@]} -gt 0 ]; then
+        local sudo=()
+        if [ "$(id -u)" != 0 ]; then
+            command -v sudo >/dev/null || {
+                echo "services: missing ${missing[*]} and not root (no sudo): install them first" >&2
+                return 1
+            }
+            sudo=(sudo)
+        fi
+        echo "services: installing ${missing[*]}" >&2
+        "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
+        "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" </dev/null >&2 ||
+            return 1
+    fi
+    # `npm ci` again only when the lock file is newer than the last install.
+    if [ ! -f "$dir/node_modules/playwright-core/package.json" ] ||
+        [ "$dir/package-lock.json" -nt "$dir/node_modules/.package-lock.json" ]; then
+        echo "services: installing playwright-core (npm ci in crates/outbox-cli/tests/console)" >&2
+        (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error) >&2 || {
+            echo "services: npm ci failed in $dir" >&2
+            return 1
+        }
+    fi
+}
+
 # promtool, which checks and unit-tests the Prometheus alert rules in deploy/prometheus/
 # (crates/outbox-cli/tests/deploy.rs). It is taken out of Debian's `prometheus` package
 # without installing the package: the package's scripts would create a user and start a
@@ -102,6 +138,21 @@ services_install_promtool() {
         echo "services: could not install promtool from Debian's prometheus package" >&2
         return 1
     fi
+}
+
+# The CloudEvents Python SDK (PyPI `cloudevents` 2.x): crates/outbox-cli/tests/cloudevents.rs
+# reads what the relay published in the CloudEvents formats with it, as a Python consumer would.
+services_cloudevents_sdk() {
+    python3 -c 'import cloudevents.core.bindings.kafka' >/dev/null 2>&1
+}
+
+services_install_cloudevents() {
+    echo "services: installing cloudevents from PyPI" >&2
+    python3 -m pip install --quiet --disable-pip-version-check 'cloudevents>=2,<3' >&2 || {
+        echo "services: could not install cloudevents (pip install 'cloudevents>=2,<3')" >&2
+        return 1
+    }
+    services_cloudevents_sdk
 }
 
 # The Google Cloud Pub/Sub emulator (Debian package google-cloud-cli-pubsub-emulator, from

@@ -6,8 +6,8 @@ use std::io::{BufRead, IsTerminal, Write};
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
 use outbox_core::SourceError;
-use outbox_core::admin::{RetrySelection, StoredEventDetail};
-use outbox_runtime::Config;
+use outbox_core::admin::RetrySelection;
+use outbox_runtime::{Config, story};
 use time::OffsetDateTime;
 use uuid::Uuid;
 
@@ -70,66 +70,6 @@ pub(crate) struct RetryArgs {
 
 pub(crate) use outbox_core::admin::when;
 
-/// The event as JSON: its fields, with the payload as text (or a note when not UTF-8).
-pub(crate) fn event_json(detail: &StoredEventDetail) -> anyhow::Result<serde_json::Value> {
-    let mut v = serde_json::to_value(detail)?;
-    v["payload"] = match std::str::from_utf8(&detail.payload) {
-        Ok(text) => serde_json::Value::String(text.to_owned()),
-        Err(_) => serde_json::Value::String(format!("<{} bytes, not UTF-8>", detail.payload.len())),
-    };
-    Ok(v)
-}
-
-/// Prints the attempts, one line each; falls back to `last_error` where no history is kept
-/// (SQLite, CDC dead letters, failures recorded before schema version 2).
-pub(crate) fn print_attempts(detail: &StoredEventDetail) {
-    let s = &detail.summary;
-    let requeued = detail.attempt_errors.iter().any(|a| a.kind == "requeued");
-    println!(
-        "attempts     {} failed{}",
-        s.attempts,
-        if requeued {
-            " since it was last put back in line"
-        } else {
-            ""
-        }
-    );
-    if detail.attempt_errors.is_empty() {
-        if s.attempts > 0 || s.reason.is_some() {
-            println!("last error   {}", s.reason.as_deref().unwrap_or("-"));
-        }
-        return;
-    }
-    if detail
-        .attempt_errors
-        .first()
-        .is_some_and(|a| a.attempt > 1 && a.kind != "requeued")
-    {
-        println!(
-            "  (earlier attempts not kept: the last {} entries are)",
-            detail.attempt_errors.len()
-        );
-    }
-    for a in &detail.attempt_errors {
-        println!(
-            "  #{:<3} {}  {:<8} {}",
-            a.attempt,
-            when(a.at),
-            a.kind,
-            a.error
-        );
-    }
-}
-
-/// Prints headers and payload.
-pub(crate) fn print_body(detail: &StoredEventDetail) {
-    println!("headers      {}", detail.headers);
-    match std::str::from_utf8(&detail.payload) {
-        Ok(text) => println!("payload      {text}"),
-        Err(_) => println!("payload      <{} bytes, not UTF-8>", detail.payload.len()),
-    }
-}
-
 pub(crate) async fn run(config: &Config, command: DeadCommand) -> anyhow::Result<()> {
     match &command {
         DeadCommand::Retry(_) => crate::admin::refuse_through_pooler(config, "dead retry")?,
@@ -182,19 +122,14 @@ pub(crate) async fn run(config: &Config, command: DeadCommand) -> anyhow::Result
                 .map_err(e)?
                 .with_context(|| format!("no event with id {id}"))?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&event_json(&detail)?)?);
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&story::event_json(&detail)?)?
+                );
             } else {
-                let s = &detail.summary;
-                println!("event        {}", s.id);
-                println!("aggregate    {}/{}", s.aggregate_type, s.aggregate_id);
-                println!("event type   {}", s.event_type);
-                println!("state        {} (seq {})", detail.state, detail.seq);
-                println!("created      {}", when(s.created_at));
-                if let Some(t) = s.dead_lettered_at {
-                    println!("dead since   {}", when(t));
+                for line in story::detail_lines(&detail) {
+                    println!("{line}");
                 }
-                print_attempts(&detail);
-                print_body(&detail);
             }
         }
         DeadCommand::Retry(args) => {

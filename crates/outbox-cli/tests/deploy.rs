@@ -503,11 +503,13 @@ refresh_interval = "100ms"
     );
 
     let (mut exposed, scraped_labels) = exposition(&body);
-    // Emitted only by a PostgreSQL backend (the polling watchdog, the CDC slot check), or
-    // only when the database fails (source errors, unrecorded batches): checked against the
-    // names the relay registers them under instead of a scrape.
+    // Emitted only by a PostgreSQL backend (the polling watchdog, the CDC slot check), only
+    // when the database fails (source errors, unrecorded batches), or only with `[tracing]`
+    // set (dropped spans; tests/tracing.rs scrapes it): checked against the names the relay
+    // registers them under instead of a scrape.
     exposed.extend(
         [
+            outbox_core::metrics::TRACE_SPANS_DROPPED,
             outbox_core::metrics::STUCK_EVENTS,
             outbox_core::metrics::OLDEST_TRANSACTION_AGE_SECONDS,
             outbox_core::metrics::OLDEST_TRANSACTION_PID,

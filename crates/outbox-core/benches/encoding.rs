@@ -1,6 +1,6 @@
 //! Micro-benchmark: building the messages of one 500-event batch, the per-event work every
-//! sink does before it publishes (the contract headers, the rendered destination), and the
-//! relay's split of a batch into per-aggregate waves.
+//! sink does before it publishes (the contract headers, the rendered destination, the
+//! CloudEvents formats), and the relay's split of a batch into per-aggregate waves.
 //!
 //! `cargo bench -p outbox-core --bench encoding` (add `-- --quick` for a short run).
 
@@ -10,6 +10,7 @@ use std::hint::black_box;
 
 use bytes::Bytes;
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
+use outbox_core::cloudevents::{self, Binding, Format, MessageFormat};
 use outbox_core::relay::split_into_waves;
 use outbox_core::{Destination, Event, Ordering, Position, message};
 use time::OffsetDateTime;
@@ -64,6 +65,45 @@ fn encoding(c: &mut Criterion) {
             }
         })
     });
+    // `[sink] format`: the plain message through `MessageFormat::encode` (what every sink
+    // now calls; must cost what `headers_borrowed` does), and the two CloudEvents modes.
+    let binding = Binding {
+        prefix: "ce_",
+        data_content_type: Some("content-type"),
+        structured_content_type: Some("content-type"),
+        percent_encode: false,
+    };
+    for (name, format) in [
+        ("format_plain", Format::Plain),
+        ("format_cloudevents_binary", Format::CloudeventsBinary),
+        (
+            "format_cloudevents_structured",
+            Format::CloudeventsStructured,
+        ),
+    ] {
+        let format = MessageFormat::new(
+            format,
+            cloudevents::DEFAULT_SOURCE,
+            cloudevents::DEFAULT_DATA_CONTENT_TYPE,
+        )
+        .expect("the defaults are valid");
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                let mut bytes = 0usize;
+                for e in &events {
+                    let encoded = format
+                        .encode(black_box(e), &binding, |n, v| {
+                            bytes = n.bytes().chain(v.bytes()).fold(bytes, |acc, b| {
+                                acc.wrapping_mul(31).wrapping_add(usize::from(b))
+                            });
+                        })
+                        .expect("a CloudEvent");
+                    bytes = bytes.wrapping_add(encoded.body.len());
+                }
+                black_box(bytes)
+            })
+        });
+    }
     group.bench_function("destination_render", |b| {
         b.iter(|| {
             for e in &events {

@@ -12,6 +12,7 @@
 pub mod admin;
 pub mod aggregate_seq;
 pub mod backend;
+pub mod cloudevents;
 pub mod destination;
 pub mod enqueue;
 pub mod event;
@@ -25,10 +26,12 @@ pub mod relay;
 pub mod sink;
 pub mod source;
 pub mod stream_ledger;
+pub mod trace;
 
 pub use backend::{
     Backend, BackendConfig, BoxedSource, DynSource, OpenError, OpenOptions, Pipelines, Unsupported,
 };
+pub use cloudevents::{Format, MessageFormat};
 pub use destination::{Destination, DestinationError};
 pub use enqueue::EnqueueError;
 pub use event::{Event, NewEvent, Position};

@@ -36,6 +36,11 @@ pub const SINK_UP: &str = "outbox_sink_up";
 /// Gauge (bytes): WAL the CDC replication slot keeps for the relay
 /// (`pg_current_wal_lsn() - confirmed_flush_lsn`).
 pub const REPLICATION_SLOT_RETAINED_WAL_BYTES: &str = "outbox_replication_slot_retained_wal_bytes";
+/// Counter: publish spans never exported (`[tracing]` set): label `reason` = `queue_full`
+/// (the bounded export queue was full: the OTLP endpoint is slow or unreachable),
+/// `export_failed` (the endpoint refused or did not answer) or `shutdown` (still queued when
+/// the relay stopped). Delivery never waits for the export.
+pub const TRACE_SPANS_DROPPED: &str = "outbox_trace_spans_dropped_total";
 
 /// Registers descriptions with the installed recorder (call once after installing it).
 pub fn describe() {
@@ -89,5 +94,9 @@ pub fn describe() {
         REPLICATION_SLOT_RETAINED_WAL_BYTES,
         Unit::Bytes,
         "WAL the CDC replication slot retains: current WAL position minus confirmed flush"
+    );
+    describe_counter!(
+        TRACE_SPANS_DROPPED,
+        "Publish spans dropped instead of exported over OTLP (queue full, export failed, shutdown)"
     );
 }

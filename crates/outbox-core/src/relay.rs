@@ -21,6 +21,7 @@ use crate::metrics as m;
 use crate::policy::{Backoff, FailureAction, RetryPolicy};
 use crate::sink::Delivery;
 use crate::source::{Fetched, Outcome, Settlement};
+use crate::trace::{AttemptOutcome, AttemptSpan, PublishTracer};
 use crate::{Event, Sink, SinkError, SinkErrorKind, Source, SourceError, SourceErrorKind};
 
 /// Which events must reach the broker in commit order.
@@ -161,6 +162,8 @@ impl std::ops::AddAssign for RelayReport {
 pub struct Relay<K> {
     config: RelayConfig,
     sink: Arc<K>,
+    /// Publish spans; `None` (the default) costs nothing per event.
+    tracer: Option<Arc<dyn PublishTracer>>,
 }
 
 /// Exponential pause for repeated unavailability of the database or the broker.
@@ -188,7 +191,19 @@ impl Pause {
 impl<K: Sink> Relay<K> {
     /// A relay publishing to `sink`.
     pub fn new(config: RelayConfig, sink: Arc<K>) -> Self {
-        Self { config, sink }
+        Self {
+            config,
+            sink,
+            tracer: None,
+        }
+    }
+
+    /// Reports every publish attempt to `tracer` (one span per event and attempt; see
+    /// [`crate::trace`]).
+    #[must_use]
+    pub fn with_tracer(mut self, tracer: Arc<dyn PublishTracer>) -> Self {
+        self.tracer = Some(tracer);
+        self
     }
 
     /// Runs one pipeline per source until `shutdown` is cancelled, then finishes the batch in
@@ -370,7 +385,7 @@ impl<K: Sink> Relay<K> {
             // With total order, the first event that is not delivered holds back everything
             // after it in the batch, whatever its aggregate.
             let total_halt = self.config.ordering == Ordering::Total && !failed.is_empty();
-            let (wave, held): (Vec<Event>, Vec<Event>) =
+            let (mut wave, held): (Vec<Event>, Vec<Event>) =
                 if sink_down.is_some() || total_halt || expired {
                     (Vec::new(), wave)
                 } else if ordered && !failed.is_empty() {
@@ -387,6 +402,15 @@ impl<K: Sink> Relay<K> {
             if wave.is_empty() {
                 continue;
             }
+            // One span per event, started right before the publish call; the tracer may put
+            // its own span's context in the message's trace headers (the row keeps its own).
+            let mut spans: Option<std::vec::IntoIter<Box<dyn AttemptSpan>>> =
+                self.tracer.as_ref().map(|tracer| {
+                    wave.iter_mut()
+                        .map(|event| tracer.start(event, sink_name))
+                        .collect::<Vec<_>>()
+                        .into_iter()
+                });
             let deliveries: Vec<Delivery> =
                 match tokio::time::timeout(self.config.publish_timeout, self.sink.publish(&wave))
                     .await
@@ -413,15 +437,18 @@ impl<K: Sink> Relay<K> {
             let latency_histogram = metrics::histogram!(m::COMMIT_TO_ACK_SECONDS);
             let mut published = 0u64;
             for (event, delivery) in wave.iter().zip(deliveries) {
+                let mut span = spans.as_mut().and_then(Iterator::next);
                 let outcome = match delivery {
                     Ok(()) => {
                         published += 1;
                         let latency = (acked_at - event.created_at).as_seconds_f64().max(0.0);
                         latency_histogram.record(latency);
+                        end_span(&mut span, AttemptOutcome::Delivered);
                         Outcome::Delivered
                     }
                     Err(err) => match policy.on_failure(err.kind(), event.attempts, rng) {
                         FailureAction::Release => {
+                            end_span(&mut span, AttemptOutcome::Released { error: &err });
                             sink_down.get_or_insert(err);
                             Outcome::Released
                         }
@@ -434,6 +461,7 @@ impl<K: Sink> Relay<K> {
                             };
                             metrics::counter!(m::EVENTS_FAILED, "sink" => sink_name, "kind" => kind).increment(1);
                             tracing::debug!(event_id = %event.id, error = %err.report(), retry_in = ?delay, "publish failed; will retry");
+                            end_span(&mut span, AttemptOutcome::Retry { error: &err });
                             Outcome::Retry {
                                 not_before: acked_at + delay,
                                 error: err.report(),
@@ -459,6 +487,13 @@ impl<K: Sink> Relay<K> {
                                 reason = %reason,
                                 "event dead-lettered"
                             );
+                            end_span(
+                                &mut span,
+                                AttemptOutcome::DeadLetter {
+                                    error: &err,
+                                    reason: &reason,
+                                },
+                            );
                             Outcome::DeadLetter { reason }
                         }
                     },
@@ -478,6 +513,13 @@ impl<K: Sink> Relay<K> {
             metrics::counter!(m::EVENTS_PUBLISHED, "sink" => sink_name).increment(published);
         }
         (settlements, report, sink_down)
+    }
+}
+
+/// Ends an attempt's span, if there is one, with its outcome.
+fn end_span(span: &mut Option<Box<dyn AttemptSpan>>, outcome: AttemptOutcome<'_>) {
+    if let Some(span) = span.take() {
+        span.end(outcome);
     }
 }
 
@@ -792,6 +834,80 @@ mod tests {
                 Outcome::Released
             ]
         );
+    }
+
+    /// Spans recorded as (position, attempt, outcome).
+    type Recorded = Arc<std::sync::Mutex<Vec<(i64, u32, &'static str)>>>;
+
+    /// Records every span's event, attempt and outcome; marks each published event.
+    struct Spans(Recorded);
+
+    struct Span(Recorded, i64, u32);
+
+    impl PublishTracer for Spans {
+        fn start(&self, event: &mut Event, _sink: &'static str) -> Box<dyn AttemptSpan> {
+            event
+                .headers
+                .push(("traceparent".into(), format!("span-{}", event.position.0)));
+            Box::new(Span(self.0.clone(), event.position.0, event.attempts + 1))
+        }
+    }
+
+    impl AttemptSpan for Span {
+        fn end(self: Box<Self>, outcome: AttemptOutcome<'_>) {
+            self.0
+                .lock()
+                .expect("lock")
+                .push((self.1, self.2, outcome.as_str()));
+        }
+    }
+
+    /// Fails the events at the given positions (transiently) and records the trace header of
+    /// everything it was given.
+    struct Headers(Vec<i64>, std::sync::Mutex<Vec<String>>);
+
+    impl Sink for Headers {
+        fn name(&self) -> &'static str {
+            "headers"
+        }
+        async fn publish(&self, batch: &[Event]) -> Result<Vec<Delivery>, SinkError> {
+            let mut seen = self.1.lock().expect("lock");
+            Ok(batch
+                .iter()
+                .map(|e| {
+                    seen.extend(crate::trace::header(&e.headers, "traceparent").map(str::to_owned));
+                    if self.0.contains(&e.position.0) {
+                        Err(SinkError::transient("scripted"))
+                    } else {
+                        Ok(())
+                    }
+                })
+                .collect())
+        }
+        async fn healthcheck(&self) -> Result<(), SinkError> {
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn a_tracer_gets_one_span_per_published_event_with_its_outcome() {
+        let recorded = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = Arc::new(Headers(vec![1], std::sync::Mutex::new(Vec::new())));
+        let relay = Relay::new(RelayConfig::default(), sink.clone())
+            .with_tracer(Arc::new(Spans(recorded.clone())));
+        let mut retried = ev("a", 1);
+        retried.attempts = 2;
+        // Event 3 waits behind event 1 of its aggregate: never published, no span.
+        let batch = vec![retried, ev("b", 2), ev("a", 3)];
+        relay
+            .publish_batch(batch, &relay.config.retry_policy(), &mut rand::rng(), None)
+            .await;
+        let mut spans = recorded.lock().expect("lock").clone();
+        spans.sort();
+        assert_eq!(spans, vec![(1, 3, "retry"), (2, 1, "delivered")]);
+        let mut seen = sink.1.lock().expect("lock").clone();
+        seen.sort();
+        assert_eq!(seen, vec!["span-1", "span-2"]);
     }
 
     #[test]

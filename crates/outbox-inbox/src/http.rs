@@ -6,6 +6,9 @@
 //! `outbox-aggregate_id` (the row's own headers as `outbox-<name>`), and `webhook-id`,
 //! `webhook-timestamp`, `webhook-signature` = `v1,` + base64 HMAC-SHA256 of
 //! `{id}.{timestamp}.{body}` under the secret (`whsec_<base64 key>`, or raw key bytes).
+//! A sink with `format = "cloudevents-binary"` sends `ce-` headers instead of the `outbox-`
+//! ones, and with `"cloudevents-structured"` a JSON envelope as body; both are read back
+//! ([`InboxMessage`]).
 //!
 //! | request | answer | handler called |
 //! | --- | --- | --- |
@@ -214,7 +217,7 @@ impl WebhookReceiver {
 
     fn shared<H: MessageHandler>(self, handler: H) -> Arc<Shared> {
         let boxed: BoxedHandler = Arc::new(move |m| {
-            let fut = handler.call(m);
+            let fut = crate::trace::call(&handler, m);
             Box::pin(async move { fut.await.map_err(|e| e.to_string()) })
         });
         Arc::new(Shared {
@@ -287,12 +290,28 @@ async fn receive(
         c.unauthorized.fetch_add(1, Ordering::Relaxed);
         return (StatusCode::UNAUTHORIZED, e.to_string()).into_response();
     }
-    let contract = headers.iter().filter_map(|(name, value)| {
-        let name = name.as_str().strip_prefix(HEADER_PREFIX)?;
-        // UTF-8 bytes, as the relay sends them (an aggregate id `Zürich-1`).
-        Some((name, std::str::from_utf8(value.as_bytes()).ok()?))
-    });
-    let message = match InboxMessage::from_headers(contract, &[], body) {
+    let prefixed: Vec<(&str, &str)> = headers
+        .iter()
+        .filter_map(|(name, value)| {
+            let name = name.as_str().strip_prefix(HEADER_PREFIX)?;
+            // UTF-8 bytes, as the relay sends them (an aggregate id `Zürich-1`).
+            Some((name, std::str::from_utf8(value.as_bytes()).ok()?))
+        })
+        .collect();
+    let parsed = if prefixed.is_empty() {
+        // A CloudEvent (sink.format): `ce-` headers (percent-encoded, as the HTTP binding
+        // says) and `content-type`, or a structured envelope as the body.
+        let cloudevent = headers.iter().filter_map(|(name, value)| {
+            let name = name.as_str();
+            (name.starts_with("ce-") || name == "content-type")
+                .then(|| Some((name, std::str::from_utf8(value.as_bytes()).ok()?)))
+                .flatten()
+        });
+        InboxMessage::from_percent_encoded_headers(cloudevent, &[], body)
+    } else {
+        InboxMessage::from_headers(prefixed, &[], body)
+    };
+    let message = match parsed {
         Ok(m) => m,
         Err(e) => {
             tracing::error!(error = %e, "a signed webhook does not follow the contract");

@@ -30,6 +30,10 @@
 //! | `rabbitmq` | [`rabbitmq::QueueConsumer`]: manual acks, prefetch | the queue's dead-letter exchange |
 //! | `kafka` | [`kafka::KafkaConsumer`]: consumer group, contiguous offset commits | `<topic>.dead` |
 //! | `http` | [`http::WebhookReceiver`]: Standard Webhooks verification (401), 500 on error | the sender's |
+//!
+//! With the `otel` feature every loop runs each handler attempt in an OpenTelemetry span of
+//! kind CONSUMER, a child of the message's `traceparent` (`docs/observability.md`, "Traces"),
+//! and [`InboxMessage::trace_context`] reads that parent for loops of your own.
 
 mod error;
 pub mod lane;
@@ -41,6 +45,7 @@ mod postgres;
 mod sql;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+mod trace;
 
 #[cfg(feature = "http")]
 pub mod http;

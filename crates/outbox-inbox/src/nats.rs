@@ -199,8 +199,13 @@ impl JetStreamConsumer {
                         .collect::<Vec<_>>()
                 })
                 .unwrap_or_default();
-            let parsed = InboxMessage::from_headers(headers, SKIP_HEADERS, message.payload.clone())
-                .map_err(|e| e.to_string());
+            // The NATS CloudEvents binding percent-encodes `ce-` header values.
+            let parsed = InboxMessage::from_percent_encoded_headers(
+                headers,
+                SKIP_HEADERS,
+                message.payload.clone(),
+            )
+            .map_err(|e| e.to_string());
             let delivered = message.info().map_or(1, |i| i.delivered);
             let earlier = u32::try_from(delivered.saturating_sub(1)).unwrap_or(u32::MAX);
             if !lanes.offer(message, parsed, earlier, &shutdown).await {

@@ -150,7 +150,7 @@ impl QueueConsumer {
 /// The headers table as the sink wrote it (long strings), back into a message.
 fn parse(delivery: &Delivery) -> Result<InboxMessage, String> {
     let table = delivery.properties.headers().as_ref();
-    let headers = table
+    let headers: Vec<(&str, &str)> = table
         .into_iter()
         .flat_map(|t| t.inner())
         .filter_map(|(name, value)| {
@@ -160,9 +160,22 @@ fn parse(delivery: &Delivery) -> Result<InboxMessage, String> {
                 _ => return None, // `x-death` and other broker bookkeeping
             };
             Some((name.as_str(), value))
-        });
-    InboxMessage::from_headers(headers, &[], delivery.data.clone().into())
-        .map_err(|e| e.to_string())
+        })
+        .collect();
+    // A CloudEvent in binary mode (sink.format) carries `datacontenttype` in the
+    // `content_type` property.
+    let content_type = headers
+        .iter()
+        .any(|(name, _)| name.eq_ignore_ascii_case("ce-id"))
+        .then(|| delivery.properties.content_type().as_ref())
+        .flatten()
+        .map(|ct| ("content-type", ct.as_str()));
+    InboxMessage::from_headers(
+        headers.into_iter().chain(content_type),
+        &[],
+        delivery.data.clone().into(),
+    )
+    .map_err(|e| e.to_string())
 }
 
 /// Acks and nacks deliveries.

@@ -13,6 +13,8 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use outbox_core::RelayConfig;
 use serde::Deserialize;
 
+use crate::console::UiConfig;
+use crate::otlp::TracingConfig;
 pub use crate::registry::{SinkConfig, SourceConfig};
 use crate::retention::RetentionConfig;
 
@@ -40,6 +42,12 @@ pub struct Config {
     /// Retention schedule and defaults (`[retention]`).
     #[serde(default)]
     pub retention: RetentionConfig,
+    /// The web console at `/ui` on the metrics listener (`[ui]`).
+    #[serde(default)]
+    pub ui: UiConfig,
+    /// A span per publish attempt, exported over OTLP (`[tracing]`).
+    #[serde(default)]
+    pub tracing: TracingConfig,
 }
 
 /// `[metrics]`: the HTTP endpoint (`/metrics`, `/healthz`, `/readyz`) and the watchdog.
@@ -142,6 +150,8 @@ impl Config {
         self.retention.validate().map_err(ConfigError)?;
         self.source.validate(&self.relay).map_err(ConfigError)?;
         self.sink.validate().map_err(ConfigError)?;
+        self.ui.validate(&self.metrics).map_err(ConfigError)?;
+        self.tracing.validate().map_err(ConfigError)?;
         Ok(())
     }
 }
@@ -251,17 +261,20 @@ fn describe(errors: Vec<figment::Error>) -> String {
         .join("; ")
 }
 
-/// Keys of `[source]` and `[sink]` whose value may come from a file instead (`KEY_file =
-/// "/run/secrets/..."`): the URL (it may carry a password), tokens, signing secrets, NATS
-/// NKey seeds.
+/// Keys of `[source]`, `[sink]` and `[ui]` whose value may come from a file instead
+/// (`KEY_file = "/run/secrets/..."`): the URL (it may carry a password), tokens, signing
+/// secrets, NATS NKey seeds.
 const SECRET_FILE_KEYS: &[&str] = &["url", "token", "secret", "nkey_seed"];
 
-/// Replaces every `[source]`/`[sink]` `KEY_file` by `KEY` = the file's contents (one trailing
-/// newline dropped). Errors name the key and the path, never the contents.
+/// Sections whose secrets may come from files.
+const SECRET_FILE_SECTIONS: [&str; 3] = ["source", "sink", "ui"];
+
+/// Replaces every `[source]`/`[sink]`/`[ui]` `KEY_file` by `KEY` = the file's contents (one
+/// trailing newline dropped). Errors name the key and the path, never the contents.
 fn read_secret_files(figment: Figment) -> Result<Figment, ConfigError> {
     use figment::value::{Dict, Value};
     let mut found = false;
-    for section in ["source", "sink"] {
+    for section in SECRET_FILE_SECTIONS {
         if let Ok(Value::Dict(_, dict)) = figment.find_value(section) {
             found |= dict.keys().any(|k| k.ends_with("_file"));
         }
@@ -272,7 +285,7 @@ fn read_secret_files(figment: Figment) -> Result<Figment, ConfigError> {
     let mut root: Dict = figment
         .extract()
         .map_err(|e| ConfigError(format!("invalid configuration: {e}")))?;
-    for section in ["source", "sink"] {
+    for section in SECRET_FILE_SECTIONS {
         let Some(Value::Dict(_, dict)) = root.get_mut(section) else {
             continue;
         };

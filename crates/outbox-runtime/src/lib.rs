@@ -2,10 +2,13 @@
 //! wants to run the relay inside its own tokio runtime.
 //!
 //! - [`config`]: the `outbox.toml` tree (`[source]`, `[relay]`, `[sink]`, `[metrics]`,
-//!   `[retention]`), unknown keys refused, environment overrides;
+//!   `[retention]`, `[ui]`, `[tracing]`), unknown keys refused, environment overrides;
 //! - [`registry`]: the one file that names the databases and the brokers;
 //! - [`relay`]: builds the backend's pipelines and the sink, runs the relay with the
-//!   watchdog, the metrics endpoint and the retention schedule, and drains on shutdown.
+//!   watchdog, the metrics endpoint and the retention schedule, and drains on shutdown;
+//! - [`console`]: the web console at `/ui` on the metrics listener;
+//! - [`story`]: what `outbox why` and `outbox dead show` tell, for the CLI and the console;
+//! - [`otlp`]: `[tracing]`, a span per publish attempt exported over OTLP/HTTP.
 //!
 //! ```no_run
 //! use tokio_util::sync::CancellationToken;
@@ -30,12 +33,17 @@
 //! ```
 
 pub mod config;
+pub mod console;
 pub mod observe;
+pub mod otlp;
 pub mod registry;
 pub mod relay;
 pub mod retention;
+pub mod story;
 
 pub use config::{Config, ConfigError, MetricsConfig, Origin, SinkConfig, SourceConfig};
+pub use console::UiConfig;
+pub use otlp::TracingConfig;
 pub use outbox_core::RelayReport;
 pub use retention::RetentionConfig;
 pub use tokio_util::sync::CancellationToken;
@@ -69,6 +77,9 @@ pub enum RuntimeError {
     /// A signal handler could not be installed.
     #[error("{0}")]
     Signal(String),
+    /// The trace exporter (`[tracing]`) could not start.
+    #[error("{0}")]
+    Tracing(String),
     /// The relay stopped with an error.
     #[error("relay stopped: {0}")]
     Relay(String),

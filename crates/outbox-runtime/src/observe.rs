@@ -1,6 +1,7 @@
-//! Metrics endpoint (`/metrics`, `/healthz`, `/readyz`) and the watchdog: backlog gauges,
-//! events pending longer than `metrics.stuck_after`, the oldest pending age not counting
-//! backoff, the transaction holding the xmin horizon, and dead-letter growth.
+//! Metrics endpoint (`/metrics`, `/healthz`, `/readyz`, and the web console at `/ui`: see
+//! [`crate::console`]) and the watchdog: backlog gauges, events pending longer than
+//! `metrics.stuck_after`, the oldest pending age not counting backoff, the transaction holding
+//! the xmin horizon, and dead-letter growth.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -16,7 +17,8 @@ use outbox_core::{DynSink, Sink};
 use tokio_util::sync::CancellationToken;
 
 use crate::RuntimeError;
-use crate::config::MetricsConfig;
+use crate::config::{Config, MetricsConfig};
+use crate::console::Console;
 
 /// What `/readyz` reports: the database answered the last backlog query and the broker
 /// passed the last healthcheck.
@@ -30,15 +32,19 @@ impl Readiness {
     fn ready(&self) -> bool {
         self.database.load(Ordering::Relaxed) && self.sink.load(Ordering::Relaxed)
     }
+
+    /// (database answered, broker passed its healthcheck), as last seen.
+    pub(crate) fn parts(&self) -> (bool, bool) {
+        (
+            self.database.load(Ordering::Relaxed),
+            self.sink.load(Ordering::Relaxed),
+        )
+    }
 }
 
-/// Installs the Prometheus recorder and serves the endpoint until `shutdown`.
-pub async fn serve(
-    listen: SocketAddr,
-    readiness: Arc<Readiness>,
-    shutdown: CancellationToken,
-) -> Result<(), RuntimeError> {
-    let handle = PrometheusBuilder::new()
+/// The Prometheus recorder with the commit→ack histogram's buckets, not installed.
+pub(crate) fn recorder() -> Result<metrics_exporter_prometheus::PrometheusRecorder, RuntimeError> {
+    Ok(PrometheusBuilder::new()
         .set_buckets_for_metric(
             metrics_exporter_prometheus::Matcher::Full(m::COMMIT_TO_ACK_SECONDS.to_owned()),
             &[
@@ -47,14 +53,42 @@ pub async fn serve(
             ],
         )
         .map_err(|e| RuntimeError::Metrics(format!("configuring histogram buckets: {e}")))?
-        .install_recorder()
+        .build_recorder())
+}
+
+/// Installs the Prometheus recorder and serves the endpoint on `listen` until `shutdown`,
+/// with the console at `/ui` when `[ui]` has it on; returns the console, for the watchdog to
+/// feed.
+pub async fn serve(
+    listen: SocketAddr,
+    config: &Config,
+    readiness: Arc<Readiness>,
+    shutdown: CancellationToken,
+) -> Result<Option<Arc<Console>>, RuntimeError> {
+    let recorder = recorder()?;
+    let handle = recorder.handle();
+    metrics::set_global_recorder(recorder)
         .map_err(|e| RuntimeError::Metrics(format!("installing the metrics recorder: {e}")))?;
     m::describe();
     let listener = tokio::net::TcpListener::bind(listen).await.map_err(|e| {
         RuntimeError::Metrics(format!("metrics.listen: cannot listen on {listen}: {e}"))
     })?;
-    tracing::info!(%listen, "serving /metrics, /healthz and /readyz");
-    let app = router(handle, readiness);
+    let listen = listener.local_addr().unwrap_or(listen);
+    let console = Console::from_config(config, listen, handle.clone(), readiness.clone());
+    let mut app = router(handle, readiness);
+    match &console {
+        Some(console) => {
+            app = app.merge(console.routes());
+            tracing::info!(%listen, actions = config.ui.allow_actions, token = config.ui.token.is_some(), "serving /metrics, /healthz, /readyz and the console at http://{listen}/ui");
+        }
+        None => {
+            if config.ui.enabled.is_none() {
+                tracing::info!(%listen, "serving /metrics, /healthz and /readyz; the console (/ui) is off: metrics.listen is not a loopback address and ui.token is unset");
+            } else {
+                tracing::info!(%listen, "serving /metrics, /healthz and /readyz (ui.enabled = false)");
+            }
+        }
+    }
     tokio::spawn(async move {
         let server = axum::serve(listener, app)
             .with_graceful_shutdown(async move { shutdown.cancelled().await });
@@ -62,7 +96,7 @@ pub async fn serve(
             tracing::error!(error = %e, "metrics endpoint failed");
         }
     });
-    Ok(())
+    Ok(console)
 }
 
 fn router(handle: PrometheusHandle, readiness: Arc<Readiness>) -> Router {
@@ -89,13 +123,14 @@ fn router(handle: PrometheusHandle, readiness: Arc<Readiness>) -> Router {
 /// every `refresh_interval`, until `shutdown`.
 ///
 /// `watchdog`: the backend's own extra checks (PostgreSQL: stuck events and the oldest open
-/// transaction).
+/// transaction). `console`: gets a chart sample and the healthcheck's verdict each round.
 pub async fn watch(
     inspector: Arc<dyn DynInspect>,
     watchdog: Option<Arc<dyn Watchdog>>,
     sink: Arc<Box<dyn DynSink>>,
     config: MetricsConfig,
     readiness: Arc<Readiness>,
+    console: Option<Arc<Console>>,
     shutdown: CancellationToken,
 ) {
     let mut tick = tokio::time::interval(config.refresh_interval);
@@ -130,6 +165,9 @@ pub async fn watch(
                     );
                 }
                 last_dead = Some(b.dead);
+                if let Some(console) = &console {
+                    console.record(&b);
+                }
             }
             Err(e) => {
                 readiness.database.store(false, Ordering::Relaxed);
@@ -139,12 +177,16 @@ pub async fn watch(
         if let Some(watchdog) = &watchdog {
             watchdog.check(config.stuck_after).await;
         }
-        match sink.healthcheck().await {
+        let checked = sink.healthcheck().await;
+        match &checked {
             Ok(()) => readiness.sink.store(true, Ordering::Relaxed),
             Err(e) => {
                 readiness.sink.store(false, Ordering::Relaxed);
                 tracing::warn!(sink = sink.name(), error = %e.report(), "sink healthcheck failed");
             }
+        }
+        if let Some(console) = &console {
+            console.record_sink_check(sink.name(), checked.map_err(|e| e.report()));
         }
     }
 }

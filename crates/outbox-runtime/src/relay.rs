@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::RuntimeError;
 use crate::config::{Config, Origin, SinkConfig};
+use crate::console::Console;
 use crate::observe::{self, Readiness};
 
 /// Builds the sink from config, waiting out an unreachable broker (with backoff) until
@@ -101,9 +102,12 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<RelayReport, RuntimeError> {
     let readiness = Arc::new(Readiness::default());
-    if let Some(listen) = config.metrics.listen {
-        observe::serve(listen, readiness.clone(), shutdown.clone()).await?;
-    }
+    let console = match config.metrics.listen {
+        Some(listen) => {
+            observe::serve(listen, &config, readiness.clone(), shutdown.clone()).await?
+        }
+        None => None,
+    };
     let workers = config.relay.workers.get();
     let connections = u32::try_from(workers).unwrap_or(u32::MAX).saturating_add(2);
     // The start line first, before the database answers: operators (and the crash tests)
@@ -122,12 +126,15 @@ pub async fn run(
         .await
         .map_err(RuntimeError::Open)?;
     tracing::debug!(table = %backend.table(), "database open");
+    if let Some(console) = &console {
+        console.attach_backend(backend.clone());
+    }
     let pipelines = backend
         .start_relay(&config.relay)
         .await
         .map_err(RuntimeError::Source)?;
     crate::retention::spawn(&config.retention, backend.clone(), shutdown.clone());
-    drive(config, backend, pipelines, readiness, shutdown).await
+    drive(config, backend, pipelines, readiness, console, shutdown).await
 }
 
 /// Runs the relay over `pipelines` with the watchdog beside it.
@@ -136,6 +143,7 @@ async fn drive(
     _backend: Arc<dyn Backend>,
     pipelines: Pipelines,
     readiness: Arc<Readiness>,
+    console: Option<Arc<Console>>,
     shutdown: CancellationToken,
 ) -> Result<RelayReport, RuntimeError> {
     let Pipelines {
@@ -155,11 +163,21 @@ async fn drive(
         sink.clone(),
         config.metrics.clone(),
         readiness,
+        console,
         shutdown.clone(),
     ));
-    let relay = Relay::new(config.relay.clone(), sink);
+    // `[tracing]`: a span per publish attempt; without an endpoint, no tracer at all.
+    let traces = crate::otlp::Tracing::start(&config.tracing, &config.sink)?;
+    let mut relay = Relay::new(config.relay.clone(), sink);
+    if let Some(traces) = &traces {
+        relay = relay.with_tracer(traces.tracer());
+    }
     let result = relay.run(sources, shutdown.clone()).await;
     shutdown.cancel();
+    drop(relay);
+    if let Some(traces) = traces {
+        traces.shutdown().await;
+    }
     let _ = watcher.await;
     if let Some(closed) = closed {
         // E.g. the final standby status update, so a slot does not replay the last batch.

@@ -14,7 +14,10 @@
 //!
 //! Every sink keeps the message contract of `DESIGN.md`: the destination comes from the
 //! [`outbox_core::Destination`] template, the headers from [`outbox_core::message`] (the four
-//! contract headers, then the row's own), and the body is the payload bytes exactly.
+//! contract headers, then the row's own), and the body is the payload bytes exactly. With
+//! `format = "cloudevents-binary"` or `"cloudevents-structured"` a sink shapes the message as a
+//! CloudEvent instead ([`outbox_core::cloudevents`]), with the names of its protocol's binding
+//! (`docs/sinks.md`, "CloudEvents").
 //!
 //! | feature | module | sink |
 //! | --- | --- | --- |
@@ -85,6 +88,7 @@ mod aws;
     feature = "pubsub"
 ))]
 mod cloud;
+mod cloudevents;
 mod error;
 mod secret;
 #[cfg(any(

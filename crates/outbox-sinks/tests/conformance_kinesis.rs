@@ -43,6 +43,7 @@ impl SinkHarness for KinesisHarness {
             max_message_size: MAX_RECORD,
             connect_timeout: Duration::from_secs(2),
             timeout: Duration::from_secs(5),
+            ..KinesisConfig::default()
         };
         Ok(config.build().await?)
     }

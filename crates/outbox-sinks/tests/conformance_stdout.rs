@@ -33,6 +33,7 @@ impl SinkHarness for FileHarness {
             path: self.path(target),
             destination: target.template.clone(),
             sync: true,
+            ..FileConfig::default()
         };
         Ok(config.build().await?)
     }

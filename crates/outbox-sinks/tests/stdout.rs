@@ -57,6 +57,7 @@ async fn file_lines_parse_back_to_the_same_events() {
         path: path.clone(),
         destination: Destination::parse("orders.{event_type}").expect("valid"),
         sync: true,
+        ..FileConfig::default()
     }
     .build()
     .await

@@ -1,6 +1,7 @@
 //! Test support for `outbox`: real servers on 127.0.0.1 ([`services`]), a fault-injecting sink
 //! ([`faults`]), the source and sink conformance suites ([`conformance`],
-//! [`sink_conformance`]), waiting helpers ([`wait`]) and test logging ([`init_tracing`]).
+//! [`sink_conformance`]), an OTLP trace receiver ([`otlp`]), waiting helpers ([`wait`]) and
+//! test logging ([`init_tracing`]).
 //!
 //! Typical integration test:
 //!
@@ -26,6 +27,7 @@ pub mod conformance;
 pub mod faults;
 pub mod nats_auth;
 pub mod oracle;
+pub mod otlp;
 pub mod serial_proxy;
 pub mod services;
 pub mod sink_conformance;

@@ -5,7 +5,7 @@
 //! | check | what must hold |
 //! | --- | --- |
 //! | [`an_empty_batch_publishes_nothing`] | `publish(&[])` is `Ok(vec![])` |
-//! | [`messages_carry_exact_bytes_headers_and_key`] | body = payload bytes exactly (binary, empty, JSON); headers `id`, `event_type`, `aggregate_type`, `aggregate_id` and the row's own (a row header cannot spoof `id`); key = `aggregate_id` where the broker has keys |
+//! | [`messages_carry_exact_bytes_headers_and_key`] | body = payload bytes exactly (binary, empty, JSON); headers `id`, `event_type`, `aggregate_type`, `aggregate_id` and the row's own, `traceparent` / `tracestate` among them (a row header cannot spoof `id`); key = `aggregate_id` where the broker has keys |
 //! | [`the_destination_template_is_rendered_per_event`] | `{aggregate_type}`, `{event_type}` and `{aggregate_id}` each land where the template says |
 //! | [`events_of_one_aggregate_keep_their_order_across_batches`] | per-key order over several batches, several aggregates and destinations |
 //! | [`an_oversized_message_is_rejected_while_the_rest_flow`] | a body over the broker's limit is `Rejected` with a reason; the other events of the batch are delivered |
@@ -216,9 +216,15 @@ pub async fn messages_carry_exact_bytes_headers_and_key<H: SinkHarness>(
         event("Order", "o_2", Bytes::new()),
         event("Order", "o_3", "caf\u{e9} \u{1f4e6} utf-8"),
     ];
+    // W3C trace context travels like any row header (docs/observability.md, "Traces").
     batch[1].headers = vec![
         ("tenant".to_owned(), "acme".to_owned()),
         ("trace-id".to_owned(), "4bf92f3577b34da6".to_owned()),
+        (
+            "traceparent".to_owned(),
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".to_owned(),
+        ),
+        ("tracestate".to_owned(), "congo=t61rcWkgMzE".to_owned()),
     ];
     // A row header named like a contract header must not override it.
     batch[2].headers = vec![

@@ -22,7 +22,8 @@
 //! ```
 //!
 //! Features: `postgres` and `sqlite` (both on by default) and `mysql` select the database
-//! modules.
+//! modules; `otel` adds `NewEvent::with_trace_context` (the current OpenTelemetry span into
+//! the event's `traceparent` / `tracestate`) and, with `inbox`, the consumer loops' spans.
 
 pub use outbox_core::{Event, Identifier, NewEvent, QualifiedTable};
 

@@ -24,6 +24,7 @@ use anyhow::{Context, bail};
 use clap::{Args, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use outbox_core::backend::{Backend, OpenOptions};
+use outbox_core::trace::PublishTracer;
 use outbox_core::{DynSink, NewEvent, Relay, RelayConfig, RelayReport, Source};
 use outbox_runtime::{Config, SinkConfig, SourceConfig};
 use probe::{CountedSource, NullSink, Progress, TimedSink};
@@ -89,6 +90,10 @@ struct Common {
     /// Approximate payload size in bytes (a JSON object padded to this length).
     #[arg(long, default_value_t = 200)]
     payload_bytes: usize,
+    /// Give every event a W3C `traceparent` header, as a producer with tracing on would: with
+    /// `[tracing]` set, the relay's spans are then children of it (docs/observability.md).
+    #[arg(long)]
+    traceparent: bool,
     /// Give up when the relay has not delivered every event this long after the backlog was
     /// written (backlog) or the producers stopped (steady).
     #[arg(long, default_value = "10m", value_parser = parse_positive_duration)]
@@ -220,20 +225,22 @@ impl Target {
             .with_context(|| format!("writing the backlog into {}", self.table()))
     }
 
-    /// Runs the relay until `stop`, counting settled deliveries into `progress`.
+    /// Runs the relay until `stop`, counting settled deliveries into `progress`; with
+    /// `tracer`, a span per publish attempt (`[tracing]`).
     async fn relay(
         self,
         relay: RelayConfig,
         sink: Arc<TimedSink<Box<dyn DynSink>>>,
         progress: Arc<Progress>,
         stop: CancellationToken,
+        tracer: Option<Arc<dyn PublishTracer>>,
     ) -> anyhow::Result<RelayReport> {
         let pipelines = self
             .backend
             .start_relay(&relay)
             .await
             .map_err(|e| anyhow::anyhow!(crate::chain(&e)))?;
-        let result = drive(relay, sink, pipelines.sources, progress, stop).await;
+        let result = drive(relay, sink, pipelines.sources, progress, stop, tracer).await;
         if let Some(closed) = pipelines.closed {
             // Let the source send its final acknowledgement (see `outbox relay`).
             let _ = tokio::time::timeout(Duration::from_secs(5), closed).await;
@@ -248,12 +255,17 @@ async fn drive<S: Source>(
     sources: Vec<S>,
     progress: Arc<Progress>,
     stop: CancellationToken,
+    tracer: Option<Arc<dyn PublishTracer>>,
 ) -> anyhow::Result<RelayReport> {
     let sources = sources
         .into_iter()
         .map(|s| CountedSource::new(s, progress.clone()))
         .collect();
-    Relay::new(relay, sink)
+    let mut relay = Relay::new(relay, sink);
+    if let Some(tracer) = tracer {
+        relay = relay.with_tracer(tracer);
+    }
+    relay
         .run(sources, stop)
         .await
         .map_err(|e| anyhow::anyhow!(crate::chain(&e)))
@@ -309,6 +321,43 @@ fn event(i: u64, aggregates: u32, bytes: usize) -> NewEvent {
     payload.extend(std::iter::repeat_n('x', pad));
     payload.push_str("\"}");
     NewEvent::new("Order", aggregate, "order.placed", payload.into_bytes())
+}
+
+/// `event` with a `traceparent` naming a sampled producer span of its own: ids spread like
+/// random ones (a ratio sampler reads the trace id's bits), derived from `i`.
+fn with_traceparent(event: NewEvent, i: u64) -> NewEvent {
+    // splitmix64: distinct inputs, well-spread outputs, never all zeros for these.
+    let mix = |x: u64| {
+        let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    };
+    let (high, low) = (mix(2 * i), mix(2 * i + 1));
+    let parent = outbox_core::trace::TraceParent {
+        trace_id: (u128::from(high) << 64 | u128::from(low) | 1).to_be_bytes(),
+        span_id: (mix(i) | 1).to_be_bytes(),
+        flags: 1,
+    };
+    event.with_header(outbox_core::trace::TRACEPARENT, parent.to_string())
+}
+
+/// Event `i` of a run, with a `traceparent` when asked.
+fn bench_event(i: u64, aggregates: u32, bytes: usize, traceparent: bool) -> NewEvent {
+    let e = event(i, aggregates, bytes);
+    if traceparent {
+        with_traceparent(e, i)
+    } else {
+        e
+    }
+}
+
+/// The relay's publish spans when `[tracing]` (or the environment) names an OTLP endpoint.
+fn traces(config: &Config) -> anyhow::Result<Option<outbox_runtime::otlp::Tracing>> {
+    Ok(outbox_runtime::otlp::Tracing::start(
+        &config.tracing,
+        &config.sink,
+    )?)
 }
 
 fn progress_bar(len: Option<u64>, what: &str) -> ProgressBar {
@@ -375,7 +424,14 @@ async fn backlog(
     while written < events && !shutdown.is_cancelled() {
         let n = CHUNK.min(events - written);
         let chunk: Vec<NewEvent> = (written..written + n)
-            .map(|i| event(i, common.aggregates.get(), common.payload_bytes))
+            .map(|i| {
+                bench_event(
+                    i,
+                    common.aggregates.get(),
+                    common.payload_bytes,
+                    common.traceparent,
+                )
+            })
             .collect();
         target.fill(&chunk).await?;
         written += n;
@@ -393,6 +449,7 @@ async fn backlog(
         stop.clone(),
     );
 
+    let traces = traces(config)?;
     probe::reset_peak_rss();
     let cpu0 = probe::process_cpu();
     let t0 = Instant::now();
@@ -401,11 +458,15 @@ async fn backlog(
         sink.clone(),
         progress.clone(),
         stop.clone(),
+        traces.as_ref().map(|t| t.tracer()),
     ));
     wait_with_timeout(&progress, &stop, common.timeout).await;
     stop.cancel();
     let result = relay_task.await.context("the relay task failed")??;
     let cpu = probe::process_cpu().saturating_sub(cpu0);
+    if let Some(traces) = traces {
+        traces.shutdown().await;
+    }
     let end = progress.reached_at().unwrap_or_else(Instant::now);
     let elapsed = end.saturating_duration_since(t0).as_secs_f64();
 
@@ -535,6 +596,7 @@ async fn steady(
         stop.clone(),
     );
 
+    let traces = traces(config)?;
     probe::reset_peak_rss();
     let cpu0 = probe::process_cpu();
     // The relay first, idle on the empty table, as a deployed relay would be.
@@ -543,6 +605,7 @@ async fn steady(
         sink.clone(),
         progress.clone(),
         stop.clone(),
+        traces.as_ref().map(|t| t.tracer()),
     ));
     let t0 = Instant::now();
     let produced = produce(config.source.clone(), common, load, shutdown.clone()).await;
@@ -561,6 +624,9 @@ async fn steady(
     let cpu = probe::process_cpu()
         .saturating_sub(cpu0)
         .saturating_sub(produced.cpu);
+    if let Some(traces) = traces {
+        traces.shutdown().await;
+    }
     let end = progress.reached_at().unwrap_or_else(Instant::now);
     let elapsed = end.saturating_duration_since(t0).as_secs_f64();
     let delivered = progress.settled();
@@ -606,7 +672,11 @@ async fn produce(
     load: Load,
     shutdown: CancellationToken,
 ) -> anyhow::Result<Produced> {
-    let (aggregates, bytes) = (common.aggregates.get(), common.payload_bytes);
+    let (aggregates, bytes, traced) = (
+        common.aggregates.get(),
+        common.payload_bytes,
+        common.traceparent,
+    );
     let (tx, rx) = tokio::sync::oneshot::channel();
     std::thread::Builder::new()
         .name("bench-producers".into())
@@ -616,7 +686,9 @@ async fn produce(
                 .build()
                 .context("starting the producers' runtime")
                 .and_then(|rt| {
-                    rt.block_on(producer_loop(source, aggregates, bytes, load, shutdown))
+                    rt.block_on(producer_loop(
+                        source, aggregates, bytes, traced, load, shutdown,
+                    ))
                 })
                 .map(|(events, duration)| Produced {
                     events,
@@ -633,6 +705,7 @@ async fn producer_loop(
     source: SourceConfig,
     aggregates: u32,
     bytes: usize,
+    traced: bool,
     load: Load,
     shutdown: CancellationToken,
 ) -> anyhow::Result<(u64, Duration)> {
@@ -669,7 +742,10 @@ async fn producer_loop(
                     () = shutdown.cancelled() => break,
                 }
                 let events: Vec<_> = (0..per_transaction as u64)
-                    .map(|i| event((n + i) * producers as u64 + p as u64, aggregates, bytes))
+                    .map(|i| {
+                        let i = (n + i) * producers as u64 + p as u64;
+                        bench_event(i, aggregates, bytes, traced)
+                    })
                     .collect();
                 writer
                     .producer()?

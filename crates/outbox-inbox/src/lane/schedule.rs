@@ -203,7 +203,7 @@ impl<S: Settle> Lanes<S> {
         shutdown: &CancellationToken,
     ) -> Self {
         let handler: BoxedHandler = Arc::new(move |m| {
-            let call = handler.call(m);
+            let call = crate::trace::call(&handler, m);
             Box::pin(async move { call.await.map_err(|e| e.to_string()) })
         });
         let shared = Arc::new(Shared {

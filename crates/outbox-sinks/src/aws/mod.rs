@@ -54,7 +54,8 @@ pub(crate) async fn sdk_config(
 
 /// Declares the `[sink]` table of an AWS sink: the key that names where events go (a
 /// destination template, required), then the keys every AWS sink shares: `region`,
-/// `endpoint_url`, `max_message_size`, `connect_timeout` and `timeout`. Writes the struct
+/// `endpoint_url`, `max_message_size`, `connect_timeout`, `timeout` and the message format
+/// (`format`, `cloudevents_source`, `cloudevents_content_type`). Writes the struct
 /// (serde, `deny_unknown_fields`), its `Default`, a `Debug` that masks the endpoint's
 /// credentials, and `validate_shared()` and `sdk()` for the sink's own `validate` and `build`.
 macro_rules! aws_sink_config {
@@ -88,6 +89,17 @@ macro_rules! aws_sink_config {
             /// Longest wait for one request's answer. Default `10s`.
             #[serde(with = "humantime_serde")]
             pub timeout: std::time::Duration,
+            /// The message format: `plain` (the default), `cloudevents-binary` (the
+            /// attributes as `ce-` message attributes) or `cloudevents-structured` (the JSON
+            /// envelope as body) (`docs/sinks.md`, "CloudEvents").
+            pub format: outbox_core::cloudevents::Format,
+            /// CloudEvents `source`, a template with `{aggregate_type}`, `{event_type}` and
+            /// `{aggregate_id}`. Default `urn:outbox:{aggregate_type}`. Only used by the
+            /// CloudEvents formats.
+            pub cloudevents_source: String,
+            /// CloudEvents `datacontenttype` of an event without a `content-type` header.
+            /// Default `application/json`. Only used by the CloudEvents formats.
+            pub cloudevents_content_type: String,
         }
 
         impl Default for $name {
@@ -99,6 +111,9 @@ macro_rules! aws_sink_config {
                     max_message_size: $default_max,
                     connect_timeout: std::time::Duration::from_secs(3),
                     timeout: std::time::Duration::from_secs(10),
+                    format: outbox_core::cloudevents::Format::Plain,
+                    cloudevents_source: crate::cloudevents::default_source(),
+                    cloudevents_content_type: crate::cloudevents::default_content_type(),
                 }
             }
         }
@@ -115,13 +130,28 @@ macro_rules! aws_sink_config {
                     .field("max_message_size", &self.max_message_size)
                     .field("connect_timeout", &self.connect_timeout)
                     .field("timeout", &self.timeout)
+                    .field("format", &self.format)
+                    .field("cloudevents_source", &self.cloudevents_source)
+                    .field("cloudevents_content_type", &self.cloudevents_content_type)
                     .finish()
             }
         }
 
         impl $name {
+            /// The checked `format`, `cloudevents_source` and `cloudevents_content_type`.
+            fn message_format(
+                &self,
+            ) -> Result<outbox_core::cloudevents::MessageFormat, crate::ConfigError> {
+                crate::cloudevents::message_format(
+                    self.format,
+                    &self.cloudevents_source,
+                    &self.cloudevents_content_type,
+                )
+            }
+
             /// Checks the keys every AWS sink has.
             fn validate_shared(&self) -> Result<(), crate::ConfigError> {
+                self.message_format()?;
                 crate::aws::validate_shared(
                     self.region.as_deref(),
                     self.endpoint_url.as_deref(),
@@ -146,6 +176,9 @@ macro_rules! aws_sink_config {
             pub(crate) async fn connect(
                 self,
             ) -> Result<(aws_config::SdkConfig, crate::aws::Place), outbox_core::SinkError> {
+                let format = self
+                    .message_format()
+                    .map_err(|e| outbox_core::SinkError::rejected(e.to_string()))?;
                 let sdk = crate::aws::sdk_config(
                     self.region.as_deref(),
                     self.endpoint_url.as_deref(),
@@ -164,6 +197,7 @@ macro_rules! aws_sink_config {
                     target,
                     max_message_size: self.max_message_size,
                     endpoint: crate::aws::endpoint_label($service, &sdk),
+                    format,
                 };
                 Ok((sdk, place))
             }
@@ -182,6 +216,8 @@ pub(crate) struct Place {
     /// The service and its endpoint for messages (`SQS at http://127.0.0.1:5000`), with any
     /// credentials masked.
     pub(crate) endpoint: String,
+    /// `format` and the CloudEvents keys.
+    pub(crate) format: outbox_core::cloudevents::MessageFormat,
 }
 
 /// Checks the keys every AWS sink has.

@@ -2,7 +2,8 @@
 //! message attributes, FIFO group and deduplication ids, and the batch entry ids.
 
 use base64::Engine as _;
-use outbox_core::{Event, SinkError, message};
+use outbox_core::cloudevents::{Binding, MessageFormat};
+use outbox_core::{Event, SinkError};
 
 use super::{EntryOutcome, Pending};
 
@@ -36,6 +37,17 @@ pub(crate) fn outcomes_by_id<'a>(
     outcomes
 }
 
+/// The attributes of the CloudEvents formats on SQS and SNS. Neither has a CloudEvents
+/// binding; these follow the HTTP binding's names (`ce-<attribute>`, `content-type`) with
+/// values as they are (String attributes carry any legal text). The ten-attribute rule below
+/// applies to them as to every header: what does not fit goes in `outbox-headers`.
+pub(crate) const BINDING: Binding = Binding {
+    prefix: "ce-",
+    data_content_type: Some("content-type"),
+    structured_content_type: Some("content-type"),
+    percent_encode: false,
+};
+
 /// An SQS or SNS message of one event, with the FIFO ids when the target is FIFO.
 #[derive(Debug)]
 pub(crate) struct QueueMessage {
@@ -52,11 +64,12 @@ pub(crate) fn queue_message(
     index: usize,
     event: &Event,
     name: Result<&str, String>,
-    service: &str,
-    max_size: usize,
+    format: &MessageFormat,
+    (service, max_size): (&str, usize),
 ) -> Result<Pending<QueueMessage>, SinkError> {
     let name = name.map_err(SinkError::rejected)?;
-    let message = text_message(event);
+    let message = text_message(event, format)
+        .map_err(|reason| crate::cloudevents::not_a_cloudevent(event, reason))?;
     if message.size > max_size {
         return Err(SinkError::rejected(format!(
             "message of {} bytes (body and attributes) exceeds the {service} limit of {max_size} \
@@ -137,7 +150,9 @@ pub(crate) fn is_legal_attribute_name(name: &str) -> bool {
         && !lower.starts_with("amazon.")
 }
 
-/// The message of `event` for SQS or SNS, per `DESIGN.md`:
+/// The message of `event` for SQS or SNS in `format`, per `DESIGN.md` (the body and headers
+/// of the CloudEvents formats take the payload's and the headers' places), or why the event
+/// cannot be a CloudEvent:
 ///
 /// - body: the payload when it is legal text for the service, else base64 with the attribute
 ///   `content-transfer-encoding: base64`; an empty payload is the body `-` with
@@ -146,8 +161,12 @@ pub(crate) fn is_legal_attribute_name(name: &str) -> bool {
 ///   when its name and value are legal and all fit in ten; otherwise the headers that do not
 ///   fit or are not legal go, in order, in one attribute `outbox-headers` holding the JSON
 ///   array `[[name, value], ...]`. Nothing is dropped.
-pub(crate) fn text_message(event: &Event) -> TextMessage {
-    let payload = &event.payload[..];
+pub(crate) fn text_message(event: &Event, format: &MessageFormat) -> Result<TextMessage, String> {
+    let mut headers: Vec<(String, String)> = Vec::with_capacity(8 + event.headers.len());
+    let encoded = format.encode(event, &BINDING, |name, value| {
+        headers.push((name.to_owned(), value.to_owned()));
+    })?;
+    let payload = &encoded.body[..];
     let (body, encoding) = if payload.is_empty() {
         (EMPTY_BODY.to_owned(), Some("empty"))
     } else {
@@ -163,10 +182,6 @@ pub(crate) fn text_message(event: &Event) -> TextMessage {
     if let Some(encoding) = encoding {
         attributes.push((ENCODING_ATTRIBUTE.to_owned(), encoding.to_owned()));
     }
-    let mut headers: Vec<(String, String)> = Vec::with_capacity(4 + event.headers.len());
-    message::for_each_header(event, |name, value| {
-        headers.push((name.to_owned(), value.to_owned()));
-    });
     let fits_alone = |(name, value): &(String, String)| {
         is_legal_attribute_name(name)
             && is_legal_value(value)
@@ -193,11 +208,11 @@ pub(crate) fn text_message(event: &Event) -> TextMessage {
             .iter()
             .map(|(n, v)| n.len() + STRING_TYPE.len() + v.len())
             .sum::<usize>();
-    TextMessage {
+    Ok(TextMessage {
         body,
         attributes,
         size,
-    }
+    })
 }
 
 /// `[[name, value], ...]` as JSON that is itself a legal attribute value: serde escapes the
@@ -248,6 +263,83 @@ mod tests {
         }
     }
 
+    fn plain(e: &Event) -> TextMessage {
+        text_message(e, &MessageFormat::Plain).expect("a plain message is always made")
+    }
+
+    #[test]
+    fn cloudevents_attributes_follow_the_same_rules() {
+        use outbox_core::cloudevents::{DEFAULT_DATA_CONTENT_TYPE, DEFAULT_SOURCE, Format};
+        let e = event(
+            b"{\"total\":1}",
+            &[("traceparent", "00-ab-cd-01"), ("X-Trace", "x")],
+        );
+        let binary = MessageFormat::new(
+            Format::CloudeventsBinary,
+            DEFAULT_SOURCE,
+            DEFAULT_DATA_CONTENT_TYPE,
+        )
+        .expect("valid");
+        let m = text_message(&e, &binary).expect("a CloudEvent");
+        assert_eq!(m.body, "{\"total\":1}", "the data is the payload");
+        let names: Vec<&str> = m.attributes.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "ce-specversion",
+                "ce-id",
+                "ce-source",
+                "ce-type",
+                "ce-subject",
+                "content-type",
+                "ce-aggregatetype",
+                "ce-traceparent",
+                "ce-outboxheaders",
+            ]
+        );
+        assert_eq!(attribute(&m, "ce-id"), Some(e.id.to_string().as_str()));
+        assert_eq!(
+            attribute(&m, "ce-outboxheaders"),
+            Some(r#"[["X-Trace","x"]]"#)
+        );
+
+        let many: Vec<(String, String)> = (0..3).map(|i| (format!("h{i}"), "v".into())).collect();
+        let refs: Vec<(&str, &str)> = many.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
+        let m = text_message(&event(b"\xff", &refs), &binary).expect("a CloudEvent");
+        assert_eq!(m.attributes.len(), MAX_ATTRIBUTES);
+        assert_eq!(attribute(&m, ENCODING_ATTRIBUTE), Some("base64"));
+        let overflow: Vec<[String; 2]> =
+            serde_json::from_str(attribute(&m, OVERFLOW_ATTRIBUTE).expect("overflow"))
+                .expect("JSON");
+        // Eight attributes before the row headers (the encoding, the CloudEvents ones), `h0`
+        // fills the ninth, the other two go in the tenth: nothing is dropped.
+        assert_eq!(attribute(&m, "ce-h0"), Some("v"));
+        let names: Vec<&str> = overflow.iter().map(|[n, _]| n.as_str()).collect();
+        assert_eq!(names, ["ce-h1", "ce-h2"]);
+
+        let structured = MessageFormat::new(
+            Format::CloudeventsStructured,
+            DEFAULT_SOURCE,
+            DEFAULT_DATA_CONTENT_TYPE,
+        )
+        .expect("valid");
+        let m = text_message(&e, &structured).expect("a CloudEvent");
+        assert_eq!(
+            m.attributes,
+            [(
+                "content-type".to_owned(),
+                "application/cloudevents+json".to_owned()
+            )]
+        );
+        let envelope: serde_json::Value = serde_json::from_str(&m.body).expect("JSON");
+        assert_eq!(envelope["id"], e.id.to_string());
+        assert_eq!(envelope["data"]["total"], 1);
+
+        let mut nameless = e.clone();
+        nameless.event_type.clear();
+        assert!(text_message(&nameless, &structured).is_err());
+    }
+
     fn attribute<'a>(m: &'a TextMessage, name: &str) -> Option<&'a str> {
         m.attributes
             .iter()
@@ -257,27 +349,27 @@ mod tests {
 
     #[test]
     fn text_goes_as_is_and_binary_or_control_characters_as_base64() {
-        let text = text_message(&event("caf\u{e9} {\"a\":1}\n".as_bytes(), &[]));
+        let text = plain(&event("caf\u{e9} {\"a\":1}\n".as_bytes(), &[]));
         assert_eq!(text.body, "caf\u{e9} {\"a\":1}\n");
         assert_eq!(attribute(&text, ENCODING_ATTRIBUTE), None);
 
         for payload in [&b"\x00\xffbin"[..], b"nul\x00inside", b"bell\x07"] {
             let leaked: &'static [u8] = Box::leak(payload.to_vec().into_boxed_slice());
-            let m = text_message(&event(leaked, &[]));
+            let m = plain(&event(leaked, &[]));
             assert_eq!(attribute(&m, ENCODING_ATTRIBUTE), Some("base64"));
             let decoded = base64::engine::general_purpose::STANDARD
                 .decode(&m.body)
                 .expect("base64");
             assert_eq!(decoded, payload);
         }
-        let empty = text_message(&event(b"", &[]));
+        let empty = plain(&event(b"", &[]));
         assert_eq!(empty.body, EMPTY_BODY);
         assert_eq!(attribute(&empty, ENCODING_ATTRIBUTE), Some("empty"));
     }
 
     #[test]
     fn headers_are_attributes_and_the_overflow_is_one_json_attribute() {
-        let few = text_message(&event(b"x", &[("tenant", "acme")]));
+        let few = plain(&event(b"x", &[("tenant", "acme")]));
         assert_eq!(attribute(&few, "id").map(str::len), Some(36));
         assert_eq!(attribute(&few, "tenant"), Some("acme"));
         assert_eq!(attribute(&few, OVERFLOW_ATTRIBUTE), None);
@@ -285,7 +377,7 @@ mod tests {
         let many: Vec<(String, String)> =
             (0..8).map(|i| (format!("h{i}"), format!("v{i}"))).collect();
         let refs: Vec<(&str, &str)> = many.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
-        let full = text_message(&event(b"x", &refs));
+        let full = plain(&event(b"x", &refs));
         assert_eq!(full.attributes.len(), MAX_ATTRIBUTES);
         let overflow: Vec<(String, String)> =
             serde_json::from_str(attribute(&full, OVERFLOW_ATTRIBUTE).expect("overflow attribute"))
@@ -301,7 +393,7 @@ mod tests {
         );
         assert_eq!(attribute(&full, "h4"), Some("v4"));
 
-        let odd = text_message(&event(
+        let odd = plain(&event(
             b"x",
             &[
                 ("AWS.trace", "1"),

@@ -5,6 +5,7 @@ use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use outbox_core::cloudevents::{Format, MessageFormat};
 use outbox_core::{Destination, SinkError};
 use reqwest::Url;
 use reqwest::header::{HeaderName, HeaderValue};
@@ -58,6 +59,18 @@ pub struct HttpConfig {
     pub tls_cert: Option<PathBuf>,
     /// Path of the client certificate's private key (PEM).
     pub tls_key: Option<PathBuf>,
+    /// The message format: `plain` (the `outbox-` headers, the default),
+    /// `cloudevents-binary` (`ce-` headers, the payload as body) or `cloudevents-structured`
+    /// (a JSON envelope as body), per the CloudEvents HTTP binding (`docs/sinks.md`,
+    /// "CloudEvents").
+    pub format: Format,
+    /// CloudEvents `source`, a template like `url`'s placeholders (values not
+    /// percent-encoded). Default `urn:outbox:{aggregate_type}`. Only used by the CloudEvents
+    /// formats.
+    pub cloudevents_source: String,
+    /// CloudEvents `datacontenttype` of an event without a `content-type` header. Default
+    /// `application/json`. Only used by the CloudEvents formats.
+    pub cloudevents_content_type: String,
 }
 
 impl std::fmt::Debug for HttpConfig {
@@ -75,6 +88,9 @@ impl std::fmt::Debug for HttpConfig {
             .field("tls_ca", &self.tls_ca)
             .field("tls_cert", &self.tls_cert)
             .field("tls_key", &self.tls_key)
+            .field("format", &self.format)
+            .field("cloudevents_source", &self.cloudevents_source)
+            .field("cloudevents_content_type", &self.cloudevents_content_type)
             .finish()
     }
 }
@@ -90,6 +106,9 @@ impl Default for HttpConfig {
             tls_ca: None,
             tls_cert: None,
             tls_key: None,
+            format: Format::Plain,
+            cloudevents_source: crate::cloudevents::default_source(),
+            cloudevents_content_type: crate::cloudevents::default_content_type(),
         }
     }
 }
@@ -104,6 +123,8 @@ pub(super) struct Validated {
     pub(super) roots: Vec<reqwest::Certificate>,
     /// The client certificate and key of `tls_cert` / `tls_key`.
     pub(super) identity: Option<reqwest::Identity>,
+    /// `format` and the CloudEvents keys.
+    pub(super) format: MessageFormat,
 }
 
 impl HttpConfig {
@@ -158,6 +179,13 @@ impl HttpConfig {
                     "names starting with `outbox-` or `webhook-` are reserved for the message",
                 ));
             }
+            if lower.starts_with("ce-") && self.format != Format::Plain {
+                return Err(ConfigError::new(
+                    key,
+                    "names starting with `ce-` are the CloudEvents attributes of the message \
+                     (sink.format)",
+                ));
+            }
             let header_name = HeaderName::from_bytes(name.as_bytes())
                 .map_err(|_| ConfigError::new(key.clone(), "is not a valid HTTP header name"))?;
             let header_value = HeaderValue::from_str(value).map_err(|_| {
@@ -166,6 +194,11 @@ impl HttpConfig {
             headers.append(header_name, header_value);
         }
         let (roots, identity) = self.tls(origin_url.scheme() == "https")?;
+        let format = crate::cloudevents::message_format(
+            self.format,
+            &self.cloudevents_source,
+            &self.cloudevents_content_type,
+        )?;
         Ok(Validated {
             url,
             origin: origin_url,
@@ -173,6 +206,7 @@ impl HttpConfig {
             headers,
             roots,
             identity,
+            format,
         })
     }
 
@@ -304,6 +338,14 @@ mod tests {
             (
                 "url = \"http://x\"\nheaders = { \"outbox-id\" = \"1\" }",
                 "sink.headers.outbox-id: ",
+            ),
+            (
+                "url = \"http://x\"\nformat = \"cloudevents-binary\"\nheaders = { \"ce-id\" = \"1\" }",
+                "sink.headers.ce-id: ",
+            ),
+            (
+                "url = \"http://x\"\nformat = \"cloudevents-structured\"\ncloudevents_source = \"\"",
+                "sink.cloudevents_source: must not be empty",
             ),
             (
                 "url = \"http://x\"\nheaders = { \"bad name\" = \"1\" }",

@@ -24,6 +24,14 @@
 //!
 //! Header values go as their UTF-8 bytes: non-ASCII text (an aggregate id `Zürich-1`) is
 //! carried as is; receivers read the header's bytes as UTF-8 (`WebhookReceiver` does).
+//!
+//! With `format = "cloudevents-binary"` the `outbox-` headers are replaced by the CloudEvents
+//! HTTP binding's: `ce-specversion`, `ce-id`, `ce-source`, `ce-type`, `ce-subject`, `ce-time`,
+//! the extensions as `ce-<name>` (values percent-encoded as that binding requires) and
+//! `content-type` = `datacontenttype`; the body stays the payload. With
+//! `"cloudevents-structured"` the body is the JSON envelope and `content-type` is
+//! `application/cloudevents+json`. The `webhook-` signature headers are the same in every
+//! format (signing the body as sent).
 
 mod config;
 mod signature;
@@ -31,14 +39,26 @@ mod signature;
 use std::fmt;
 use std::time::Duration;
 
+use bytes::Bytes;
 use futures::StreamExt as _;
+use outbox_core::cloudevents::{Binding, MessageFormat};
 use outbox_core::sink::Delivery;
-use outbox_core::{Destination, Event, Sink, SinkError, message};
+use outbox_core::{Destination, Event, Sink, SinkError};
 use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
 use reqwest::{StatusCode, Url};
 
 pub use config::HttpConfig;
 use signature::Signer;
+
+/// The CloudEvents HTTP protocol binding: every attribute in a header prefixed `ce-`, its
+/// value percent-encoded (space, `"`, `%`, non-ASCII); `datacontenttype` in `content-type`;
+/// structured mode as `content-type: application/cloudevents+json`.
+pub const BINDING: Binding = Binding {
+    prefix: "ce-",
+    data_content_type: Some("content-type"),
+    structured_content_type: Some("content-type"),
+    percent_encode: true,
+};
 
 /// How much of an error response's body goes into the failure reason.
 const REASON_BODY_BYTES: usize = 200;
@@ -52,6 +72,7 @@ pub struct HttpSink {
     origin: Url,
     signer: Option<Signer>,
     static_headers: HeaderMap,
+    format: MessageFormat,
     max_concurrency: usize,
     timeout: Duration,
 }
@@ -89,50 +110,66 @@ impl HttpSink {
             origin: validated.origin,
             signer: validated.signer,
             static_headers: validated.headers,
+            format: validated.format,
             max_concurrency: config.max_concurrency.get(),
             timeout: config.timeout,
         })
     }
 
-    /// The request headers of `event`, or why HTTP cannot carry them.
-    fn headers(&self, event: &Event) -> Result<HeaderMap, SinkError> {
+    /// The request headers and body of `event`, or why HTTP cannot carry them.
+    fn request(&self, event: &Event) -> Result<(HeaderMap, Bytes), SinkError> {
         let mut headers = self.static_headers.clone();
-        let mut row_content_type = None;
+        let plain = self.format.is_plain();
+        let mut content_type = None;
         let mut invalid = None;
-        message::for_each_header(event, |name, value| {
-            if invalid.is_some() {
-                return;
-            }
-            let prefixed = format!("outbox-{name}");
-            match (
-                HeaderName::from_bytes(prefixed.as_bytes()),
-                // The UTF-8 bytes as they are (non-ASCII is legal "obs-text" in HTTP/1.1 and
-                // in HTTP/2): an aggregate id `Zürich-1` arrives as those UTF-8 bytes, not
-                // dead-lettered. Only control characters (a line break) cannot be carried.
-                HeaderValue::from_bytes(value.as_bytes()),
-            ) {
-                (Ok(n), Ok(v)) => {
-                    if name.eq_ignore_ascii_case("content-type") {
-                        row_content_type = Some(v.clone());
+        let encoded = self
+            .format
+            .encode(event, &BINDING, |name, value| {
+                if invalid.is_some() {
+                    return;
+                }
+                // Plain: the message headers prefixed `outbox-`; CloudEvents: the binding's
+                // names as they are (the `content-type` among them sets the content type).
+                if !plain && name == "content-type" {
+                    content_type = HeaderValue::from_bytes(value.as_bytes()).ok();
+                    return;
+                }
+                let header_name = if plain {
+                    HeaderName::from_bytes(format!("outbox-{name}").as_bytes())
+                } else {
+                    HeaderName::from_bytes(name.as_bytes())
+                };
+                match (
+                    header_name,
+                    // The UTF-8 bytes as they are (non-ASCII is legal "obs-text" in HTTP/1.1
+                    // and in HTTP/2): an aggregate id `Zürich-1` arrives as those UTF-8 bytes,
+                    // not dead-lettered. Only control characters (a line break) cannot be
+                    // carried.
+                    HeaderValue::from_bytes(value.as_bytes()),
+                ) {
+                    (Ok(n), Ok(v)) => {
+                        if plain && name.eq_ignore_ascii_case("content-type") {
+                            content_type = Some(v.clone());
+                        }
+                        headers.append(n, v);
                     }
-                    headers.append(n, v);
+                    (Err(_), _) => {
+                        invalid = Some(format!(
+                            "header name `{name}` is not a valid HTTP header name"
+                        ));
+                    }
+                    (_, Err(_)) => {
+                        invalid = Some(format!(
+                            "header `{name}` has a value HTTP cannot carry (a control character)"
+                        ));
+                    }
                 }
-                (Err(_), _) => {
-                    invalid = Some(format!(
-                        "header name `{name}` is not a valid HTTP header name"
-                    ));
-                }
-                (_, Err(_)) => {
-                    invalid = Some(format!(
-                        "header `{name}` has a value HTTP cannot carry (a control character)"
-                    ));
-                }
-            }
-        });
+            })
+            .map_err(|reason| crate::cloudevents::not_a_cloudevent(event, reason))?;
         if let Some(reason) = invalid {
             return Err(SinkError::rejected(reason));
         }
-        match row_content_type {
+        match content_type {
             Some(v) => {
                 headers.insert(CONTENT_TYPE, v);
             }
@@ -148,7 +185,7 @@ impl HttpSink {
         if let Some(signer) = &self.signer {
             let id = event.id.to_string();
             let timestamp = time::OffsetDateTime::now_utc().unix_timestamp();
-            let signature = signer.sign(&id, timestamp, &event.payload);
+            let signature = signer.sign(&id, timestamp, &encoded.body);
             for (name, value) in [
                 ("webhook-id", id),
                 ("webhook-timestamp", timestamp.to_string()),
@@ -159,18 +196,18 @@ impl HttpSink {
                 headers.insert(HeaderName::from_static(name), value);
             }
         }
-        Ok(headers)
+        Ok((headers, encoded.body))
     }
 
     /// Delivers one event.
     async fn deliver(&self, event: &Event) -> Delivery {
         let url = render_url(&self.url, event).map_err(SinkError::rejected)?;
-        let headers = self.headers(event)?;
+        let (headers, body) = self.request(event)?;
         let response = self
             .client
             .post(url.clone())
             .headers(headers)
-            .body(event.payload.clone())
+            .body(body)
             .send()
             .await
             .map_err(|e| self.request_error(&url, e))?;

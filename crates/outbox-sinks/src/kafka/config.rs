@@ -5,6 +5,7 @@ use std::fmt;
 use std::num::NonZeroU32;
 use std::time::Duration;
 
+use outbox_core::cloudevents::{Format, MessageFormat};
 use outbox_core::{Destination, SinkError};
 use rdkafka::ClientConfig;
 use rdkafka::error::KafkaError;
@@ -105,6 +106,17 @@ pub struct KafkaConfig {
     /// Replication factor of a topic this sink creates. Default: the broker's default
     /// (`default.replication.factor`).
     pub topic_replication_factor: Option<NonZeroU32>,
+    /// The message format: `plain` (the record above, the default), `cloudevents-binary`
+    /// (attributes as `ce_` headers and `content-type`, the payload as value) or
+    /// `cloudevents-structured` (a JSON envelope as value), per the CloudEvents Kafka binding
+    /// (`docs/sinks.md`, "CloudEvents").
+    pub format: Format,
+    /// CloudEvents `source`, a template like `destination`. Default
+    /// `urn:outbox:{aggregate_type}`. Only used by the CloudEvents formats.
+    pub cloudevents_source: String,
+    /// CloudEvents `datacontenttype` of an event without a `content-type` header. Default
+    /// `application/json`. Only used by the CloudEvents formats.
+    pub cloudevents_content_type: String,
 }
 
 impl Default for KafkaConfig {
@@ -119,6 +131,9 @@ impl Default for KafkaConfig {
             create_topics: false,
             topic_partitions: None,
             topic_replication_factor: None,
+            format: Format::Plain,
+            cloudevents_source: crate::cloudevents::default_source(),
+            cloudevents_content_type: crate::cloudevents::default_content_type(),
         }
     }
 }
@@ -140,6 +155,9 @@ impl fmt::Debug for KafkaConfig {
             .field("create_topics", &self.create_topics)
             .field("topic_partitions", &self.topic_partitions)
             .field("topic_replication_factor", &self.topic_replication_factor)
+            .field("format", &self.format)
+            .field("cloudevents_source", &self.cloudevents_source)
+            .field("cloudevents_content_type", &self.cloudevents_content_type)
             .finish()
     }
 }
@@ -147,7 +165,17 @@ impl fmt::Debug for KafkaConfig {
 impl KafkaConfig {
     /// Checks every value without touching the network; the error names the key.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.message_format()?;
         self.client_config().map(drop)
+    }
+
+    /// The checked `format`, `cloudevents_source` and `cloudevents_content_type`.
+    pub(super) fn message_format(&self) -> Result<MessageFormat, ConfigError> {
+        crate::cloudevents::message_format(
+            self.format,
+            &self.cloudevents_source,
+            &self.cloudevents_content_type,
+        )
     }
 
     /// The librdkafka configuration of the producer, checked by librdkafka itself (which
@@ -287,10 +315,13 @@ impl KafkaConfig {
     /// Errors: an invalid config (including a setting librdkafka refuses) is
     /// [`Rejected`](outbox_core::SinkErrorKind::Rejected).
     pub async fn build(self) -> Result<KafkaSink, SinkError> {
+        let format = self
+            .message_format()
+            .map_err(|e| SinkError::rejected(e.to_string()))?;
         let client_config = self
             .client_config()
             .map_err(|e| SinkError::rejected(e.to_string()))?;
-        KafkaSink::new(self, client_config)
+        KafkaSink::new(self, client_config, format)
     }
 }
 
@@ -396,6 +427,13 @@ mod tests {
     fn unknown_keys_are_rejected() {
         let err = parse("broker = \"x:1\"").expect_err("unknown key");
         assert!(err.to_string().contains("unknown field `broker`"), "{err}");
+        let err = parse("format = \"cloudevents\"").expect_err("unknown format");
+        assert!(
+            err.to_string().contains(
+                "unknown variant `cloudevents`, expected one of `plain`, `cloudevents-binary`, `cloudevents-structured`"
+            ),
+            "{err}"
+        );
     }
 
     #[test]
@@ -437,6 +475,14 @@ mod tests {
             (
                 "[settings]\n\"linger.ms\" = \"soon\"",
                 "sink.settings.\"linger.ms\": librdkafka refused it",
+            ),
+            (
+                "format = \"cloudevents-binary\"\ncloudevents_source = \"urn:{tenant}\"",
+                "sink.cloudevents_source: unknown placeholder `{tenant}`",
+            ),
+            (
+                "format = \"cloudevents-structured\"\ncloudevents_content_type = \"json\"",
+                "sink.cloudevents_content_type: ",
             ),
         ];
         for (text, expected) in cases {

@@ -9,6 +9,13 @@
 //! | headers | `id`, `event_type`, `aggregate_type`, `aggregate_id`, then the row's own headers |
 //! | value | the payload bytes exactly |
 //!
+//! With `format = "cloudevents-binary"` the headers are the CloudEvents attributes instead
+//! (`ce_specversion`, `ce_id`, `ce_source`, `ce_type`, `ce_subject`, `ce_time`, the extensions
+//! as `ce_<name>`) and `content-type` = `datacontenttype`, the value still the payload; with
+//! `"cloudevents-structured"` the only header is `content-type: application/cloudevents+json`
+//! and the value is the JSON envelope. The key stays `aggregate_id` in both (the CloudEvents
+//! Kafka binding: [`BINDING`]).
+//!
 //! A batch is handed to librdkafka record by record without waiting, then all delivery
 //! reports are awaited together. An event counts as delivered only once its delivery report
 //! says the broker stored it (with `acks=all`: every in-sync replica). The idempotent
@@ -40,9 +47,11 @@ use std::fmt;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use futures::future::join_all;
+use outbox_core::cloudevents::{Binding, MessageFormat};
 use outbox_core::sink::Delivery;
-use outbox_core::{Destination, Event, Sink, SinkError, SinkErrorKind, message};
+use outbox_core::{Destination, Event, Sink, SinkError, SinkErrorKind};
 use rdkafka::ClientConfig;
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
@@ -52,6 +61,16 @@ use rdkafka::types::RDKafkaErrorCode;
 use client::{KafkaContext, LastErrors, Producer};
 pub use config::KafkaConfig;
 use topic::Topics;
+
+/// The CloudEvents Kafka protocol binding: every attribute in a header prefixed `ce_`,
+/// `datacontenttype` in `content-type`, values as UTF-8 text (no percent-encoding);
+/// structured mode announces itself with `content-type: application/cloudevents+json`.
+pub const BINDING: Binding = Binding {
+    prefix: "ce_",
+    data_content_type: Some("content-type"),
+    structured_content_type: Some("content-type"),
+    percent_encode: false,
+};
 
 /// How long to wait before handing a record to librdkafka again when its queue is full.
 const QUEUE_FULL_PAUSE: Duration = Duration::from_millis(10);
@@ -63,6 +82,7 @@ pub struct KafkaSink {
     max_message_bytes: usize,
     delivery_timeout: Duration,
     metadata_timeout: Duration,
+    format: MessageFormat,
     client_config: ClientConfig,
     producer: Mutex<Current>,
     topics: Topics,
@@ -90,10 +110,11 @@ impl fmt::Debug for KafkaSink {
     }
 }
 
-/// A record ready to go: its topic, headers and size as the size limit counts it.
+/// A record ready to go: its topic, headers, value and size as the size limit counts it.
 struct Prepared {
     topic: String,
     headers: OwnedHeaders,
+    value: Bytes,
     size: Size,
 }
 
@@ -145,7 +166,11 @@ struct Aftermath {
 }
 
 impl KafkaSink {
-    fn new(config: KafkaConfig, client_config: ClientConfig) -> Result<Self, SinkError> {
+    fn new(
+        config: KafkaConfig,
+        client_config: ClientConfig,
+        format: MessageFormat,
+    ) -> Result<Self, SinkError> {
         let last_errors = LastErrors::default();
         let current = create_producer(&client_config, 0, &last_errors)?;
         let creator = if config.create_topics {
@@ -171,6 +196,7 @@ impl KafkaSink {
             max_message_bytes: config.max_message_bytes.get() as usize,
             delivery_timeout: config.delivery_timeout,
             metadata_timeout: config.metadata_timeout,
+            format,
             client_config,
             producer: Mutex::new(current),
             last_errors,
@@ -267,17 +293,20 @@ impl KafkaSink {
                 self.destination
             )));
         }
-        let mut headers = OwnedHeaders::new_with_capacity(4 + event.headers.len());
+        let mut headers = OwnedHeaders::new_with_capacity(8 + event.headers.len());
         let mut headers_len = 0;
-        message::for_each_header(event, |name, value| {
-            headers_len += name.len() + value.len();
-            headers = std::mem::replace(&mut headers, OwnedHeaders::new()).insert(Header {
-                key: name,
-                value: Some(value.as_bytes()),
-            });
-        });
+        let encoded = self
+            .format
+            .encode(event, &BINDING, |name, value| {
+                headers_len += name.len() + value.len();
+                headers = std::mem::replace(&mut headers, OwnedHeaders::new()).insert(Header {
+                    key: name,
+                    value: Some(value.as_bytes()),
+                });
+            })
+            .map_err(|reason| crate::cloudevents::not_a_cloudevent(event, reason))?;
         let size = Size {
-            payload: event.payload.len(),
+            payload: encoded.body.len(),
             key: event.aggregate_id.len(),
             headers: headers_len,
         };
@@ -290,6 +319,7 @@ impl KafkaSink {
         Ok(Prepared {
             topic,
             headers,
+            value: encoded.body,
             size,
         })
     }
@@ -305,11 +335,12 @@ impl KafkaSink {
         let Prepared {
             topic,
             headers,
+            value,
             size,
         } = prepared;
         let mut record = FutureRecord::to(&topic)
             .key(event.aggregate_id.as_bytes())
-            .payload(&event.payload[..])
+            .payload(&value[..])
             .headers(headers);
         loop {
             match producer.send_result(record) {

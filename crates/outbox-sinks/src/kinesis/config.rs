@@ -43,6 +43,7 @@ impl KinesisConfig {
         };
         let sample = stream.render(&crate::sample_event("Order", "o_1", "order.placed"));
         stream_name(&sample).map_err(|e| ConfigError::new("stream", e))?;
+        crate::cloudevents::refuse_binary(self.format, "Kinesis records have none")?;
         self.validate_shared()
     }
 

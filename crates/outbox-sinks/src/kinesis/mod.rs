@@ -10,9 +10,10 @@
 //! | data | the payload bytes exactly |
 //!
 //! Kinesis records have no attributes: the event id, type and headers do not travel. A
-//! consumer that needs them publishes payloads that carry them (or waits for the
-//! `cloudevents-structured` format). Kinesis does not deduplicate: a republished event is a
-//! second record with the same data.
+//! consumer that needs them sets `format = "cloudevents-structured"`: the data is then the
+//! CloudEvents JSON envelope (id, type, source, subject, time, headers as extensions, the
+//! payload as `data` or `data_base64`). `cloudevents-binary` is refused: it needs headers.
+//! Kinesis does not deduplicate: a republished event is a second record with the same data.
 //!
 //! | failure | kind |
 //! | --- | --- |
@@ -28,6 +29,7 @@ use std::fmt;
 use aws_sdk_kinesis::Client;
 use aws_sdk_kinesis::primitives::Blob;
 use aws_sdk_kinesis::types::PutRecordsRequestEntry;
+use outbox_core::cloudevents::Binding;
 use outbox_core::sink::Delivery;
 use outbox_core::{Event, Sink, SinkError};
 
@@ -39,6 +41,15 @@ use crate::aws::{self, BatchLimits, EntryOutcome, Pending};
 const BATCH_RECORDS: usize = 500;
 /// ...and at most 5 MiB in all.
 const BATCH_BYTES: usize = 5 * 1024 * 1024;
+
+/// Kinesis records have no headers: only the structured mode is possible (the config
+/// refuses the binary one), and its content type does not travel.
+const BINDING: Binding = Binding {
+    prefix: "ce-",
+    data_content_type: None,
+    structured_content_type: None,
+    percent_encode: false,
+};
 
 /// Writes events to Kinesis data streams; built from a [`KinesisConfig`].
 #[derive(Clone)]
@@ -85,7 +96,13 @@ impl KinesisSink {
     ) -> Result<Pending<Record>, SinkError> {
         config::stream_name(name).map_err(SinkError::rejected)?;
         let partition_key = partition_key(&event.aggregate_id).into_owned();
-        let size = event.payload.len() + partition_key.len();
+        let data = self
+            .place
+            .format
+            .encode(event, &BINDING, |_, _| {})
+            .map_err(|reason| crate::cloudevents::not_a_cloudevent(event, reason))?
+            .body;
+        let size = data.len() + partition_key.len();
         if size > self.place.max_message_size {
             return Err(SinkError::rejected(format!(
                 "record of {size} bytes (payload and partition key) exceeds the Kinesis limit of \
@@ -98,7 +115,7 @@ impl KinesisSink {
             size,
             message: Record {
                 partition_key,
-                data: event.payload.clone(),
+                data,
             },
         })
     }

@@ -4,6 +4,7 @@ use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use outbox_core::cloudevents::{Format, MessageFormat};
 use outbox_core::{Destination, SinkError};
 use serde::Deserialize;
 
@@ -83,6 +84,17 @@ pub struct NatsConfig {
     /// Default `10s`.
     #[serde(with = "humantime_serde")]
     pub ack_timeout: Duration,
+    /// The message format: `plain` (the headers above, the default), `cloudevents-binary` (`ce-`
+    /// headers, the payload as body) or `cloudevents-structured` (a JSON envelope as body), per
+    /// the CloudEvents NATS binding (`docs/sinks.md`, "CloudEvents").
+    pub format: Format,
+    /// CloudEvents `source`, a template with `{aggregate_type}`, `{event_type}` and
+    /// `{aggregate_id}`. Default `urn:outbox:{aggregate_type}`. Only used by the
+    /// CloudEvents formats.
+    pub cloudevents_source: String,
+    /// CloudEvents `datacontenttype` of an event without a `content-type` header. Default
+    /// `application/json`. Only used by the CloudEvents formats.
+    pub cloudevents_content_type: String,
 }
 
 impl std::fmt::Debug for NatsConfig {
@@ -103,6 +115,9 @@ impl std::fmt::Debug for NatsConfig {
             .field("tls_key", &self.tls_key)
             .field("connect_timeout", &self.connect_timeout)
             .field("ack_timeout", &self.ack_timeout)
+            .field("format", &self.format)
+            .field("cloudevents_source", &self.cloudevents_source)
+            .field("cloudevents_content_type", &self.cloudevents_content_type)
             .finish()
     }
 }
@@ -124,6 +139,9 @@ impl Default for NatsConfig {
             tls_key: None,
             connect_timeout: Duration::from_secs(5),
             ack_timeout: Duration::from_secs(10),
+            format: Format::Plain,
+            cloudevents_source: crate::cloudevents::default_source(),
+            cloudevents_content_type: crate::cloudevents::default_content_type(),
         }
     }
 }
@@ -131,6 +149,7 @@ impl Default for NatsConfig {
 impl NatsConfig {
     /// Checks every value without touching the network; the error names the key.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.message_format()?;
         let servers = self.servers();
         if servers.is_empty() {
             return Err(ConfigError::new("url", "must not be empty"));
@@ -247,6 +266,15 @@ impl NatsConfig {
             .filter(|s| !s.is_empty())
             .map(str::to_owned)
             .collect()
+    }
+
+    /// The checked `format`, `cloudevents_source` and `cloudevents_content_type`.
+    pub(super) fn message_format(&self) -> Result<MessageFormat, ConfigError> {
+        crate::cloudevents::message_format(
+            self.format,
+            &self.cloudevents_source,
+            &self.cloudevents_content_type,
+        )
     }
 
     /// Validates, connects, and finds or creates the stream; see the type documentation.

@@ -8,6 +8,13 @@
 //! | headers | `id`, `event_type`, `aggregate_type`, `aggregate_id`, the row's own headers, and `Nats-Msg-Id` = event id |
 //! | body | the payload bytes exactly |
 //!
+//! With `format = "cloudevents-binary"` the headers are the CloudEvents attributes instead,
+//! per the NATS binding (1.0.3): `ce-specversion`, `ce-id`, `ce-source`, `ce-type`,
+//! `ce-subject`, `ce-time`, `ce-datacontenttype`, the extensions as `ce-<name>`, values
+//! percent-encoded ([`BINDING`]); with `"cloudevents-structured"` the body is the JSON
+//! envelope and the one header `Content-Type: application/cloudevents+json`. `Nats-Msg-Id`
+//! is sent in every format.
+//!
 //! `Nats-Msg-Id` lets JetStream drop a republished event (after a relay crash) within the
 //! stream's duplicate window; consumers still deduplicate by `id` beyond it.
 //!
@@ -38,11 +45,24 @@ use async_nats::jetstream::context::{
 use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::{self, ErrorCode};
 use async_nats::{ConnectErrorKind, HeaderMap, HeaderName, HeaderValue};
+use bytes::Bytes;
 use futures::future::join_all;
+use outbox_core::cloudevents::{Binding, MessageFormat};
 use outbox_core::sink::Delivery;
-use outbox_core::{Destination, Event, Sink, SinkError, message};
+use outbox_core::{Destination, Event, Sink, SinkError};
 
 pub use config::NatsConfig;
+
+/// The CloudEvents NATS protocol binding (version 1.0.3; 1.0.2 and older knew only the
+/// structured mode, from before NATS 2.2 had headers): every attribute, `datacontenttype`
+/// included, in a header prefixed `ce-`, its value percent-encoded as in the HTTP binding;
+/// structured mode as `Content-Type: application/cloudevents+json`.
+pub const BINDING: Binding = Binding {
+    prefix: "ce-",
+    data_content_type: Some("ce-datacontenttype"),
+    structured_content_type: Some("Content-Type"),
+    percent_encode: true,
+};
 
 /// Publishes events to NATS JetStream; built from a [`NatsConfig`].
 pub struct NatsSink {
@@ -52,6 +72,7 @@ pub struct NatsSink {
     stream: String,
     url: String,
     max_payload: Option<NonZeroUsize>,
+    format: MessageFormat,
 }
 
 /// The server URLs without their user info, and the user and password of the first that has
@@ -102,6 +123,9 @@ impl NatsSink {
     }
 
     async fn connect(config: NatsConfig) -> Result<Self, SinkError> {
+        let format = config
+            .message_format()
+            .map_err(|e| SinkError::rejected(e.to_string()))?;
         let (client, jetstream, url) = connect_client(&config).await?;
         let subjects = config
             .resolved_stream_subjects()
@@ -115,6 +139,7 @@ impl NatsSink {
             stream,
             url,
             max_payload: config.max_payload,
+            format,
         })
     }
 
@@ -128,8 +153,8 @@ impl NatsSink {
         }
     }
 
-    /// The subject and headers of `event`'s message, or why it can never be sent.
-    fn prepare(&self, event: &Event) -> Result<(String, HeaderMap), SinkError> {
+    /// The subject, headers and body of `event`'s message, or why it can never be sent.
+    fn prepare(&self, event: &Event) -> Result<(String, HeaderMap, Bytes), SinkError> {
         let subject = self.destination.render(event);
         if let Some(problem) = subject::publish_subject_problem(&subject) {
             return Err(SinkError::rejected(format!(
@@ -141,7 +166,7 @@ impl NatsSink {
         let mut headers = HeaderMap::new();
         let mut headers_len = 0;
         let mut invalid = None;
-        message::for_each_header(event, |name, value| {
+        let encoded = self.format.encode(event, &BINDING, |name, value| {
             if invalid.is_some() {
                 return;
             }
@@ -163,6 +188,9 @@ impl NatsSink {
                 }
             }
         });
+        let body = encoded
+            .map_err(|reason| crate::cloudevents::not_a_cloudevent(event, reason))?
+            .body;
         if let Some(reason) = invalid {
             return Err(SinkError::rejected(reason));
         }
@@ -177,15 +205,15 @@ impl NatsSink {
             Some(configured) => configured.get().min(server_limit),
             None => server_limit,
         };
-        let size = event.payload.len() + headers_len;
+        let size = body.len() + headers_len;
         if limit > 0 && size > limit {
             return Err(SinkError::rejected(format!(
                 "message of {size} bytes (payload {} + headers {headers_len}) exceeds the \
                  limit of {limit} bytes (server max_payload {server_limit})",
-                event.payload.len()
+                body.len()
             )));
         }
-        Ok((subject, headers))
+        Ok((subject, headers, body))
     }
 }
 
@@ -422,10 +450,8 @@ impl Sink for NatsSink {
         for event in batch {
             let item = match self.prepare(event) {
                 Err(e) => InFlight::Refused(e),
-                Ok((subject, headers)) => {
-                    let publish = PublishMessage::build()
-                        .payload(event.payload.clone())
-                        .headers(headers);
+                Ok((subject, headers, body)) => {
+                    let publish = PublishMessage::build().payload(body).headers(headers);
                     match self.jetstream.send_publish(subject.clone(), publish).await {
                         Ok(ack) => InFlight::Sent(subject, ack),
                         Err(e) => InFlight::Refused(send_error(&subject, e)),

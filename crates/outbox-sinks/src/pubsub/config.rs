@@ -4,6 +4,7 @@ use std::fmt;
 use std::num::NonZeroUsize;
 use std::time::Duration;
 
+use outbox_core::cloudevents::{Format, MessageFormat};
 use outbox_core::{Destination, SinkError};
 use reqwest::Url;
 use serde::Deserialize;
@@ -68,6 +69,18 @@ pub struct PubSubConfig {
     /// request, attributes and ordering key included, always applies; this can only lower
     /// it. Default: Pub/Sub's limit.
     pub max_payload: Option<NonZeroUsize>,
+    /// The message format: `plain` (the attributes above, the default), `cloudevents-binary` (the
+    /// attributes as `ce-` attributes and `content-type`, the payload as data) or
+    /// `cloudevents-structured` (the JSON envelope as data), per the draft CloudEvents Pub/Sub
+    /// binding (`docs/sinks.md`, "CloudEvents").
+    pub format: Format,
+    /// CloudEvents `source`, a template with `{aggregate_type}`, `{event_type}` and
+    /// `{aggregate_id}`. Default `urn:outbox:{aggregate_type}`. Only used by the
+    /// CloudEvents formats.
+    pub cloudevents_source: String,
+    /// CloudEvents `datacontenttype` of an event without a `content-type` header. Default
+    /// `application/json`. Only used by the CloudEvents formats.
+    pub cloudevents_content_type: String,
 }
 
 impl Default for PubSubConfig {
@@ -80,6 +93,9 @@ impl Default for PubSubConfig {
             timeout: Duration::from_secs(10),
             max_concurrency: NonZeroUsize::new(16).expect("16 is not zero"),
             max_payload: None,
+            format: Format::Plain,
+            cloudevents_source: crate::cloudevents::default_source(),
+            cloudevents_content_type: crate::cloudevents::default_content_type(),
         }
     }
 }
@@ -99,6 +115,9 @@ impl fmt::Debug for PubSubConfig {
             .field("timeout", &self.timeout)
             .field("max_concurrency", &self.max_concurrency)
             .field("max_payload", &self.max_payload)
+            .field("format", &self.format)
+            .field("cloudevents_source", &self.cloudevents_source)
+            .field("cloudevents_content_type", &self.cloudevents_content_type)
             .finish()
     }
 }
@@ -117,6 +136,7 @@ impl PubSubConfig {
     /// Checks every value without touching the network or the environment; the error names
     /// the key.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.message_format()?;
         let project = self.project.trim();
         if project.is_empty() {
             return Err(ConfigError::new(
@@ -220,6 +240,15 @@ impl PubSubConfig {
                 base: DEFAULT_API_URL.to_owned(),
             }),
         }
+    }
+
+    /// The checked `format`, `cloudevents_source` and `cloudevents_content_type`.
+    pub(super) fn message_format(&self) -> Result<MessageFormat, ConfigError> {
+        crate::cloudevents::message_format(
+            self.format,
+            &self.cloudevents_source,
+            &self.cloudevents_content_type,
+        )
     }
 
     /// Validates and prepares the HTTP client; with Google as the target, also finds the

@@ -10,6 +10,13 @@
 //! | `attributes` | `id` (the event id), `event_type`, `aggregate_type`, `aggregate_id`, then the row's own headers, names unchanged |
 //! | `orderingKey` | `aggregate_id` when it is a legal key (1 to 1024 bytes, no control character, not starting with `sha256:`), else `sha256:<hex>` of it |
 //!
+//! With `format = "cloudevents-binary"` the attributes are the CloudEvents attributes instead
+//! (`ce-specversion`, `ce-id`, `ce-source`, `ce-type`, `ce-subject`, `ce-time`,
+//! `content-type` = `datacontenttype`, the extensions as `ce-<name>`, values as they are) and
+//! `data` stays the payload; with `"cloudevents-structured"` the one attribute is
+//! `content-type: application/cloudevents+json` and `data` is the JSON envelope, per the
+//! draft CloudEvents Pub/Sub binding ([`BINDING`]). The limits below apply to these as well.
+//!
 //! Pub/Sub does not deduplicate on publish: a republished event (after a relay crash or an
 //! unanswered request) is a second message with the same `id` attribute. Consumers
 //! deduplicate by `id` (the inbox does).
@@ -53,14 +60,26 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine as _;
+use bytes::Bytes;
 use futures::StreamExt as _;
+use outbox_core::cloudevents::{Binding, MessageFormat};
 use outbox_core::sink::Delivery;
-use outbox_core::{Destination, Event, Sink, SinkError, message};
+use outbox_core::{Destination, Event, Sink, SinkError};
 use reqwest::StatusCode;
 use reqwest::header::CONTENT_TYPE;
 
 use config::Target;
 pub use config::{DEFAULT_API_URL, EMULATOR_HOST_ENV, PubSubConfig};
+
+/// The draft CloudEvents Pub/Sub binding: every attribute in a message attribute prefixed
+/// `ce-`, values as they are; `datacontenttype`, and structured mode's
+/// `application/cloudevents+json`, in the attribute `content-type`.
+pub const BINDING: Binding = Binding {
+    prefix: "ce-",
+    data_content_type: Some("content-type"),
+    structured_content_type: Some("content-type"),
+    percent_encode: false,
+};
 
 /// Pub/Sub's limit on one publish request, and so on one message: 10 MB.
 pub const MAX_REQUEST_BYTES: usize = 10_000_000;
@@ -94,6 +113,7 @@ pub struct PubSubSink {
     timeout: Duration,
     max_concurrency: usize,
     max_payload: usize,
+    format: MessageFormat,
 }
 
 impl fmt::Debug for PubSubSink {
@@ -152,6 +172,9 @@ struct WireMessage<'a> {
 
 impl PubSubSink {
     async fn new(config: PubSubConfig, target: Target) -> Result<Self, SinkError> {
+        let format = config
+            .message_format()
+            .map_err(|e| SinkError::rejected(e.to_string()))?;
         let (base, place, auth) = match target {
             Target::Emulator { host, from_env } => {
                 let place = if from_env {
@@ -194,6 +217,7 @@ impl PubSubSink {
             max_payload: config
                 .max_payload
                 .map_or(MAX_REQUEST_BYTES, std::num::NonZeroUsize::get),
+            format,
         })
     }
 
@@ -233,7 +257,8 @@ impl PubSubSink {
                 self.topic
             )));
         }
-        if event.payload.len() > self.max_payload {
+        let (attributes, data) = attributes(event, &self.format)?;
+        if data.len() > self.max_payload {
             let whose = if self.max_payload < MAX_REQUEST_BYTES {
                 "sink.max_payload"
             } else {
@@ -241,16 +266,15 @@ impl PubSubSink {
             };
             return Err(SinkError::rejected(format!(
                 "payload of {} bytes exceeds the limit of {} bytes ({whose})",
-                event.payload.len(),
+                data.len(),
                 self.max_payload
             )));
         }
-        let attributes = attributes(event)?;
         let ordering_key =
             crate::cloud::ordering_key(&event.aggregate_id, MAX_ORDERING_KEY_BYTES, |c: char| {
                 !c.is_control()
             });
-        let mut size = field_len(event.payload.len()) + field_len(ordering_key.len());
+        let mut size = field_len(data.len()) + field_len(ordering_key.len());
         for (name, value) in &attributes {
             size += field_len(field_len(name.len()) + field_len(value.len()));
         }
@@ -263,7 +287,7 @@ impl PubSubSink {
             )));
         }
         let json = serde_json::to_string(&WireMessage {
-            data: base64::engine::general_purpose::STANDARD.encode(&event.payload),
+            data: base64::engine::general_purpose::STANDARD.encode(&data),
             attributes: &attributes,
             ordering_key: &ordering_key,
         })
@@ -403,12 +427,16 @@ impl PubSubSink {
     }
 }
 
-/// The attributes of `event`'s message (the message headers), or the limit one breaks.
-fn attributes(event: &Event) -> Result<BTreeMap<String, String>, SinkError> {
+/// The attributes (the message headers) and data of `event`'s message in `format`, or the
+/// limit one breaks.
+fn attributes(
+    event: &Event,
+    format: &MessageFormat,
+) -> Result<(BTreeMap<String, String>, Bytes), SinkError> {
     let mut attributes = BTreeMap::new();
     let mut count = 0;
     let mut problem: Option<String> = None;
-    message::for_each_header(event, |name, value| {
+    let encoded = format.encode(event, &BINDING, |name, value| {
         count += 1;
         if problem.is_some() {
             return;
@@ -452,6 +480,9 @@ fn attributes(event: &Event) -> Result<BTreeMap<String, String>, SinkError> {
             }
         }
     });
+    let data = encoded
+        .map_err(|reason| crate::cloudevents::not_a_cloudevent(event, reason))?
+        .body;
     if let Some(problem) = problem {
         return Err(SinkError::rejected(problem));
     }
@@ -461,7 +492,7 @@ fn attributes(event: &Event) -> Result<BTreeMap<String, String>, SinkError> {
              {MAX_ATTRIBUTES} attributes per message"
         )));
     }
-    Ok(attributes)
+    Ok((attributes, data))
 }
 
 /// Why `name` is not a Pub/Sub topic id, or `None` when it is one.
@@ -746,6 +777,44 @@ mod tests {
         crate::sample_event("Order", aggregate_id, "order.placed")
     }
 
+    /// The attributes of the plain message.
+    fn plain_attributes(e: &Event) -> Result<BTreeMap<String, String>, SinkError> {
+        attributes(e, &MessageFormat::Plain).map(|(a, _)| a)
+    }
+
+    #[test]
+    fn cloudevents_formats_shape_attributes_and_data() {
+        use outbox_core::cloudevents::{DEFAULT_DATA_CONTENT_TYPE, DEFAULT_SOURCE, Format};
+        let mut e = event("o_1");
+        e.payload = bytes::Bytes::from_static(b"{\"a\":1}");
+        e.headers = vec![("traceparent".to_owned(), "00-ab-cd-01".to_owned())];
+        let binary = MessageFormat::new(
+            Format::CloudeventsBinary,
+            DEFAULT_SOURCE,
+            DEFAULT_DATA_CONTENT_TYPE,
+        )
+        .expect("valid");
+        let (map, data) = attributes(&e, &binary).expect("within limits");
+        assert_eq!(data, e.payload);
+        assert_eq!(map["ce-id"], e.id.to_string());
+        assert_eq!(map["ce-type"], "order.placed");
+        assert_eq!(map["ce-subject"], "o_1");
+        assert_eq!(map["content-type"], "application/json");
+        assert_eq!(map["ce-traceparent"], "00-ab-cd-01");
+        assert!(!map.contains_key("id"), "{map:?}");
+        let structured = MessageFormat::new(
+            Format::CloudeventsStructured,
+            DEFAULT_SOURCE,
+            DEFAULT_DATA_CONTENT_TYPE,
+        )
+        .expect("valid");
+        let (map, data) = attributes(&e, &structured).expect("within limits");
+        assert_eq!(map.len(), 1);
+        assert_eq!(map["content-type"], "application/cloudevents+json");
+        let envelope: serde_json::Value = serde_json::from_slice(&data).expect("JSON");
+        assert_eq!(envelope["data"]["a"], 1);
+    }
+
     #[test]
     fn topic_ids_follow_pubsub_rules() {
         for good in ["abc", "outbox.event.Order", "a-b_c~d%e+f", &"x".repeat(255)] {
@@ -777,7 +846,7 @@ mod tests {
     fn attributes_are_the_message_headers_within_pubsub_limits() {
         let mut e = event("o_1");
         e.headers = vec![("tenant".to_owned(), "acme".to_owned())];
-        let map = attributes(&e).expect("within limits");
+        let map = plain_attributes(&e).expect("within limits");
         assert_eq!(map.len(), 5);
         assert_eq!(map["tenant"], "acme");
         assert_eq!(map["aggregate_id"], "o_1");
@@ -785,14 +854,14 @@ mod tests {
         let reason = |headers: Vec<(String, String)>| {
             let mut e = event("o_1");
             e.headers = headers;
-            let err = attributes(&e).expect_err("over a limit");
+            let err = plain_attributes(&e).expect_err("over a limit");
             assert_eq!(err.kind(), Rejected);
             err.to_string()
         };
         let r = reason(vec![("k".repeat(257), "v".to_owned())]);
         assert!(r.contains("exceeds Pub/Sub's limit of 256 bytes"), "{r}");
         assert_eq!(
-            attributes(&{
+            plain_attributes(&{
                 let mut e = event("o_1");
                 e.headers = vec![("k".repeat(256), "v".repeat(1024))];
                 e
@@ -818,7 +887,7 @@ mod tests {
         // 96 row headers + 4 contract headers = 100: the limit itself is fine.
         let mut e = event("o_1");
         e.headers = (0..96).map(|i| (format!("h{i}"), "v".to_owned())).collect();
-        assert_eq!(attributes(&e).map(|a| a.len()).ok(), Some(100));
+        assert_eq!(plain_attributes(&e).map(|a| a.len()).ok(), Some(100));
     }
 
     #[test]

@@ -7,6 +7,7 @@ use std::str::FromStr as _;
 use std::time::Duration;
 
 use lapin::uri::AMQPUri;
+use outbox_core::cloudevents::{Format, MessageFormat};
 use outbox_core::{Destination, SinkError};
 use serde::Deserialize;
 
@@ -74,6 +75,18 @@ pub struct RabbitMqConfig {
     pub tls_cert: Option<PathBuf>,
     /// Path of the client certificate's private key (PEM, PKCS#8).
     pub tls_key: Option<PathBuf>,
+    /// The message format: `plain` (the headers above, the default), `cloudevents-binary` (`ce-`
+    /// headers, `datacontenttype` as the `content_type` property, the payload as body) or
+    /// `cloudevents-structured` (a JSON envelope as body), per the CloudEvents RabbitMQ
+    /// binding (`docs/sinks.md`, "CloudEvents").
+    pub format: Format,
+    /// CloudEvents `source`, a template with `{aggregate_type}`, `{event_type}` and
+    /// `{aggregate_id}`. Default `urn:outbox:{aggregate_type}`. Only used by the
+    /// CloudEvents formats.
+    pub cloudevents_source: String,
+    /// CloudEvents `datacontenttype` of an event without a `content-type` header. Default
+    /// `application/json`. Only used by the CloudEvents formats.
+    pub cloudevents_content_type: String,
 }
 
 impl Default for RabbitMqConfig {
@@ -90,6 +103,9 @@ impl Default for RabbitMqConfig {
             tls_ca: None,
             tls_cert: None,
             tls_key: None,
+            format: Format::Plain,
+            cloudevents_source: crate::cloudevents::default_source(),
+            cloudevents_content_type: crate::cloudevents::default_content_type(),
         }
     }
 }
@@ -108,6 +124,9 @@ impl fmt::Debug for RabbitMqConfig {
             .field("tls_ca", &self.tls_ca)
             .field("tls_cert", &self.tls_cert)
             .field("tls_key", &self.tls_key)
+            .field("format", &self.format)
+            .field("cloudevents_source", &self.cloudevents_source)
+            .field("cloudevents_content_type", &self.cloudevents_content_type)
             .finish()
     }
 }
@@ -115,6 +134,7 @@ impl fmt::Debug for RabbitMqConfig {
 impl RabbitMqConfig {
     /// Checks every value without touching the network; the error names the key.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.message_format()?;
         self.uri().map(drop)?;
         self.tls().map(drop)?;
         if self.exchange.len() > MAX_SHORT_STRING {
@@ -205,6 +225,15 @@ impl RabbitMqConfig {
             });
         }
         Ok(tls)
+    }
+
+    /// The checked `format`, `cloudevents_source` and `cloudevents_content_type`.
+    pub(super) fn message_format(&self) -> Result<MessageFormat, ConfigError> {
+        crate::cloudevents::message_format(
+            self.format,
+            &self.cloudevents_source,
+            &self.cloudevents_content_type,
+        )
     }
 
     /// Validates, connects, declares (or checks) the exchange and opens a channel with

@@ -14,6 +14,13 @@
 //! | `content_type` property | the row's `content-type` header, when it has one |
 //! | `app_id` property | `outbox` |
 //!
+//! With `format = "cloudevents-binary"` the `headers` table holds the CloudEvents attributes
+//! instead (`ce-specversion`, `ce-id`, `ce-source`, `ce-type`, `ce-subject`, `ce-time`, the
+//! extensions as `ce-<name>`, long strings) and `content_type` is `datacontenttype`; with
+//! `"cloudevents-structured"` the body is the JSON envelope, `content_type` is
+//! `application/cloudevents+json` and the table is empty ([`BINDING`]). The other properties
+//! are the same in every format.
+//!
 //! The channel is in confirm mode and messages are `mandatory`: a batch is published without
 //! waiting in between, then every confirm is awaited together. An event counts as delivered
 //! only on `basic.ack` for a message that was routed to at least one queue (for persistent
@@ -39,13 +46,15 @@ use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use bytes::Bytes;
 use futures::future::join_all;
 use lapin::options::BasicPublishOptions;
 use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Confirmation, PublisherConfirm};
+use outbox_core::cloudevents::{Binding, MessageFormat};
 use outbox_core::sink::Delivery;
-use outbox_core::{Destination, Event, Sink, SinkError, message};
+use outbox_core::{Destination, Event, Sink, SinkError};
 
 use config::MAX_SHORT_STRING;
 pub use config::RabbitMqConfig;
@@ -55,6 +64,19 @@ use crate::secret::redact_url;
 
 /// `delivery_mode` of a persistent message.
 const PERSISTENT: u8 = 2;
+
+/// The CloudEvents binding for RabbitMQ (AMQP 0-9-1), as the CloudEvents SDKs read it (the
+/// Python SDK's `cloudevents.core.bindings.rabbitmq`, Knative's eventing-rabbitmq): every
+/// attribute in the `headers` table prefixed `ce-`, values as they are; `datacontenttype`,
+/// and structured mode's `application/cloudevents+json`, in the `content_type` property.
+/// (The AMQP 1.0 binding's `cloudEvents_` / `cloudEvents:` application properties are for
+/// AMQP 1.0 clients.)
+pub const BINDING: Binding = Binding {
+    prefix: "ce-",
+    data_content_type: None,
+    structured_content_type: None,
+    percent_encode: false,
+};
 
 /// Publishes events to a RabbitMQ exchange; built from a [`RabbitMqConfig`].
 pub struct RabbitMqSink {
@@ -70,6 +92,7 @@ pub struct RabbitMqSink {
     broker_limit: AtomicUsize,
     connect_timeout: Duration,
     confirm_timeout: Duration,
+    format: MessageFormat,
     link: tokio::sync::Mutex<Option<Link>>,
 }
 
@@ -90,6 +113,9 @@ impl RabbitMqSink {
         let tls = config
             .tls()
             .map_err(|e| SinkError::rejected(e.to_string()))?;
+        let format = config
+            .message_format()
+            .map_err(|e| SinkError::rejected(e.to_string()))?;
         let sink = Self {
             shown_url: redact_url(&url),
             tls,
@@ -102,6 +128,7 @@ impl RabbitMqSink {
             broker_limit: AtomicUsize::new(0),
             connect_timeout: config.connect_timeout,
             confirm_timeout: config.confirm_timeout,
+            format,
             link: tokio::sync::Mutex::new(None),
         };
         let link = sink.open().await.map_err(SetupError::at_startup)?;
@@ -123,8 +150,8 @@ impl RabbitMqSink {
         }
     }
 
-    /// Routing key and properties of one event, or why it cannot be sent.
-    fn prepare(&self, event: &Event) -> Result<(ShortString, BasicProperties), SinkError> {
+    /// Routing key, properties and body of one event, or why it cannot be sent.
+    fn prepare(&self, event: &Event) -> Result<(ShortString, BasicProperties, Bytes), SinkError> {
         let routing_key = self.destination.render(event);
         let routing_key = ShortString::try_new(routing_key.clone()).map_err(|_| {
             SinkError::rejected(format!(
@@ -132,20 +159,11 @@ impl RabbitMqSink {
                 routing_key.len()
             ))
         })?;
-        let limit = self.max_message_size();
-        if event.payload.len() > limit {
-            return Err(SinkError::rejected(format!(
-                "message of {} bytes exceeds the limit of {limit} bytes (sink.max_message_size \
-                 {}, the broker's max_message_size)",
-                event.payload.len(),
-                self.max_message_size
-            )));
-        }
-
         let mut headers = FieldTable::default();
         let mut content_type = None;
         let mut invalid = None;
-        message::for_each_header(event, |name, value| {
+        let plain = self.format.is_plain();
+        let encoded = self.format.encode(event, &BINDING, |name, value| {
             match ShortString::try_new(name) {
                 Ok(key) => {
                     headers.insert(key, AMQPValue::LongString(LongString::from(value)));
@@ -156,12 +174,30 @@ impl RabbitMqSink {
                     });
                 }
             }
-            if name.eq_ignore_ascii_case("content-type") {
+            if plain && name.eq_ignore_ascii_case("content-type") {
                 content_type = ShortString::try_new(value).ok();
             }
         });
+        let encoded =
+            encoded.map_err(|reason| crate::cloudevents::not_a_cloudevent(event, reason))?;
         if let Some(reason) = invalid {
             return Err(SinkError::rejected(reason));
+        }
+        if let Some(media) = encoded.content_type {
+            content_type = Some(ShortString::try_new(media).map_err(|_| {
+                SinkError::rejected(format!(
+                    "content type `{media}` is over AMQP's {MAX_SHORT_STRING} bytes"
+                ))
+            })?);
+        }
+        let limit = self.max_message_size();
+        if encoded.body.len() > limit {
+            return Err(SinkError::rejected(format!(
+                "message of {} bytes exceeds the limit of {limit} bytes (sink.max_message_size \
+                 {}, the broker's max_message_size)",
+                encoded.body.len(),
+                self.max_message_size
+            )));
         }
         let timestamp = u64::try_from(event.created_at.unix_timestamp()).unwrap_or(0);
         let mut properties = BasicProperties::default()
@@ -176,7 +212,7 @@ impl RabbitMqSink {
         if let Some(content_type) = content_type {
             properties = properties.with_content_type(content_type);
         }
-        Ok((routing_key, properties))
+        Ok((routing_key, properties, encoded.body))
     }
 
     /// Maps a failed publish or confirm of the message to `routing_key` with a body of `size`
@@ -293,15 +329,15 @@ impl Sink for RabbitMqSink {
         for event in batch {
             let item = match self.prepare(event) {
                 Err(e) => InFlight::Refused(e),
-                Ok((routing_key, properties)) => {
+                Ok((routing_key, properties, body)) => {
                     let key = routing_key.as_str().to_owned();
-                    let size = event.payload.len();
+                    let size = body.len();
                     match channel
                         .basic_publish(
                             ShortString::from(self.exchange.as_str()),
                             routing_key,
                             options,
-                            &event.payload,
+                            &body,
                             properties,
                         )
                         .await

@@ -5,6 +5,7 @@ use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use outbox_core::cloudevents::{Format, MessageFormat};
 use outbox_core::{Destination, SinkError};
 use redis::IntoConnectionInfo as _;
 use serde::Deserialize;
@@ -60,6 +61,18 @@ pub struct RedisConfig {
     pub tls_cert: Option<PathBuf>,
     /// Path of the client certificate's private key (PEM).
     pub tls_key: Option<PathBuf>,
+    /// The message format: `plain` (the fields above, the default), `cloudevents-binary` (the
+    /// attributes as `ce-` fields and `content-type`, the payload in `payload`) or
+    /// `cloudevents-structured` (the JSON envelope in `payload`); Redis has no CloudEvents
+    /// binding, so these follow the HTTP binding's names (`docs/sinks.md`, "CloudEvents").
+    pub format: Format,
+    /// CloudEvents `source`, a template with `{aggregate_type}`, `{event_type}` and
+    /// `{aggregate_id}`. Default `urn:outbox:{aggregate_type}`. Only used by the
+    /// CloudEvents formats.
+    pub cloudevents_source: String,
+    /// CloudEvents `datacontenttype` of an event without a `content-type` header. Default
+    /// `application/json`. Only used by the CloudEvents formats.
+    pub cloudevents_content_type: String,
 }
 
 impl Default for RedisConfig {
@@ -74,6 +87,9 @@ impl Default for RedisConfig {
             tls_ca: None,
             tls_cert: None,
             tls_key: None,
+            format: Format::Plain,
+            cloudevents_source: crate::cloudevents::default_source(),
+            cloudevents_content_type: crate::cloudevents::default_content_type(),
         }
     }
 }
@@ -90,6 +106,9 @@ impl fmt::Debug for RedisConfig {
             .field("tls_ca", &self.tls_ca)
             .field("tls_cert", &self.tls_cert)
             .field("tls_key", &self.tls_key)
+            .field("format", &self.format)
+            .field("cloudevents_source", &self.cloudevents_source)
+            .field("cloudevents_content_type", &self.cloudevents_content_type)
             .finish()
     }
 }
@@ -97,7 +116,17 @@ impl fmt::Debug for RedisConfig {
 impl RedisConfig {
     /// Checks every value without touching the network; the error names the key.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.message_format()?;
         self.client().map(drop)
+    }
+
+    /// The checked `format`, `cloudevents_source` and `cloudevents_content_type`.
+    pub(super) fn message_format(&self) -> Result<MessageFormat, ConfigError> {
+        crate::cloudevents::message_format(
+            self.format,
+            &self.cloudevents_source,
+            &self.cloudevents_content_type,
+        )
     }
 
     /// The client for `url` (parsing only; no connection is made).
@@ -189,10 +218,13 @@ impl RedisConfig {
     /// [`Rejected`](outbox_core::SinkErrorKind::Rejected) (retrying cannot help); an
     /// unreachable server is [`Unavailable`](outbox_core::SinkErrorKind::Unavailable).
     pub async fn build(self) -> Result<RedisSink, SinkError> {
+        let format = self
+            .message_format()
+            .map_err(|e| SinkError::rejected(e.to_string()))?;
         let client = self
             .client()
             .map_err(|e| SinkError::rejected(e.to_string()))?;
-        RedisSink::connect(self, client).await
+        RedisSink::connect(self, client, format).await
     }
 }
 

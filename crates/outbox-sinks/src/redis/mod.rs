@@ -16,6 +16,13 @@
 //! | fields `h:<name>` | each of the row's own headers (prefixed so that a header can never collide with a contract field or `payload`) |
 //! | field `payload` | the payload bytes exactly (binary-safe), always the last field |
 //!
+//! With `format = "cloudevents-binary"` the fields before `payload` are the CloudEvents
+//! attributes instead: `ce-specversion`, `ce-id`, `ce-source`, `ce-type`, `ce-subject`,
+//! `ce-time`, `content-type` (= `datacontenttype`), the extensions as `ce-<name>`, values as
+//! they are, and `payload` is the payload; with `"cloudevents-structured"` the entry is
+//! `content-type application/cloudevents+json payload <JSON envelope>`. Redis has no
+//! CloudEvents binding: these are the HTTP binding's names ([`BINDING`]).
+//!
 //! Redis does not deduplicate: a republished event (after a relay crash) is a second entry
 //! with the same `id` field. Consumers deduplicate by `id` (the inbox does).
 //!
@@ -37,6 +44,7 @@ mod config;
 
 use std::fmt;
 
+use outbox_core::cloudevents::{Binding, MessageFormat};
 use outbox_core::sink::Delivery;
 use outbox_core::{Destination, Event, Sink, SinkError, message};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -56,6 +64,16 @@ pub const HEADER_FIELD_PREFIX: &str = "h:";
 /// Name of the field that carries the payload.
 pub const PAYLOAD_FIELD: &str = "payload";
 
+/// The fields of the CloudEvents formats. Redis has no CloudEvents binding; these follow the
+/// HTTP binding's names (`ce-<attribute>`, `content-type`) with values as they are (Redis
+/// fields are binary-safe, so nothing is percent-encoded).
+pub const BINDING: Binding = Binding {
+    prefix: "ce-",
+    data_content_type: Some("content-type"),
+    structured_content_type: Some("content-type"),
+    percent_encode: false,
+};
+
 /// Appends events to Redis streams; built from a [`RedisConfig`].
 #[derive(Clone)]
 pub struct RedisSink {
@@ -65,6 +83,7 @@ pub struct RedisSink {
     maxlen: Option<usize>,
     limit: usize,
     server_limit: usize,
+    format: MessageFormat,
 }
 
 impl fmt::Debug for RedisSink {
@@ -79,7 +98,11 @@ impl fmt::Debug for RedisSink {
 }
 
 impl RedisSink {
-    async fn connect(config: RedisConfig, client: redis::Client) -> Result<Self, SinkError> {
+    async fn connect(
+        config: RedisConfig,
+        client: redis::Client,
+        format: MessageFormat,
+    ) -> Result<Self, SinkError> {
         let url = redact_url(config.url.trim());
         // One retry inside the client: an outage should surface quickly as `Unavailable` so
         // the relay backs off itself; the next command reconnects.
@@ -119,6 +142,7 @@ impl RedisSink {
             maxlen: config.maxlen.map(std::num::NonZeroUsize::get),
             limit,
             server_limit,
+            format,
         })
     }
 
@@ -143,15 +167,19 @@ impl RedisSink {
         }
         cmd.arg("*");
         let mut size = stream.len() + 32;
-        let mut largest = ("payload", event.payload.len());
-        message::for_each_header(event, |name, value| {
-            let contract = matches!(
-                name,
-                message::header::ID
-                    | message::header::EVENT_TYPE
-                    | message::header::AGGREGATE_TYPE
-                    | message::header::AGGREGATE_ID
-            );
+        let mut largest = ("header", 0);
+        let plain = self.format.is_plain();
+        let encoded = self.format.encode(event, &BINDING, |name, value| {
+            // The CloudEvents fields (`ce-...`, `content-type`) cannot collide with
+            // `payload`; the plain message's row headers are prefixed so they cannot either.
+            let contract = !plain
+                || matches!(
+                    name,
+                    message::header::ID
+                        | message::header::EVENT_TYPE
+                        | message::header::AGGREGATE_TYPE
+                        | message::header::AGGREGATE_ID
+                );
             if contract {
                 cmd.arg(name);
             } else {
@@ -163,8 +191,14 @@ impl RedisSink {
                 largest = ("header", value.len());
             }
         });
-        cmd.arg(PAYLOAD_FIELD).arg(&event.payload[..]);
-        size += event.payload.len() + 16;
+        let body = encoded
+            .map_err(|reason| crate::cloudevents::not_a_cloudevent(event, reason))?
+            .body;
+        if body.len() >= largest.1 {
+            largest = ("payload", body.len());
+        }
+        cmd.arg(PAYLOAD_FIELD).arg(&body[..]);
+        size += body.len() + 16;
         if largest.1 > self.limit {
             return Err(SinkError::rejected(format!(
                 "{} of {} bytes exceeds the limit of {} bytes (Redis proto-max-bulk-len {})",

@@ -128,7 +128,10 @@ impl Sink for SnsSink {
         let (deliveries, topics) = aws::plan(
             batch,
             |event| self.place.target.render(event),
-            |i, event, target| aws::queue_message(i, event, config::topic_name(target), "SNS", max),
+            |i, event, target| {
+                let name = config::topic_name(target);
+                aws::queue_message(i, event, name, &self.place.format, ("SNS", max))
+            },
         );
         let limits = BatchLimits {
             entries: BATCH_ENTRIES,

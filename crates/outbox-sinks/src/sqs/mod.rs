@@ -141,7 +141,10 @@ impl Sink for SqsSink {
         let (deliveries, queues) = aws::plan(
             batch,
             |event| self.place.target.render(event),
-            |i, event, target| aws::queue_message(i, event, config::queue_name(target), "SQS", max),
+            |i, event, target| {
+                let name = config::queue_name(target);
+                aws::queue_message(i, event, name, &self.place.format, ("SQS", max))
+            },
         );
         let limits = BatchLimits {
             entries: BATCH_ENTRIES,

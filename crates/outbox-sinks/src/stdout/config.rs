@@ -3,6 +3,7 @@
 
 use std::path::PathBuf;
 
+use outbox_core::cloudevents::{Format, MessageFormat};
 use outbox_core::{Destination, SinkError};
 use serde::Deserialize;
 
@@ -16,26 +17,68 @@ use crate::ConfigError;
 /// kind = "stdout"
 /// destination = "outbox.event.{aggregate_type}"
 /// ```
-#[derive(Debug, Clone, PartialEq, Default, Deserialize, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StdoutConfig {
     /// Template of the `destination` field of each line; may use `{aggregate_type}`,
     /// `{event_type}` and `{aggregate_id}`. Default `outbox.event.{aggregate_type}`.
     pub destination: Destination,
+    /// The message format: `plain` (the line above, the default) or `cloudevents-structured` (each
+    /// line is the event's CloudEvents JSON envelope); `cloudevents-binary` is refused, a line
+    /// has no message headers (`docs/sinks.md`, "CloudEvents").
+    pub format: Format,
+    /// CloudEvents `source`, a template with `{aggregate_type}`, `{event_type}` and
+    /// `{aggregate_id}`. Default `urn:outbox:{aggregate_type}`. Only used by the
+    /// CloudEvents formats.
+    pub cloudevents_source: String,
+    /// CloudEvents `datacontenttype` of an event without a `content-type` header. Default
+    /// `application/json`. Only used by the CloudEvents formats.
+    pub cloudevents_content_type: String,
+}
+
+impl Default for StdoutConfig {
+    fn default() -> Self {
+        Self {
+            destination: Destination::default(),
+            format: Format::Plain,
+            cloudevents_source: crate::cloudevents::default_source(),
+            cloudevents_content_type: crate::cloudevents::default_content_type(),
+        }
+    }
 }
 
 impl StdoutConfig {
-    /// Checks the values (nothing can be wrong once the template parsed).
+    /// Checks the values; the error names the key.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        Ok(())
+        message_format(
+            self.format,
+            &self.cloudevents_source,
+            &self.cloudevents_content_type,
+        )
+        .map(drop)
     }
 
     /// Builds the sink.
     pub async fn build(self) -> Result<StdoutSink, SinkError> {
-        self.validate()
-            .map_err(|e| SinkError::rejected(e.to_string()))?;
-        Ok(StdoutSink::new(self.destination))
+        let format = message_format(
+            self.format,
+            &self.cloudevents_source,
+            &self.cloudevents_content_type,
+        )
+        .map_err(|e| SinkError::rejected(e.to_string()))?;
+        Ok(StdoutSink::new(self.destination).with_format(format))
     }
+}
+
+/// The checked format keys of a JSON-lines sink: the binary mode needs message headers,
+/// which a line does not have.
+fn message_format(
+    format: Format,
+    source: &str,
+    content_type: &str,
+) -> Result<MessageFormat, ConfigError> {
+    crate::cloudevents::refuse_binary(format, "a JSON line has no message headers")?;
+    crate::cloudevents::message_format(format, source, content_type)
 }
 
 /// Settings of the file sink: one JSON line per event, appended to a file.
@@ -58,6 +101,17 @@ pub struct FileConfig {
     /// `fsync` the file after each batch, before reporting the batch delivered. Without it
     /// a power loss can lose events that were already marked delivered. Default `true`.
     pub sync: bool,
+    /// The message format: `plain` (the line above, the default) or `cloudevents-structured` (each
+    /// line is the event's CloudEvents JSON envelope); `cloudevents-binary` is refused, a line
+    /// has no message headers (`docs/sinks.md`, "CloudEvents").
+    pub format: Format,
+    /// CloudEvents `source`, a template with `{aggregate_type}`, `{event_type}` and
+    /// `{aggregate_id}`. Default `urn:outbox:{aggregate_type}`. Only used by the
+    /// CloudEvents formats.
+    pub cloudevents_source: String,
+    /// CloudEvents `datacontenttype` of an event without a `content-type` header. Default
+    /// `application/json`. Only used by the CloudEvents formats.
+    pub cloudevents_content_type: String,
 }
 
 impl Default for FileConfig {
@@ -66,6 +120,9 @@ impl Default for FileConfig {
             path: PathBuf::new(),
             destination: Destination::default(),
             sync: true,
+            format: Format::Plain,
+            cloudevents_source: crate::cloudevents::default_source(),
+            cloudevents_content_type: crate::cloudevents::default_content_type(),
         }
     }
 }
@@ -79,7 +136,12 @@ impl FileConfig {
                 "must be set (e.g. `events.jsonl`)",
             ));
         }
-        Ok(())
+        message_format(
+            self.format,
+            &self.cloudevents_source,
+            &self.cloudevents_content_type,
+        )
+        .map(drop)
     }
 
     /// Validates and opens the file for appending. A missing directory or a path that
@@ -103,6 +165,20 @@ mod tests {
         assert_eq!(config.validate(), Ok(()));
         let err = toml::from_str::<StdoutConfig>("path = \"x\"").expect_err("unknown key");
         assert!(err.to_string().contains("unknown field `path`"), "{err}");
+    }
+
+    #[test]
+    fn json_lines_take_the_structured_format_but_not_the_binary_one() {
+        let config: StdoutConfig =
+            toml::from_str("format = \"cloudevents-structured\"").expect("parses");
+        assert_eq!(config.validate(), Ok(()));
+        let config: StdoutConfig =
+            toml::from_str("format = \"cloudevents-binary\"").expect("parses");
+        let err = config.validate().expect_err("no headers").to_string();
+        assert!(
+            err.starts_with("sink.format: `cloudevents-binary`") && err.contains("structured"),
+            "{err}"
+        );
     }
 
     #[test]

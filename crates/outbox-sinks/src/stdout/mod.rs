@@ -18,6 +18,10 @@
 //! | `payload` | present when the payload is a JSON text: that text itself, embedded as a JSON value (its line breaks, which JSON only allows between tokens, become spaces; surrounding whitespace is dropped) |
 //! | `payload_base64` | present instead when the payload is not JSON (binary, empty, invalid UTF-8): the exact bytes, standard base64 with padding |
 //!
+//! With `format = "cloudevents-structured"` each line is instead the event's CloudEvents JSON
+//! envelope ([`outbox_core::cloudevents`]; line breaks inside an embedded JSON `data` become
+//! spaces, as above).
+//!
 //! Exactly one of `payload` and `payload_base64` is present. [`JsonLine`] parses a line
 //! back, and [`JsonLine::payload_bytes`] returns the payload bytes.
 //!
@@ -36,6 +40,7 @@ use std::sync::{Arc, Mutex};
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
+use outbox_core::cloudevents::{Binding, MessageFormat};
 use outbox_core::sink::Delivery;
 use outbox_core::{Destination, Event, Sink, SinkError, message};
 use serde::ser::{SerializeMap as _, Serializer};
@@ -154,6 +159,30 @@ fn json_payload(payload: &[u8]) -> Option<Box<RawValue>> {
     }
 }
 
+/// A line has no headers: only the structured mode, whose content type does not travel.
+const BINDING: Binding = Binding {
+    prefix: "ce-",
+    data_content_type: None,
+    structured_content_type: None,
+    percent_encode: false,
+};
+
+/// Appends the CloudEvents envelope of `event` to `out` as one line.
+fn render_envelope(format: &MessageFormat, event: &Event, out: &mut Vec<u8>) -> Delivery {
+    let envelope = format
+        .encode(event, &BINDING, |_, _| {})
+        .map_err(|reason| crate::cloudevents::not_a_cloudevent(event, reason))?
+        .body;
+    // Outside strings the envelope has no raw line break; inside an embedded JSON `data` one
+    // is whitespace between tokens, which a space keeps.
+    out.extend(envelope.iter().map(|&b| match b {
+        b'\n' | b'\r' => b' ',
+        other => other,
+    }));
+    out.push(b'\n');
+    Ok(())
+}
+
 /// Appends the line of `event` to `out`; on failure `out` is left as it was.
 fn render_line(destination: &Destination, event: &Event, out: &mut Vec<u8>) -> Delivery {
     let payload = json_payload(&event.payload);
@@ -184,11 +213,21 @@ fn render_line(destination: &Destination, event: &Event, out: &mut Vec<u8>) -> D
 }
 
 /// Renders a batch; an event that cannot be encoded fails alone, the others still go out.
-fn render(destination: &Destination, batch: &[Event]) -> (Vec<u8>, Vec<Delivery>) {
+fn render(
+    destination: &Destination,
+    format: &MessageFormat,
+    batch: &[Event],
+) -> (Vec<u8>, Vec<Delivery>) {
     let mut out = Vec::with_capacity(batch.len() * 256);
     let deliveries = batch
         .iter()
-        .map(|event| render_line(destination, event, &mut out))
+        .map(|event| {
+            if format.is_plain() {
+                render_line(destination, event, &mut out)
+            } else {
+                render_envelope(format, event, &mut out)
+            }
+        })
         .collect();
     (out, deliveries)
 }
@@ -209,12 +248,21 @@ async fn blocking_io(
 #[derive(Debug)]
 pub struct StdoutSink {
     destination: Destination,
+    format: MessageFormat,
 }
 
 impl StdoutSink {
     /// A sink rendering the `destination` field with `destination`.
     pub fn new(destination: Destination) -> Self {
-        Self { destination }
+        Self {
+            destination,
+            format: MessageFormat::Plain,
+        }
+    }
+
+    /// The same sink writing lines in `format` (plain or CloudEvents structured).
+    pub fn with_format(self, format: MessageFormat) -> Self {
+        Self { format, ..self }
     }
 }
 
@@ -224,7 +272,7 @@ impl Sink for StdoutSink {
     }
 
     async fn publish(&self, batch: &[Event]) -> Result<Vec<Delivery>, SinkError> {
-        let (out, deliveries) = render(&self.destination, batch);
+        let (out, deliveries) = render(&self.destination, &self.format, batch);
         if !out.is_empty() {
             blocking_io("writing to standard output failed".to_owned(), move || {
                 let mut stdout = io::stdout().lock();
@@ -245,6 +293,7 @@ impl Sink for StdoutSink {
 #[derive(Debug)]
 pub struct FileSink {
     destination: Destination,
+    format: MessageFormat,
     path: PathBuf,
     sync: bool,
     /// False for a device or a pipe (`/dev/null`): no fsync, no truncation after a failure.
@@ -261,12 +310,19 @@ impl FileSink {
         .await
         .map_err(|e| SinkError::unavailable("opening the output file failed").with_source(e))?;
         let file = opened.map_err(|e| open_error(&config.path, e))?;
+        let format = crate::cloudevents::message_format(
+            config.format,
+            &config.cloudevents_source,
+            &config.cloudevents_content_type,
+        )
+        .map_err(|e| SinkError::rejected(e.to_string()))?;
         let regular = file
             .metadata()
             .map_err(|e| open_error(&config.path, e))?
             .is_file();
         Ok(Self {
             destination: config.destination,
+            format,
             path: config.path,
             sync: config.sync,
             regular,
@@ -299,7 +355,7 @@ impl Sink for FileSink {
     }
 
     async fn publish(&self, batch: &[Event]) -> Result<Vec<Delivery>, SinkError> {
-        let (out, deliveries) = render(&self.destination, batch);
+        let (out, deliveries) = render(&self.destination, &self.format, batch);
         if out.is_empty() {
             return Ok(deliveries);
         }
@@ -420,7 +476,11 @@ mod tests {
     }
 
     fn line_of(event: &Event) -> String {
-        let (out, deliveries) = render(&Destination::default(), std::slice::from_ref(event));
+        let (out, deliveries) = render(
+            &Destination::default(),
+            &MessageFormat::Plain,
+            std::slice::from_ref(event),
+        );
         assert!(deliveries.iter().all(Result::is_ok));
         String::from_utf8(out).expect("utf-8")
     }
@@ -470,6 +530,30 @@ mod tests {
             assert!(parsed.payload.is_none(), "{line}");
             assert_eq!(parsed.payload_bytes().expect("decodes"), payload);
         }
+    }
+
+    #[test]
+    fn the_structured_format_writes_one_envelope_per_line() {
+        use outbox_core::cloudevents::{DEFAULT_DATA_CONTENT_TYPE, DEFAULT_SOURCE, Format};
+        let format = MessageFormat::new(
+            Format::CloudeventsStructured,
+            DEFAULT_SOURCE,
+            DEFAULT_DATA_CONTENT_TYPE,
+        )
+        .expect("valid");
+        let pretty = event(b"{\n  \"a\": \"x\\ny\"\r\n}\n");
+        let (out, deliveries) = render(&Destination::default(), &format, &[pretty, event(b"\xff")]);
+        assert!(deliveries.iter().all(Result::is_ok));
+        let text = String::from_utf8(out).expect("utf-8");
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 2, "{text}");
+        let first: serde_json::Value = serde_json::from_str(lines[0]).expect("JSON");
+        assert_eq!(first["id"], "0190f3c2-7d1e-7a4b-9c61-3f5e0b2a8d10");
+        assert_eq!(first["type"], "order.placed");
+        assert_eq!(first["data"]["a"], "x\ny");
+        assert_eq!(first["tenant"], "acme");
+        let second: serde_json::Value = serde_json::from_str(lines[1]).expect("JSON");
+        assert_eq!(second["data_base64"], "/w==");
     }
 
     #[test]
