@@ -2,7 +2,7 @@
 # Drain rate of a backlog into each broker (issue 4's figure):
 #
 #   scripts/bench/drain_brokers.sh [--events N] [--cloud-events N] [--batch B]
-#       [--sinks "file nats redis rabbitmq kafka sqs sns kinesis pubsub"]
+#       [--sinks "file http nats redis rabbitmq kafka sqs sns kinesis pubsub"]
 #
 # Starts PostgreSQL, nats-server, tansu (Kafka protocol), redis-server and RabbitMQ on free
 # ports of 127.0.0.1 (scripts/services.sh: PostgreSQL with fsync=off, as the tests run it),
@@ -11,6 +11,9 @@
 # `outbox relay` (release build: target/release/outbox, or OUTBOX_BIN) timed from its start
 # until no row is pending, then SIGTERM. Reports events/s and the relay's CPU seconds.
 # `file` is the JSON-lines file sink on /dev/null: the database + relay reference, no broker.
+# `http` posts each event to a local receiver that answers 200 and keeps nothing
+# (examples/discard_receiver.rs, release build; target/release/examples/discard_receiver or
+# DISCARD_RECEIVER_BIN), with the sink's default `max_concurrency` (64).
 # The cloud sinks publish to local stand-ins: sqs (a standard queue), sns (a standard topic)
 # and kinesis (4 shards) to one moto server, pubsub to the Cloud SDK's emulator (skipped when
 # it is not installed); they drain --cloud-events (default 1,000) events. Their events/s
@@ -29,7 +32,7 @@ source scripts/services.sh
 events=100000
 batch=500
 cloud_events=1000
-sinks="file nats redis rabbitmq kafka sqs sns kinesis pubsub"
+sinks="file http nats redis rabbitmq kafka sqs sns kinesis pubsub"
 while [ $# -gt 0 ]; do
     case "$1" in
     --events) events=$2; shift 2 ;;
@@ -52,11 +55,13 @@ fi
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/outbox-drain-brokers.XXXXXX")
 relay_pid=
+receiver_pid=
 moto_pid=
 pubsub_pid=
 cleanup() {
     [ -n "$relay_pid" ] && kill -TERM "$relay_pid" 2>/dev/null || true
     [ -n "$moto_pid" ] && kill -TERM "$moto_pid" 2>/dev/null || true
+    [ -n "$receiver_pid" ] && kill -TERM "$receiver_pid" 2>/dev/null || true
     [ -n "$pubsub_pid" ] && kill -TERM -- "-$pubsub_pid" 2>/dev/null || true
     services_stop "$work"
     rm -rf "$work"
@@ -137,9 +142,34 @@ start_pubsub() {
     return 1
 }
 
+# The webhook receiver for the http sink.
+receiver_url=
+start_receiver() {
+    [ -n "$receiver_url" ] && return 0
+    local receiver port
+    receiver=${DISCARD_RECEIVER_BIN:-target/release/examples/discard_receiver}
+    [ -x "$receiver" ] || {
+        echo "http: no receiver at $receiver: cargo build --release -p outbox-cli --example discard_receiver" >&2
+        return 1
+    }
+    port=$(services_free_port)
+    "$receiver" "127.0.0.1:$port" >"$work/receiver.log" 2>&1 &
+    receiver_pid=$!
+    for _i in $(seq 1 200); do
+        if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+            receiver_url="http://127.0.0.1:$port/hooks/{aggregate_type}"
+            return 0
+        fi
+        sleep 0.05
+    done
+    echo "the discard receiver did not start" >&2
+    return 1
+}
+
 sink_toml() {
     case "$1" in
     file) printf '[sink]\nkind = "file"\npath = "/dev/null"\n' ;;
+    http) printf '[sink]\nkind = "http"\nurl = "%s"\n' "$receiver_url" ;;
     nats) printf '[sink]\nkind = "nats"\nurl = "%s"\nstream = "BENCH"\ndestination = "bench.{aggregate_type}"\n' "$OUTBOX_TEST_NATS_URL" ;;
     redis) printf '[sink]\nkind = "redis"\nurl = "%s"\ndestination = "bench.{aggregate_type}"\n' "$OUTBOX_TEST_REDIS_URL" ;;
     rabbitmq) printf '[sink]\nkind = "rabbitmq"\nurl = "%s"\nexchange = "bench"\ndestination = "bench.{aggregate_type}"\n' "$OUTBOX_TEST_AMQP_URL" ;;
@@ -159,6 +189,7 @@ for sink in $sinks; do
     case "$sink" in
     sqs | sns | kinesis) start_moto; n=$cloud_events ;;
     pubsub) start_pubsub || continue; n=$cloud_events ;;
+    http) start_receiver || continue ;;
     esac
     db="drain_${sink}_$$"
     psql -q "$pg" -c "CREATE DATABASE $db" >/dev/null

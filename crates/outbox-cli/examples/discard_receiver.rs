@@ -1,10 +1,12 @@
-//! An OTLP/HTTP endpoint that accepts every trace export and discards it, for measuring what
-//! `[tracing]` costs the relay (docs/benchmarks.md, "Trace export"). It answers `200` with an
-//! empty body and no decoding, so it takes as little CPU as possible away from the relay on
-//! the same machine; on exit (Ctrl-C or SIGTERM) it prints the requests and bytes it got.
+//! An HTTP endpoint that accepts every `POST` and discards it: OTLP trace exports, for
+//! measuring what `[tracing]` costs the relay (docs/benchmarks.md, "Trace export"), and
+//! webhook deliveries, for the HTTP sink's drain rate (`scripts/bench/drain_brokers.sh`). It
+//! answers `200` with an empty body and no decoding, so it takes as little CPU as possible
+//! away from the relay on the same machine; on exit (Ctrl-C or SIGTERM) it prints the
+//! requests and bytes it got.
 //!
 //! ```sh
-//! cargo run --release -p outbox-cli --example otlp_discard -- 127.0.0.1:4318
+//! cargo run --release -p outbox-cli --example discard_receiver -- 127.0.0.1:4318
 //! ```
 
 use std::sync::Arc;
@@ -27,17 +29,16 @@ async fn main() -> anyhow::Result<()> {
         .unwrap_or_else(|| "127.0.0.1:4318".to_owned());
     let counts = Arc::new(Counts::default());
     let seen = counts.clone();
-    let app = Router::new().route(
-        "/v1/traces",
-        post(move |body: Bytes| {
-            seen.requests.fetch_add(1, Ordering::Relaxed);
-            seen.bytes.fetch_add(body.len() as u64, Ordering::Relaxed);
-            std::future::ready(([("content-type", "application/x-protobuf")], ""))
-        }),
-    );
+    let discard = move |body: Bytes| {
+        seen.requests.fetch_add(1, Ordering::Relaxed);
+        seen.bytes.fetch_add(body.len() as u64, Ordering::Relaxed);
+        std::future::ready(([("content-type", "application/x-protobuf")], ""))
+    };
+    // Any path: `/v1/traces` for OTLP, whatever the webhook URL names.
+    let app = Router::new().fallback(post(discard));
     let listener = tokio::net::TcpListener::bind(&listen).await?;
     eprintln!(
-        "otlp_discard: listening on http://{}",
+        "discard_receiver: listening on http://{}",
         listener.local_addr()?
     );
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
@@ -50,7 +51,7 @@ async fn main() -> anyhow::Result<()> {
         })
         .await?;
     println!(
-        "otlp_discard: {} requests, {} bytes",
+        "discard_receiver: {} requests, {} bytes",
         counts.requests.load(Ordering::Relaxed),
         counts.bytes.load(Ordering::Relaxed)
     );
