@@ -68,14 +68,27 @@ async fn forward(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    let _one = up.one_at_a_time.lock().await;
+    pass_through(&up.client, &up.base, method, &uri, &headers, body).await
+}
+
+/// Sends the request to `base` as it came (less `host` and `content-length`) and answers
+/// what `base` answered; `502` when it could not be reached.
+pub(crate) async fn pass_through(
+    client: &reqwest::Client,
+    base: &str,
+    method: Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Response {
     let path = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
-    let mut request = up.client.request(method, format!("{}{path}", up.base));
-    for (name, value) in &headers {
+    let mut request = client.request(method, format!("{base}{path}"));
+    for (name, value) in headers {
         if name != "host" && name != "content-length" {
             request = request.header(name, value);
         }
     }
-    let _one = up.one_at_a_time.lock().await;
     let answer = match request.body(body).send().await {
         Ok(answer) => answer,
         Err(e) => {

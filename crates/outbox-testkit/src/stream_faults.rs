@@ -503,39 +503,6 @@ impl Proxy {
             "NextShardIterator": iterator(&arn, &shard, scanned),
         })))
     }
-
-    async fn forward(
-        &self,
-        method: Method,
-        uri: &Uri,
-        headers: &HeaderMap,
-        body: Bytes,
-    ) -> Response {
-        let path = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
-        let mut request = self.client.request(method, format!("{}{path}", self.base));
-        for (name, value) in headers {
-            if name != "host" && name != "content-length" {
-                request = request.header(name, value);
-            }
-        }
-        let answer = match request.body(body).send().await {
-            Ok(answer) => answer,
-            Err(e) => {
-                return Response::builder()
-                    .status(StatusCode::BAD_GATEWAY)
-                    .body(Body::from(e.to_string()))
-                    .unwrap_or_default();
-            }
-        };
-        let mut response = Response::builder().status(answer.status());
-        for (name, value) in answer.headers() {
-            if name != "content-length" && name != "transfer-encoding" {
-                response = response.header(name, value);
-            }
-        }
-        let body = answer.bytes().await.unwrap_or_default();
-        response.body(Body::from(body)).unwrap_or_default()
-    }
 }
 
 async fn handle(
@@ -551,14 +518,32 @@ async fn handle(
         .and_then(|t| t.strip_prefix(TARGET_PREFIX))
         .map(str::to_owned);
     let Some(target) = target else {
-        return proxy.forward(method, &uri, &headers, body).await;
+        return crate::serial_proxy::pass_through(
+            &proxy.client,
+            &proxy.base,
+            method,
+            &uri,
+            &headers,
+            body,
+        )
+        .await;
     };
     let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     let answer = match target.as_str() {
         "DescribeStream" => proxy.describe(&request).await,
         "GetShardIterator" => Ok(proxy.shard_iterator(&request)),
         "GetRecords" => proxy.records(&request).await,
-        _ => return proxy.forward(method, &uri, &headers, body).await,
+        _ => {
+            return crate::serial_proxy::pass_through(
+                &proxy.client,
+                &proxy.base,
+                method,
+                &uri,
+                &headers,
+                body,
+            )
+            .await;
+        }
     };
     answer.unwrap_or_else(|e| {
         Response::builder()
