@@ -44,6 +44,14 @@ pub(crate) async fn migrate(config: &Config) -> anyhow::Result<()> {
     for line in backend.migrate().await.map_err(source_error)? {
         println!("{line}");
     }
+    for sub in &config.subscriptions {
+        let one = outbox_runtime::subscription::for_subscription(config, &sub.name)
+            .map_err(|e| anyhow::anyhow!(e))?;
+        let backend = open(&one, 1).await?;
+        for line in backend.migrate().await.map_err(source_error)? {
+            println!("subscription `{}`: {line}", sub.name);
+        }
+    }
     Ok(())
 }
 
@@ -62,7 +70,17 @@ pub(crate) async fn status(config: &Config, json: bool) -> anyhow::Result<()> {
             )
         })?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&status)?);
+        let mut value = serde_json::to_value(&status)?;
+        if !config.subscriptions.is_empty()
+            && let Some(object) = value.as_object_mut()
+        {
+            let mut subs = serde_json::Map::new();
+            for (name, sub) in subscription_status(config, now).await? {
+                subs.insert(name, serde_json::to_value(&sub)?);
+            }
+            object.insert("subscriptions".into(), subs.into());
+        }
+        println!("{}", serde_json::to_string_pretty(&value)?);
         return Ok(());
     }
     let b = &status.backlog;
@@ -112,5 +130,42 @@ pub(crate) async fn status(config: &Config, json: bool) -> anyhow::Result<()> {
     for line in &status.blocking_lines {
         println!("  {line}");
     }
+    for (name, sub) in subscription_status(config, now).await? {
+        let b = &sub.backlog;
+        println!(
+            "  subscription {name:<12} pending {}, retrying {}, dead-lettered {}, oldest pending {:.1}s, held aggregates {} (details: outbox status --subscription {name})",
+            b.pending,
+            b.retrying,
+            b.dead,
+            b.oldest_pending_age_seconds,
+            sub.held_aggregates.len()
+        );
+    }
     Ok(())
+}
+
+/// The status of every subscription's table, in config order.
+async fn subscription_status(
+    config: &Config,
+    now: OffsetDateTime,
+) -> anyhow::Result<Vec<(String, outbox_core::admin::StatusReport)>> {
+    let mut out = Vec::with_capacity(config.subscriptions.len());
+    for sub in &config.subscriptions {
+        let one = outbox_runtime::subscription::for_subscription(config, &sub.name)
+            .map_err(|e| anyhow::anyhow!(e))?;
+        let backend = open(&one, 1).await?;
+        let status = backend
+            .status(now, config.metrics.stuck_after)
+            .await
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "subscription `{}` ({}): {}",
+                    sub.name,
+                    backend.table(),
+                    crate::chain(&e)
+                )
+            })?;
+        out.push((sub.name.clone(), status));
+    }
+    Ok(out)
 }

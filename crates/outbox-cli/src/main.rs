@@ -6,6 +6,7 @@
 
 mod admin;
 mod bench;
+mod capture;
 mod dead;
 mod demo;
 mod doctor;
@@ -35,6 +36,10 @@ struct Cli {
         hide_env_values = true
     )]
     database_url: Option<String>,
+    /// Act on one subscription's own table (`[[subscription]] name`): its backlog, dead
+    /// letters, `why`, replay and retention; with `relay`, run only its pipeline.
+    #[arg(long, global = true, value_name = "NAME")]
+    subscription: Option<String>,
     /// Log format.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "OUTBOX_LOG_FORMAT")]
     log_format: LogFormat,
@@ -79,6 +84,10 @@ enum Command {
     /// Delete delivered events older than a window (and rotate partitions).
     #[command(subcommand)]
     Retention(retention::RetentionCommand),
+    /// Business tables as event sources: install, remove or list the triggers that turn their
+    /// inserts (and updates) into outbox events in the same transaction (`[[capture]]`).
+    #[command(subcommand)]
+    Capture(capture::CaptureCommand),
 }
 
 fn main() -> ExitCode {
@@ -114,10 +123,16 @@ fn main() -> ExitCode {
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
     let load = || -> anyhow::Result<(outbox_runtime::Config, outbox_runtime::Origin)> {
-        Ok(outbox_runtime::config::load(
-            cli.config.as_deref(),
-            cli.database_url.as_deref(),
-        )?)
+        let (config, origin) =
+            outbox_runtime::config::load(cli.config.as_deref(), cli.database_url.as_deref())?;
+        match &cli.subscription {
+            Some(name) => Ok((
+                outbox_runtime::subscription::for_subscription(&config, name)
+                    .map_err(|e| anyhow::anyhow!(e))?,
+                origin,
+            )),
+            None => Ok((config, origin)),
+        }
     };
     match cli.command {
         Command::Demo(args) => demo::run(args).await.map(|_| ()),
@@ -134,6 +149,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Status { json } => admin::status(&load()?.0, json).await,
         Command::Dead(command) => dead::run(&load()?.0, command).await,
         Command::Retention(command) => retention::run(&load()?.0, command).await,
+        Command::Capture(command) => capture::run(&load()?.0, command).await,
         Command::Replay(args) => replay::run(&load()?.0, args).await,
         Command::Why(args) => why::run(&load()?.0, args).await,
         Command::Doctor(args) => doctor::run(load(), args).await,

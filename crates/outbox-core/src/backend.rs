@@ -259,6 +259,16 @@ pub trait Producer: Send + Sync {
     fn commit<'a>(&'a self, events: &'a [NewEvent]) -> BoxFuture<'a, Result<(), SourceError>>;
 }
 
+/// Copying events into this backend's table (the subscription tables of a fan-out,
+/// `[[subscription]]`): each event keeps its id, payload, headers and creation time, and an
+/// event already there is left alone, so copying a batch again after a crash adds nothing.
+pub trait Forward: Send + Sync {
+    /// Inserts `events` in one transaction, in slice order (which becomes their order in this
+    /// table), skipping ids already present; returns how many rows were new.
+    fn copy_in<'a>(&'a self, events: &'a [crate::Event])
+    -> BoxFuture<'a, Result<u64, SourceError>>;
+}
+
 /// An opened database: the relay's pipelines and the operator commands.
 pub trait Backend: Send + Sync + 'static {
     /// The config `kind` (`postgres`, `sqlite`, ...).
@@ -309,10 +319,28 @@ pub trait Backend: Send + Sync + 'static {
     fn retention(&self) -> Result<&dyn Retention, Unsupported> {
         Err(Unsupported::new(self.kind(), "retention"))
     }
+    /// Copying events in, for the subscription tables of a fan-out.
+    fn forward(&self) -> Result<&dyn Forward, Unsupported> {
+        Err(Unsupported::new(self.kind(), "relay with [[subscription]]"))
+    }
+    /// `outbox capture`: business tables as event sources (docs/capture.md).
+    fn capture(&self) -> Result<&dyn crate::capture::Capture, Unsupported> {
+        Err(Unsupported::new(self.kind(), "capture"))
+    }
     /// The producer, for `outbox bench`.
     fn producer(&self) -> Result<&dyn Producer, Unsupported> {
         Err(Unsupported::new(self.kind(), "bench"))
     }
+}
+
+/// The table of subscription `name` beside outbox table `table`: `<table>_sub_<name>`.
+pub fn subscription_table(
+    table: &crate::Identifier,
+    name: &str,
+) -> Result<crate::Identifier, String> {
+    crate::Identifier::new(format!("{table}_sub_{name}")).map_err(|e| {
+        format!("the subscription's table name {e}; use a shorter subscription or table name")
+    })
 }
 
 /// Why a backend could not be opened.
@@ -364,6 +392,16 @@ pub trait BackendConfig:
     fn validate(&self, relay: &RelayConfig) -> Result<(), String>;
     /// The database for messages and logs, secrets redacted.
     fn describe(&self) -> String;
+    /// The same database with the table of subscription `name` as the outbox table (see
+    /// [`subscription_table`]), polled: it keeps that subscription's progress, retries and
+    /// dead letters (`[[subscription]]`). `Err` says why this kind cannot.
+    fn for_subscription(&self, name: &str) -> Result<Self, String> {
+        let _ = name;
+        Err(format!(
+            "[[subscription]] is not supported by source kind = \"{}\"",
+            Self::KIND
+        ))
+    }
     /// Connects (or opens the file).
     fn open(&self, options: OpenOptions) -> BoxFuture<'_, Result<Arc<dyn Backend>, OpenError>>;
 }

@@ -164,6 +164,9 @@ pub struct Relay<K> {
     sink: Arc<K>,
     /// Publish spans; `None` (the default) costs nothing per event.
     tracer: Option<Arc<dyn PublishTracer>>,
+    /// Labels on every metric this relay records (`subscription="sms"` for one pipeline of a
+    /// fan-out); empty for the single-sink relay.
+    labels: Vec<metrics::Label>,
 }
 
 /// Exponential pause for repeated unavailability of the database or the broker.
@@ -195,7 +198,23 @@ impl<K: Sink> Relay<K> {
             config,
             sink,
             tracer: None,
+            labels: Vec::new(),
         }
+    }
+
+    /// Adds `name="value"` to every metric this relay records (the subscription of a
+    /// fan-out pipeline).
+    #[must_use]
+    pub fn with_metric_label(mut self, name: &'static str, value: impl Into<String>) -> Self {
+        self.labels.push(metrics::Label::new(name, value.into()));
+        self
+    }
+
+    /// This relay's metric labels plus `extra`.
+    fn labels(&self, extra: &[(&'static str, &'static str)]) -> Vec<metrics::Label> {
+        let mut labels = self.labels.clone();
+        labels.extend(extra.iter().map(|(k, v)| metrics::Label::new(*k, *v)));
+        labels
     }
 
     /// Reports every publish attempt to `tracer` (one span per event and attempt; see
@@ -258,7 +277,7 @@ impl<K: Sink> Relay<K> {
                 }
                 Err(e) if e.kind() == SourceErrorKind::Unavailable => {
                     let d = db_pause.take();
-                    metrics::counter!(m::SOURCE_ERRORS).increment(1);
+                    metrics::counter!(m::SOURCE_ERRORS, self.labels(&[])).increment(1);
                     tracing::warn!(worker, error = %ErrorChain(&e), retry_in = ?d, "outbox database unavailable");
                     sleep_or_cancel(d, &shutdown).await;
                     continue;
@@ -284,7 +303,7 @@ impl<K: Sink> Relay<K> {
                 continue;
             }
             idle = self.config.poll_interval;
-            metrics::histogram!(m::BATCH_SIZE).record(events.len() as f64);
+            metrics::histogram!(m::BATCH_SIZE, self.labels(&[])).record(events.len() as f64);
 
             let (mut settlements, mut batch_report, sink_down) = self
                 .publish_batch(events, &policy, &mut rng, valid_until)
@@ -312,7 +331,7 @@ impl<K: Sink> Relay<K> {
                     // Nothing was recorded: every event of the batch stays pending and will be
                     // published again (duplicates, never loss).
                     report.settle_failures += 1;
-                    metrics::counter!(m::SETTLE_FAILURES).increment(1);
+                    metrics::counter!(m::SETTLE_FAILURES, self.labels(&[])).increment(1);
                     tracing::warn!(worker, error = %ErrorChain(&e), "could not record batch outcomes; its events will be published again");
                     if e.kind() == SourceErrorKind::Fatal {
                         return Err(RelayError::Source(e));
@@ -323,12 +342,12 @@ impl<K: Sink> Relay<K> {
             }
             if let Some(err) = sink_down {
                 let d = sink_pause.take();
-                metrics::gauge!(m::SINK_UP).set(0.0);
+                metrics::gauge!(m::SINK_UP, self.labels(&[])).set(0.0);
                 tracing::warn!(worker, sink = self.sink.name(), error = %err.report(), retry_in = ?d, "broker unavailable; pausing");
                 sleep_or_cancel(d, &shutdown).await;
             } else {
                 sink_pause.reset();
-                metrics::gauge!(m::SINK_UP).set(1.0);
+                metrics::gauge!(m::SINK_UP, self.labels(&[])).set(1.0);
                 if !more {
                     // A partial batch: pause up to `poll_interval` before the next fetch. A
                     // source that knows when events arrive (the CDC stream, LISTEN/NOTIFY)
@@ -434,7 +453,7 @@ impl<K: Sink> Relay<K> {
                     }
                 };
             let acked_at = OffsetDateTime::now_utc();
-            let latency_histogram = metrics::histogram!(m::COMMIT_TO_ACK_SECONDS);
+            let latency_histogram = metrics::histogram!(m::COMMIT_TO_ACK_SECONDS, self.labels(&[]));
             let mut published = 0u64;
             for (event, delivery) in wave.iter().zip(deliveries) {
                 let mut span = spans.as_mut().and_then(Iterator::next);
@@ -459,7 +478,11 @@ impl<K: Sink> Relay<K> {
                                 SinkErrorKind::Transient => "transient",
                                 SinkErrorKind::Rejected => "rejected",
                             };
-                            metrics::counter!(m::EVENTS_FAILED, "sink" => sink_name, "kind" => kind).increment(1);
+                            metrics::counter!(
+                                m::EVENTS_FAILED,
+                                self.labels(&[("sink", sink_name), ("kind", kind)])
+                            )
+                            .increment(1);
                             tracing::debug!(event_id = %event.id, error = %err.report(), retry_in = ?delay, "publish failed; will retry");
                             end_span(&mut span, AttemptOutcome::Retry { error: &err });
                             Outcome::Retry {
@@ -469,8 +492,11 @@ impl<K: Sink> Relay<K> {
                         }
                         FailureAction::DeadLetter => {
                             report.dead_lettered += 1;
-                            metrics::counter!(m::EVENTS_DEAD_LETTERED, "sink" => sink_name)
-                                .increment(1);
+                            metrics::counter!(
+                                m::EVENTS_DEAD_LETTERED,
+                                self.labels(&[("sink", sink_name)])
+                            )
+                            .increment(1);
                             let reason = if err.kind() == SinkErrorKind::Transient {
                                 format!(
                                     "gave up after {} failed attempts: {}",
@@ -510,7 +536,8 @@ impl<K: Sink> Relay<K> {
                 });
             }
             report.delivered += published;
-            metrics::counter!(m::EVENTS_PUBLISHED, "sink" => sink_name).increment(published);
+            metrics::counter!(m::EVENTS_PUBLISHED, self.labels(&[("sink", sink_name)]))
+                .increment(published);
         }
         (settlements, report, sink_down)
     }

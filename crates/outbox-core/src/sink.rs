@@ -198,6 +198,12 @@ pub trait BuildSink:
     fn build(&self) -> BoxFuture<'_, Result<Box<dyn DynSink>, SinkError>>;
     /// Where `event` goes, for people: `NATS subject outbox.event.Order`.
     fn describe_destination(&self, event: &Event) -> String;
+    /// The destination template (topic, subject, routing key, stream), for a subscription's
+    /// `destination` to replace; `None` for a kind whose target is a URL or an ARN (give such
+    /// a subscription a `[sinks.NAME]` of its own).
+    fn destination_mut(&mut self) -> Option<&mut crate::Destination> {
+        None
+    }
     /// Checks that the broker is reachable and set up for this config **without changing
     /// anything** (`outbox doctor`), and says what it found. The default builds the sink and
     /// runs its healthcheck: a sink whose `build` creates something (a stream, a file)

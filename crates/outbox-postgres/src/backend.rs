@@ -15,7 +15,7 @@ use outbox_core::admin::{
     StoredEventDetail, when,
 };
 use outbox_core::backend::{
-    Backend, BackendConfig, BoxedSource, DeadLetterStore, Explain, OpenError, OpenOptions,
+    Backend, BackendConfig, BoxedSource, DeadLetterStore, Explain, Forward, OpenError, OpenOptions,
     Pipelines, Producer, Replay, Retention, RetentionProgress, Watchdog,
 };
 use outbox_core::metrics as m;
@@ -61,6 +61,18 @@ impl BackendConfig for PostgresConfig {
         self.url.redacted()
     }
 
+    fn for_subscription(&self, name: &str) -> Result<Self, String> {
+        // A subscription's table is always polled: its rows are written by the fan-out, and
+        // its claims keep the subscription's own progress, retries and dead letters.
+        let config = Self {
+            table: outbox_core::backend::subscription_table(&self.table, name)?,
+            mode: Mode::Poll,
+            ..self.clone()
+        };
+        PostgresConfig::validate(&config)?;
+        Ok(config)
+    }
+
     fn open(&self, options: OpenOptions) -> BoxFuture<'_, Result<Arc<dyn Backend>, OpenError>> {
         Box::pin(async move {
             let pool = crate::connect(self, options.connections)
@@ -87,6 +99,7 @@ pub struct PgBackend {
     replay: PgReplay,
     retention: PgRetention,
     producer: PgProducer,
+    capture: crate::capture::PgCapture,
 }
 
 impl PgBackend {
@@ -97,6 +110,7 @@ impl PgBackend {
             inspector: PgInspector::new(pool.clone(), &config),
             replay: PgReplay::new(pool.clone(), &config),
             retention: PgRetention::new(pool.clone(), &config),
+            capture: crate::capture::PgCapture::new(pool.clone(), &config),
             producer: PgProducer {
                 pool: pool.clone(),
                 outbox: PgOutbox::new(config.qualified_table()),
@@ -418,6 +432,12 @@ impl Backend for PgBackend {
     fn producer(&self) -> Result<&dyn Producer, outbox_core::Unsupported> {
         Ok(&self.producer)
     }
+    fn capture(&self) -> Result<&dyn outbox_core::capture::Capture, outbox_core::Unsupported> {
+        Ok(&self.capture)
+    }
+    fn forward(&self) -> Result<&dyn Forward, outbox_core::Unsupported> {
+        Ok(&self.producer)
+    }
 }
 
 impl Explain for PgBackend {
@@ -552,6 +572,20 @@ impl Producer for PgProducer {
                 .await
                 .map_err(|e| unavailable(&e))?;
             tx.commit().await.map_err(|e| unavailable(&e))
+        })
+    }
+}
+
+impl Forward for PgProducer {
+    fn copy_in<'a>(
+        &'a self,
+        events: &'a [outbox_core::Event],
+    ) -> BoxFuture<'a, Result<u64, SourceError>> {
+        Box::pin(async move {
+            self.outbox
+                .copy_in(&self.pool, events)
+                .await
+                .map_err(|e| unavailable(&e))
         })
     }
 }

@@ -7,6 +7,7 @@
 //! validated identifiers (see `sql.rs`).
 
 mod backend;
+mod capture;
 mod cdc;
 mod config;
 mod dead;
@@ -24,6 +25,7 @@ mod sql;
 use std::time::Duration;
 
 pub use backend::PgBackend;
+pub use capture::PgCapture;
 pub use cdc::{
     CdcClosed, CdcSetupError, CdcSetupReport, DEFAULT_MESSAGE_PREFIX, DecodedMessage,
     MESSAGE_VERSION, MessageDecodeError, PgCdcInspector, PgCdcSource, STANDBY_RETRY, SlotStatus,

@@ -132,6 +132,53 @@ impl PgOutbox {
             .map_err(EnqueueError::database)?;
         Ok(ids)
     }
+
+    /// Copies relayed events into this table (a subscription's table, `[[subscription]]`):
+    /// ids, payloads, headers and creation times are kept, slice order becomes seq order, and
+    /// an id already present is skipped. Returns how many rows were new.
+    pub async fn copy_in<'e, E: PgExecutor<'e>>(
+        &self,
+        executor: E,
+        events: &[outbox_core::Event],
+    ) -> Result<u64, sqlx::Error> {
+        if events.is_empty() {
+            return Ok(0);
+        }
+        let n = events.len();
+        let mut ids = Vec::with_capacity(n);
+        let mut types = Vec::with_capacity(n);
+        let mut agg_ids = Vec::with_capacity(n);
+        let mut event_types = Vec::with_capacity(n);
+        let mut payloads = Vec::with_capacity(n);
+        let mut headers = Vec::with_capacity(n);
+        let mut created = Vec::with_capacity(n);
+        for e in events {
+            ids.push(e.id);
+            types.push(e.aggregate_type.as_str());
+            agg_ids.push(e.aggregate_id.as_str());
+            event_types.push(e.event_type.as_str());
+            payloads.push(&e.payload[..]);
+            headers.push(Json(
+                e.headers
+                    .iter()
+                    .map(|(k, v)| (k.as_str(), v.as_str()))
+                    .collect::<std::collections::BTreeMap<_, _>>(),
+            ));
+            created.push(e.created_at);
+        }
+        let done = sqlx::query(stmt(&self.queries.copy_in))
+            .persistent(self.named_statements)
+            .bind(&ids)
+            .bind(&types)
+            .bind(&agg_ids)
+            .bind(&event_types)
+            .bind(&payloads)
+            .bind(&headers)
+            .bind(&created)
+            .execute(executor)
+            .await?;
+        Ok(done.rows_affected())
+    }
 }
 
 /// Writes `event` into `public.outbox` with `executor` (see [`PgOutbox::enqueue`]).

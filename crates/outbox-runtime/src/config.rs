@@ -5,6 +5,7 @@
 //! (`--config F`, else `./outbox.toml` if present), `OUTBOX_<SECTION>__<KEY>` variables
 //! (e.g. `OUTBOX_RELAY__BATCH_SIZE=1000`), then `--database-url` / `OUTBOX_DATABASE_URL`.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
@@ -17,11 +18,19 @@ use crate::console::UiConfig;
 use crate::otlp::TracingConfig;
 pub use crate::registry::{SinkConfig, SourceConfig};
 use crate::retention::RetentionConfig;
+pub use crate::subscription::SubscriptionConfig;
 
 /// Why the configuration cannot be used. The message names the key and where it came from.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub struct ConfigError(String);
+
+impl ConfigError {
+    /// An error with this message (which names the key).
+    pub fn new(message: impl Into<String>) -> Self {
+        Self(message.into())
+    }
+}
 
 /// The whole configuration.
 #[derive(Debug, Clone, Deserialize, serde::Serialize)]
@@ -33,9 +42,20 @@ pub struct Config {
     /// How they are relayed (`[relay]`).
     #[serde(default)]
     pub relay: RelayConfig,
-    /// Where they go (`[sink]`).
+    /// Where they go (`[sink]`), unless `[[subscription]]` entries fan them out.
     #[serde(default)]
     pub sink: SinkConfig,
+    /// Named sinks for `[[subscription]]` entries (`[sinks.NAME]`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub sinks: BTreeMap<String, SinkConfig>,
+    /// Subscriptions: each takes the events its filter matches to its sink, with its own
+    /// progress, retries and dead letters (`[[subscription]]`).
+    #[serde(
+        default,
+        rename = "subscription",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub subscriptions: Vec<SubscriptionConfig>,
     /// Prometheus endpoint and watchdog (`[metrics]`).
     #[serde(default)]
     pub metrics: MetricsConfig,
@@ -48,6 +68,10 @@ pub struct Config {
     /// A span per publish attempt, exported over OTLP (`[tracing]`).
     #[serde(default)]
     pub tracing: TracingConfig,
+    /// Business tables as event sources, installed by `outbox capture install`
+    /// (`[[capture]]`, docs/capture.md).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub capture: Vec<outbox_core::capture::CaptureConfig>,
 }
 
 /// `[metrics]`: the HTTP endpoint (`/metrics`, `/healthz`, `/readyz`) and the watchdog.
@@ -140,18 +164,56 @@ impl Config {
     /// passwords and secret parameters, tokens, header values, secret client settings)
     /// shown as `***`: what `outbox check-config` prints, safe to paste into a ticket.
     pub fn to_redacted_toml(&self) -> Result<String, ConfigError> {
-        toml::to_string_pretty(self)
-            .map_err(|e| ConfigError(format!("cannot print the configuration as TOML: {e}")))
+        let error = |e: &dyn std::fmt::Display| {
+            ConfigError(format!("cannot print the configuration as TOML: {e}"))
+        };
+        if self.subscriptions.is_empty() {
+            return toml::to_string_pretty(self).map_err(|e| error(&e));
+        }
+        // With subscriptions the events go to [sinks.*]; `[sink]` (its unused default) would
+        // make the printed file unreadable ("cannot be combined"), so it is left out.
+        #[derive(serde::Serialize)]
+        struct WithoutSink<'a> {
+            source: &'a SourceConfig,
+            relay: &'a RelayConfig,
+            sinks: &'a BTreeMap<String, SinkConfig>,
+            subscription: &'a [SubscriptionConfig],
+            metrics: &'a MetricsConfig,
+            retention: &'a RetentionConfig,
+            ui: &'a UiConfig,
+            tracing: &'a TracingConfig,
+            #[serde(skip_serializing_if = "<[_]>::is_empty")]
+            capture: &'a [outbox_core::capture::CaptureConfig],
+        }
+        toml::to_string_pretty(&WithoutSink {
+            source: &self.source,
+            relay: &self.relay,
+            sinks: &self.sinks,
+            subscription: &self.subscriptions,
+            metrics: &self.metrics,
+            retention: &self.retention,
+            ui: &self.ui,
+            tracing: &self.tracing,
+            capture: &self.capture,
+        })
+        .map_err(|e| error(&e))
     }
 
     /// Checks what serde cannot; errors name the key.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.relay.validate().map_err(ConfigError)?;
         self.retention.validate().map_err(ConfigError)?;
+        if !self.subscriptions.is_empty() && self.relay.ordering == outbox_core::Ordering::Total {
+            return Err(ConfigError(
+                "relay.ordering: `total` cannot hold with [[subscription]] (each subscription progresses on its own); use `per-aggregate`".into(),
+            ));
+        }
         self.source.validate(&self.relay).map_err(ConfigError)?;
         self.sink.validate().map_err(ConfigError)?;
         self.ui.validate(&self.metrics).map_err(ConfigError)?;
         self.tracing.validate().map_err(ConfigError)?;
+        outbox_core::capture::validate_all(&self.capture).map_err(ConfigError)?;
+        crate::subscription::resolve(self).map_err(ConfigError)?;
         Ok(())
     }
 }
@@ -183,6 +245,11 @@ fn from_figment(
             figment = figment.merge(Serialized::default("source.kind", kind));
         }
     }
+    if figment.find_value("subscription").is_ok() && figment.find_value("sink").is_ok() {
+        return Err(ConfigError(format!(
+            "invalid configuration in {origin}: [sink] and [[subscription]] cannot be combined; move the sink to [sinks.NAME] and add a subscription for it"
+        )));
+    }
     let config: Config = figment.extract().map_err(|e| {
         ConfigError(format!(
             "invalid configuration in {origin}: {}",
@@ -197,12 +264,16 @@ fn from_figment(
 /// at the section only (`source: invalid value ...`). For such an error, the section is read
 /// again as the chosen kind's own type, whose error names the key (`source.claim_timeout`).
 fn section_error(figment: &Figment, e: figment::Error) -> Vec<figment::Error> {
-    let Some(section) = e.path.first().cloned() else {
+    let Some(first) = e.path.first().cloned() else {
         return e.into_iter().collect();
     };
-    if e.path.len() != 1 || !matches!(section.as_str(), "source" | "sink") {
-        return e.into_iter().collect();
-    }
+    // `[source]`, `[sink]`, or one named sink `[sinks.NAME]`.
+    let (section, is_source) = match (first.as_str(), e.path.len()) {
+        ("source", 1) => (first, true),
+        ("sink", 1) => (first, false),
+        ("sinks", 2) => (format!("sinks.{}", e.path[1]), false),
+        _ => return e.into_iter().collect(),
+    };
     let Ok(figment::value::Value::Dict(_, mut keys)) = figment.find_value(&section) else {
         return e.into_iter().collect();
     };
@@ -210,7 +281,7 @@ fn section_error(figment: &Figment, e: figment::Error) -> Vec<figment::Error> {
         return e.into_iter().collect();
     };
     let inner = Figment::from(Serialized::defaults(keys));
-    let found = if section == "source" {
+    let found = if is_source {
         SourceConfig::extract_error(&kind, &inner)
     } else {
         SinkConfig::extract_error(&kind, &inner)
@@ -219,7 +290,9 @@ fn section_error(figment: &Figment, e: figment::Error) -> Vec<figment::Error> {
         Some(precise) => precise
             .into_iter()
             .map(|mut error| {
-                error.path.insert(0, section.clone());
+                for (i, part) in section.split('.').enumerate() {
+                    error.path.insert(i, part.to_owned());
+                }
                 error
             })
             .collect(),
@@ -269,15 +342,22 @@ const SECRET_FILE_KEYS: &[&str] = &["url", "token", "secret", "nkey_seed"];
 /// Sections whose secrets may come from files.
 const SECRET_FILE_SECTIONS: [&str; 3] = ["source", "sink", "ui"];
 
-/// Replaces every `[source]`/`[sink]`/`[ui]` `KEY_file` by `KEY` = the file's contents (one
-/// trailing newline dropped). Errors name the key and the path, never the contents.
+/// Replaces every `[source]`/`[sink]`/`[sinks.NAME]`/`[ui]` `KEY_file` by `KEY` = the file's
+/// contents (one trailing newline dropped). Errors name the key and the path, never the
+/// contents.
 fn read_secret_files(figment: Figment) -> Result<Figment, ConfigError> {
     use figment::value::{Dict, Value};
+    let has_file_key = |dict: &Dict| dict.keys().any(|k| k.ends_with("_file"));
     let mut found = false;
     for section in SECRET_FILE_SECTIONS {
         if let Ok(Value::Dict(_, dict)) = figment.find_value(section) {
-            found |= dict.keys().any(|k| k.ends_with("_file"));
+            found |= has_file_key(&dict);
         }
+    }
+    if let Ok(Value::Dict(_, sinks)) = figment.find_value("sinks") {
+        found |= sinks
+            .values()
+            .any(|v| matches!(v, Value::Dict(_, d) if has_file_key(d)));
     }
     if !found {
         return Ok(figment);
@@ -286,53 +366,65 @@ fn read_secret_files(figment: Figment) -> Result<Figment, ConfigError> {
         .extract()
         .map_err(|e| ConfigError(format!("invalid configuration: {e}")))?;
     for section in SECRET_FILE_SECTIONS {
-        let Some(Value::Dict(_, dict)) = root.get_mut(section) else {
-            continue;
-        };
-        let file_keys: Vec<String> = dict
-            .keys()
-            .filter(|k| k.ends_with("_file"))
-            .cloned()
-            .collect();
-        for file_key in file_keys {
-            let stem = file_key.trim_end_matches("_file");
-            if !SECRET_FILE_KEYS.contains(&stem) {
-                return Err(ConfigError(format!(
-                    "{section}.{file_key}: unknown key (a secret can come from a file as one of: {})",
-                    SECRET_FILE_KEYS
-                        .iter()
-                        .map(|k| format!("{k}_file"))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                )));
+        if let Some(Value::Dict(_, dict)) = root.get_mut(section) {
+            secrets_from_files(section, dict)?;
+        }
+    }
+    if let Some(Value::Dict(_, sinks)) = root.get_mut("sinks") {
+        for (name, sink) in sinks.iter_mut() {
+            if let Value::Dict(_, dict) = sink {
+                secrets_from_files(&format!("sinks.{name}"), dict)?;
             }
-            if dict.contains_key(stem) {
-                return Err(ConfigError(format!(
-                    "{section}.{file_key}: set either {section}.{stem} or {section}.{file_key}, not both"
-                )));
-            }
-            let Some(Value::String(_, path)) = dict.remove(&file_key) else {
-                return Err(ConfigError(format!(
-                    "{section}.{file_key}: expected a file path (a string)"
-                )));
-            };
-            let contents = std::fs::read_to_string(&path).map_err(|e| {
-                ConfigError(format!("{section}.{file_key}: cannot read `{path}`: {e}"))
-            })?;
-            let value = contents
-                .strip_suffix("\r\n")
-                .or_else(|| contents.strip_suffix('\n'))
-                .unwrap_or(&contents)
-                .to_owned();
-            if value.is_empty() {
-                return Err(ConfigError(format!(
-                    "{section}.{file_key}: `{path}` is empty"
-                )));
-            }
-            dict.insert(stem.to_owned(), Value::from(value));
         }
     }
     Ok(Figment::from(Serialized::defaults(root)))
+}
+
+/// [`read_secret_files`] for one section (`section` names it in errors).
+fn secrets_from_files(section: &str, dict: &mut figment::value::Dict) -> Result<(), ConfigError> {
+    use figment::value::Value;
+    let file_keys: Vec<String> = dict
+        .keys()
+        .filter(|k| k.ends_with("_file"))
+        .cloned()
+        .collect();
+    for file_key in file_keys {
+        let stem = file_key.trim_end_matches("_file");
+        if !SECRET_FILE_KEYS.contains(&stem) {
+            return Err(ConfigError(format!(
+                "{section}.{file_key}: unknown key (a secret can come from a file as one of: {})",
+                SECRET_FILE_KEYS
+                    .iter()
+                    .map(|k| format!("{k}_file"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
+        if dict.contains_key(stem) {
+            return Err(ConfigError(format!(
+                "{section}.{file_key}: set either {section}.{stem} or {section}.{file_key}, not both"
+            )));
+        }
+        let Some(Value::String(_, path)) = dict.remove(&file_key) else {
+            return Err(ConfigError(format!(
+                "{section}.{file_key}: expected a file path (a string)"
+            )));
+        };
+        let contents = std::fs::read_to_string(&path)
+            .map_err(|e| ConfigError(format!("{section}.{file_key}: cannot read `{path}`: {e}")))?;
+        let value = contents
+            .strip_suffix("\r\n")
+            .or_else(|| contents.strip_suffix('\n'))
+            .unwrap_or(&contents)
+            .to_owned();
+        if value.is_empty() {
+            return Err(ConfigError(format!(
+                "{section}.{file_key}: `{path}` is empty"
+            )));
+        }
+        dict.insert(stem.to_owned(), Value::from(value));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -363,6 +455,51 @@ keep = "3days"
         let printed = config.to_redacted_toml().expect("printable");
         assert!(printed.contains("batch_size = 200"), "{printed}");
         assert!(printed.contains("initial = \"250ms\""), "{printed}");
+        let again = Config::from_toml(&printed)
+            .unwrap_or_else(|e| panic!("the printed config does not read back: {e}\n{printed}"));
+        assert_eq!(again.to_redacted_toml().expect("printable"), printed);
+    }
+
+    /// With subscriptions, the printed file keeps every section but `[sink]` and reads back
+    /// as the same configuration.
+    #[test]
+    fn a_configuration_with_subscriptions_prints_and_reads_back() {
+        let text = r#"
+[source]
+kind = "postgres"
+url = "postgres://app@127.0.0.1:5432/app"
+[sinks.files]
+kind = "file"
+path = "events.jsonl"
+[[subscription]]
+name = "all"
+sink = "files"
+event_type = ["order.*", "invoice.paid"]
+[[capture]]
+table = "bookings"
+aggregate_type = "Customer"
+aggregate_id = "customer_id"
+event_type = "booking.created"
+"#;
+        let config = Config::from_toml(text).expect("valid");
+        let printed = config.to_redacted_toml().expect("printable");
+        assert!(!printed.contains("[sink]"), "{printed}");
+        for section in [
+            "[source]",
+            "[relay]",
+            "[sinks.files]",
+            "[[subscription]]",
+            "[metrics]",
+            "[retention]",
+            "[ui]",
+            "[tracing]",
+            "[[capture]]",
+        ] {
+            assert!(
+                printed.contains(section),
+                "{section} missing from\n{printed}"
+            );
+        }
         let again = Config::from_toml(&printed)
             .unwrap_or_else(|e| panic!("the printed config does not read back: {e}\n{printed}"));
         assert_eq!(again.to_redacted_toml().expect("printable"), printed);
@@ -410,6 +547,25 @@ keep = "3days"
             .to_string();
         assert!(
             e.contains("sink.secret_file") && e.contains("/no/such/secret"),
+            "{e}"
+        );
+        // A named sink (`[sinks.NAME]`) reads its secrets from files the same way.
+        let named = format!(
+            "[source]\nkind = \"postgres\"\nurl_file = \"{}\"\n[sinks.hook]\nkind = \"http\"\nurl = \"http://127.0.0.1:1/in\"\nsecret_file = \"{}\"\n[[subscription]]\nname = \"partner\"\nsink = \"hook\"\n",
+            url.display(),
+            token.display()
+        );
+        let config = Config::from_toml(&named).expect("valid");
+        let printed = config.to_redacted_toml().expect("printable");
+        assert!(printed.contains("[sinks.hook]"), "{printed}");
+        assert!(printed.contains("secret = \"***\""), "{printed}");
+        assert!(!printed.contains("From-File"), "{printed}");
+        assert!(!format!("{config:?}").contains("From-File"));
+        let e = Config::from_toml(&named.replace(&token.display().to_string(), "/no/such/secret"))
+            .expect_err("missing")
+            .to_string();
+        assert!(
+            e.contains("sinks.hook.secret_file") && e.contains("/no/such/secret"),
             "{e}"
         );
         let unknown = text.replace("secret_file", "headers_file");

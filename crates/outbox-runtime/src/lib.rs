@@ -40,6 +40,7 @@ pub mod registry;
 pub mod relay;
 pub mod retention;
 pub mod story;
+pub mod subscription;
 
 pub use config::{Config, ConfigError, MetricsConfig, Origin, SinkConfig, SourceConfig};
 pub use console::UiConfig;

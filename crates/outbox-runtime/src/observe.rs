@@ -22,23 +22,53 @@ use crate::console::Console;
 
 /// What `/readyz` reports: the database answered the last backlog query and the broker
 /// passed the last healthcheck.
+///
+/// With `[[subscription]]` there is one broker per subscription: ready means every one
+/// passed its last healthcheck.
 #[derive(Debug, Default)]
 pub struct Readiness {
     database: AtomicBool,
-    sink: AtomicBool,
+    /// Sinks (by pipeline) whose last healthcheck failed or that were not checked yet.
+    sinks_not_ready: std::sync::Mutex<std::collections::BTreeSet<String>>,
+    /// Whether any sink was checked at all.
+    sink_checked: AtomicBool,
 }
 
 impl Readiness {
     fn ready(&self) -> bool {
-        self.database.load(Ordering::Relaxed) && self.sink.load(Ordering::Relaxed)
+        let (database, sink) = self.parts();
+        database && sink
     }
 
-    /// (database answered, broker passed its healthcheck), as last seen.
+    /// (database answered, every broker passed its healthcheck), as last seen.
     pub(crate) fn parts(&self) -> (bool, bool) {
-        (
-            self.database.load(Ordering::Relaxed),
-            self.sink.load(Ordering::Relaxed),
-        )
+        let sinks = self.sink_checked.load(Ordering::Relaxed)
+            && self
+                .sinks_not_ready
+                .lock()
+                .map(|s| s.is_empty())
+                .unwrap_or(false);
+        (self.database.load(Ordering::Relaxed), sinks)
+    }
+
+    /// Records the healthcheck verdict of the sink of `pipeline`.
+    fn set_sink(&self, pipeline: &str, ok: bool) {
+        if let Ok(mut not_ready) = self.sinks_not_ready.lock() {
+            if ok {
+                not_ready.remove(pipeline);
+            } else {
+                not_ready.insert(pipeline.to_owned());
+            }
+        }
+        self.sink_checked.store(true, Ordering::Relaxed);
+    }
+
+    /// Marks the sink of `pipeline` as not checked yet (a subscription whose broker may be
+    /// down at start keeps `/readyz` red until it answers).
+    pub(crate) fn expect_sink(&self, pipeline: &str) {
+        if let Ok(mut not_ready) = self.sinks_not_ready.lock() {
+            not_ready.insert(pipeline.to_owned());
+        }
     }
 }
 
@@ -133,6 +163,31 @@ pub async fn watch(
     console: Option<Arc<Console>>,
     shutdown: CancellationToken,
 ) {
+    watch_labeled(
+        inspector, watchdog, sink, config, readiness, console, None, shutdown,
+    )
+    .await;
+}
+
+/// [`watch`] for one pipeline of a fan-out: the gauges carry `subscription="<name>"`, logs
+/// name it, and its sink's verdict counts for `/readyz` under its name.
+#[allow(clippy::too_many_arguments)]
+pub async fn watch_labeled(
+    inspector: Arc<dyn DynInspect>,
+    watchdog: Option<Arc<dyn Watchdog>>,
+    sink: Arc<Box<dyn DynSink>>,
+    config: MetricsConfig,
+    readiness: Arc<Readiness>,
+    console: Option<Arc<Console>>,
+    subscription: Option<String>,
+    shutdown: CancellationToken,
+) {
+    let labels: Vec<metrics::Label> = subscription
+        .iter()
+        .map(|s| metrics::Label::new("subscription", s.clone()))
+        .collect();
+    let pipeline = subscription.clone().unwrap_or_default();
+    let sub = subscription.as_deref().unwrap_or("");
     let mut tick = tokio::time::interval(config.refresh_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_dead = None;
@@ -144,12 +199,14 @@ pub async fn watch(
         match inspector.dyn_backlog().await {
             Ok(b) => {
                 readiness.database.store(true, Ordering::Relaxed);
-                metrics::gauge!(m::PENDING).set(b.pending as f64);
-                metrics::gauge!(m::RETRYING).set(b.retrying as f64);
-                metrics::gauge!(m::DEAD).set(b.dead as f64);
-                metrics::gauge!(m::OLDEST_PENDING_AGE_SECONDS).set(b.oldest_pending_age_seconds);
+                metrics::gauge!(m::PENDING, labels.clone()).set(b.pending as f64);
+                metrics::gauge!(m::RETRYING, labels.clone()).set(b.retrying as f64);
+                metrics::gauge!(m::DEAD, labels.clone()).set(b.dead as f64);
+                metrics::gauge!(m::OLDEST_PENDING_AGE_SECONDS, labels.clone())
+                    .set(b.oldest_pending_age_seconds);
                 if b.oldest_pending_age_seconds > config.stuck_after.as_secs_f64() {
                     tracing::warn!(
+                        subscription = sub,
                         oldest_pending_age_seconds = b.oldest_pending_age_seconds,
                         pending = b.pending,
                         "events are waiting longer than metrics.stuck_after; see `outbox status`"
@@ -159,6 +216,7 @@ pub async fn watch(
                     && b.dead > prev
                 {
                     tracing::warn!(
+                        subscription = sub,
                         dead = b.dead,
                         new = b.dead - prev,
                         "dead letters are growing; see `outbox status`"
@@ -179,14 +237,15 @@ pub async fn watch(
         }
         let checked = sink.healthcheck().await;
         match &checked {
-            Ok(()) => readiness.sink.store(true, Ordering::Relaxed),
+            Ok(()) => readiness.set_sink(&pipeline, true),
             Err(e) => {
-                readiness.sink.store(false, Ordering::Relaxed);
-                tracing::warn!(sink = sink.name(), error = %e.report(), "sink healthcheck failed");
+                readiness.set_sink(&pipeline, false);
+                tracing::warn!(subscription = sub, sink = sink.name(), error = %e.report(), "sink healthcheck failed");
             }
         }
         if let Some(console) = &console {
-            console.record_sink_check(sink.name(), checked.map_err(|e| e.report()));
+            let name = subscription.as_deref().unwrap_or(sink.name());
+            console.record_sink_check(name, checked.map_err(|e| e.report()));
         }
     }
 }

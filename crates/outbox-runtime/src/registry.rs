@@ -52,6 +52,11 @@ macro_rules! source_registry {
             pub fn describe(&self) -> String {
                 match self { $( Self::$variant(c) => $crate::__private::BackendConfig::describe(c), )+ }
             }
+            /// The same database with subscription `name`'s table as the outbox table;
+            /// `Err` when this kind cannot keep one.
+            pub fn for_subscription(&self, name: &str) -> Result<Self, String> {
+                match self { $( Self::$variant(c) => $crate::__private::BackendConfig::for_subscription(c, name).map(Self::$variant), )+ }
+            }
             /// Connects.
             pub async fn open(
                 &self,
@@ -107,6 +112,14 @@ macro_rules! sinks {
             /// Checks the broker without changing anything (see [`BuildSink::check`]).
             pub async fn check(&self) -> Result<String, SinkError> {
                 match self { $( $(#[cfg($cfg)])? Self::$variant(c) => BuildSink::check(c).await, )+ }
+            }
+            /// Replaces the destination template (a subscription's `destination`); `Err` for
+            /// a kind whose target is a URL or an ARN.
+            pub fn set_destination(&mut self, destination: outbox_core::Destination) -> Result<(), String> {
+                match self { $( $(#[cfg($cfg)])? Self::$variant(c) => match BuildSink::destination_mut(c) {
+                    Some(d) => { *d = destination; Ok(()) }
+                    None => Err(format!("sink kind = \"{}\" has no destination template to replace; give this subscription a [sinks.NAME] of its own instead", <$config as BuildSink>::KIND)),
+                }, )+ }
             }
             /// Where `event` goes, for people.
             pub fn describe_destination(&self, event: &Event) -> String {

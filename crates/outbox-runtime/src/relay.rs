@@ -119,7 +119,16 @@ pub async fn run(
             config.sink.kind()
         );
     }
-    tracing::info!(config = %origin, source = config.source.kind(), database = %config.source.describe(), sink = config.sink.kind(), ordering = ?config.relay.ordering, workers, "starting relay");
+    if config.subscriptions.is_empty() {
+        tracing::info!(config = %origin, source = config.source.kind(), database = %config.source.describe(), sink = config.sink.kind(), ordering = ?config.relay.ordering, workers, "starting relay");
+    } else {
+        let subscriptions: Vec<String> = config
+            .subscriptions
+            .iter()
+            .map(|s| format!("{} -> {}", s.name, s.sink))
+            .collect();
+        tracing::info!(config = %origin, source = config.source.kind(), database = %config.source.describe(), subscriptions = %subscriptions.join(", "), ordering = ?config.relay.ordering, workers, "starting relay with a fan-out");
+    }
     let backend = config
         .source
         .open(OpenOptions { connections })
@@ -134,6 +143,18 @@ pub async fn run(
         .await
         .map_err(RuntimeError::Source)?;
     crate::retention::spawn(&config.retention, backend.clone(), shutdown.clone());
+    let subscriptions = crate::subscription::resolve(&config).map_err(crate::ConfigError::new)?;
+    if !subscriptions.is_empty() {
+        return crate::subscription::run(
+            config,
+            subscriptions,
+            pipelines,
+            readiness,
+            console,
+            shutdown,
+        )
+        .await;
+    }
     drive(config, backend, pipelines, readiness, console, shutdown).await
 }
 

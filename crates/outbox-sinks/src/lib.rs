@@ -51,6 +51,25 @@ macro_rules! build_sink {
             }
         });
     };
+    ($config:ty, $kind:literal, |$c:ident, $event:ident| $describe:expr, destination: $field:ident) => {
+        $crate::build_sink!(@impl $config, $kind, |$c, $event| $describe, {
+            fn destination_mut(&mut self) -> Option<&mut outbox_core::Destination> {
+                Some(&mut self.$field)
+            }
+        });
+    };
+    ($config:ty, $kind:literal, |$c:ident, $event:ident| $describe:expr, destination: $field:ident, check: $check:path) => {
+        $crate::build_sink!(@impl $config, $kind, |$c, $event| $describe, {
+            fn destination_mut(&mut self) -> Option<&mut outbox_core::Destination> {
+                Some(&mut self.$field)
+            }
+            fn check(
+                &self,
+            ) -> outbox_core::sink::BoxFuture<'_, Result<String, outbox_core::SinkError>> {
+                Box::pin($check(self))
+            }
+        });
+    };
     (@impl $config:ty, $kind:literal, |$c:ident, $event:ident| $describe:expr, { $($check:tt)* }) => {
         impl outbox_core::BuildSink for $config {
             const KIND: &'static str = $kind;

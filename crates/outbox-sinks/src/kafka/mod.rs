@@ -585,7 +585,7 @@ impl Sink for KafkaSink {
 crate::build_sink!(KafkaConfig, "kafka", |config, event| format!(
     "Kafka topic {}",
     config.destination.render(event)
-));
+), destination: destination);
 
 #[cfg(test)]
 mod tests {

@@ -502,5 +502,6 @@ crate::build_sink!(
     NatsConfig,
     "nats",
     |config, event| format!("NATS subject {}", config.destination.render(event)),
+    destination: destination,
     check: check
 );

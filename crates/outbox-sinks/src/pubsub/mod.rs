@@ -766,7 +766,7 @@ crate::build_sink!(PubSubConfig, "pubsub", |config, event| format!(
     "Pub/Sub topic projects/{}/topics/{}",
     config.project.trim(),
     config.topic.render(event)
-));
+), destination: topic);
 
 #[cfg(test)]
 mod tests {

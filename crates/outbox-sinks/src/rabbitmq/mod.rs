@@ -392,7 +392,7 @@ impl Sink for RabbitMqSink {
 crate::build_sink!(RabbitMqConfig, "rabbitmq", |config, event| format!(
     "RabbitMQ routing key {}",
     config.destination.render(event)
-));
+), destination: destination);
 
 #[cfg(test)]
 mod tests {

@@ -357,7 +357,7 @@ impl Sink for RedisSink {
 crate::build_sink!(RedisConfig, "redis", |config, event| format!(
     "Redis stream {}",
     config.destination.render(event)
-));
+), destination: destination);
 
 #[cfg(test)]
 mod tests {

@@ -404,12 +404,13 @@ impl Sink for FileSink {
 crate::build_sink!(StdoutConfig, "stdout", |config, event| format!(
     "stdout ({})",
     config.destination.render(event)
-));
+), destination: destination);
 
 crate::build_sink!(
     FileConfig,
     "file",
     |config, event| format!("file ({})", config.destination.render(event)),
+    destination: destination,
     check: check_file
 );
 

@@ -1,0 +1,596 @@
+//! `outbox capture` (docs/capture.md) against a real PostgreSQL: a business table's writes
+//! become outbox events in the same transaction, through a trigger the command installs.
+//!
+//! - Concurrent writers on a few customers, some rolling back, with `outbox relay` running
+//!   into a file sink: every committed booking is published exactly once with the row as its
+//!   payload, no rolled-back one is, and each customer's events arrive in commit order. The
+//!   oracle does not trust the outbox: every writer transaction first bumps its customer's
+//!   counter row (`UPDATE ... RETURNING n`, a row lock held to commit), so the committed `n`
+//!   of one customer are 1, 2, 3, ... in commit order, and a rolled-back `n` is reused.
+//! - Updates (`on = ["insert", "update"]`), column payloads (jsonb text, bytea bytes),
+//!   an event type from a column, literal values that need quoting, a NULL that cannot
+//!   become an event.
+//! - Bad input: a clear error naming the key, and nothing created.
+//! - `capture remove`; `capture install` on SQLite.
+
+mod support;
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use anyhow::{Context, ensure};
+use outbox_testkit::services::Postgres;
+use rand::Rng;
+use sqlx::PgPool;
+use support::{Output, Workdir, terminate, wait_drained};
+use uuid::Uuid;
+
+const CUSTOMERS: [&str; 3] = ["c1", "c2", "c3"];
+const WRITERS: usize = 6;
+const TX_PER_WRITER: usize = 30;
+
+const BOOKINGS: &str = r#"
+CREATE TABLE customers (id text PRIMARY KEY, n bigint NOT NULL DEFAULT 0);
+INSERT INTO customers (id) VALUES ('c1'), ('c2'), ('c3');
+CREATE TABLE bookings (
+    id          uuid        PRIMARY KEY,
+    customer_id text        NOT NULL,
+    n           bigint      NOT NULL,
+    seats       integer     NOT NULL,
+    note        text,
+    kind        text,
+    booked_at   timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+"#;
+
+const BOOKINGS_CAPTURE: &str = r#"
+[[capture]]
+table = "bookings"
+aggregate_type = "Customer"
+aggregate_id = "customer_id"
+event_type = "booking.created"
+"#;
+
+fn config(url: &str, extra: &str) -> String {
+    format!(
+        "[source]\nkind = \"postgres\"\nurl = \"{url}\"\n[relay]\nbatch_size = 7\nworkers = 2\npoll_interval = \"5ms\"\n[sink]\nkind = \"file\"\npath = \"events.jsonl\"\n{extra}"
+    )
+}
+
+async fn run_ok(work: &Workdir, args: &[&str]) -> anyhow::Result<Output> {
+    let out = work.run(args).await?;
+    ensure!(out.code == Some(0), "outbox {args:?} failed: {out:?}");
+    Ok(out)
+}
+
+/// A database with the outbox migrated and `ddl` run; its URL and a pool.
+async fn database(work: &Workdir, ddl: &str) -> anyhow::Result<(String, PgPool)> {
+    let pg = Postgres::shared().await?;
+    let url = pg.fresh_database().await?;
+    let cfg = work.write_config("migrate.toml", &config(&url, ""))?;
+    run_ok(
+        work,
+        &["migrate", "--config", cfg.to_str().context("path")?],
+    )
+    .await?;
+    let pool = PgPool::connect(&url).await?;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(ddl.to_owned()))
+        .execute(&pool)
+        .await?;
+    Ok((url, pool))
+}
+
+/// User triggers and capture functions in the database: what a failed install must not
+/// leave behind.
+async fn capture_objects(pool: &PgPool) -> anyhow::Result<(i64, i64)> {
+    let triggers: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid \
+         JOIN pg_namespace n ON n.oid = c.relnamespace \
+         WHERE NOT t.tgisinternal AND c.relname NOT LIKE 'outbox%' AND n.nspname NOT IN ('pg_catalog', 'information_schema')",
+    )
+    .fetch_one(pool)
+    .await?;
+    let functions: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_proc WHERE proname LIKE '%\\_outbox\\_capture'",
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok((triggers, functions))
+}
+
+async fn outbox_count(pool: &PgPool) -> anyhow::Result<i64> {
+    Ok(sqlx::query_scalar("SELECT count(*) FROM outbox")
+        .fetch_one(pool)
+        .await?)
+}
+
+/// The JSON lines the file sink wrote.
+fn published(work: &Workdir) -> anyhow::Result<Vec<serde_json::Value>> {
+    let text = std::fs::read_to_string(work.path().join("events.jsonl")).unwrap_or_default();
+    text.lines()
+        .map(|l| serde_json::from_str(l).with_context(|| format!("bad line {l}")))
+        .collect()
+}
+
+/// What one writer did: committed bookings (customer, n, id) and rolled-back booking ids.
+#[derive(Default)]
+struct Written {
+    committed: Vec<(String, i64, Uuid)>,
+    rolled_back: Vec<Uuid>,
+}
+
+async fn writer(pool: PgPool, w: usize) -> anyhow::Result<Written> {
+    let mut out = Written::default();
+    for t in 0..TX_PER_WRITER {
+        let (customer, bookings, rollback) = {
+            let mut rng = rand::rng();
+            (
+                CUSTOMERS[rng.random_range(0..CUSTOMERS.len())],
+                rng.random_range(1..=2_i32),
+                // At least one rollback for sure, more at random.
+                (w == 0 && t == 3) || rng.random_bool(0.15),
+            )
+        };
+        let mut tx = pool.begin().await?;
+        let mut this = Vec::new();
+        for b in 0..bookings {
+            // The oracle: the customer's row lock orders these transactions, and `n` counts
+            // their committed bookings in commit order.
+            let n: i64 =
+                sqlx::query_scalar("UPDATE customers SET n = n + 1 WHERE id = $1 RETURNING n")
+                    .bind(customer)
+                    .fetch_one(&mut *tx)
+                    .await?;
+            let id = Uuid::new_v4();
+            sqlx::query(
+                "INSERT INTO bookings (id, customer_id, n, seats, note) VALUES ($1, $2, $3, $4, $5)",
+            )
+            .bind(id)
+            .bind(customer)
+            .bind(n)
+            .bind(b + 1)
+            .bind(format!("writer {w}'s \"booking\" ☂ {t}"))
+            .execute(&mut *tx)
+            .await?;
+            this.push((customer.to_owned(), n, id));
+        }
+        if rollback {
+            tx.rollback().await?;
+            out.rolled_back.extend(this.iter().map(|(_, _, id)| *id));
+        } else {
+            tx.commit().await?;
+            out.committed.extend(this);
+        }
+    }
+    Ok(out)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn captured_inserts_are_published_once_in_commit_order_and_rolled_back_ones_never()
+-> anyhow::Result<()> {
+    let work = Workdir::new()?;
+    let (url, pool) = database(&work, BOOKINGS).await?;
+    let cfg_path = work.write_config("outbox.toml", &config(&url, BOOKINGS_CAPTURE))?;
+    let cfg = cfg_path.to_str().context("path")?;
+    let out = run_ok(&work, &["capture", "install", "--config", cfg]).await?;
+    ensure!(
+        out.stdout.contains("capture bookings: installed")
+            && out.stdout.contains("public.bookings"),
+        "{out:?}"
+    );
+    // Idempotent: a second install replaces, it does not add a second trigger.
+    let out = run_ok(&work, &["capture", "install", "--config", cfg]).await?;
+    ensure!(out.stdout.contains("capture bookings: replaced"), "{out:?}");
+    ensure!(
+        capture_objects(&pool).await? == (1, 1),
+        "one trigger, one function"
+    );
+
+    let mut relay = work.spawn_relay(&cfg_path, "relay.log")?;
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|w| tokio::spawn(writer(pool.clone(), w)))
+        .collect();
+    let mut committed = Vec::new();
+    let mut rolled_back = HashSet::new();
+    for w in writers {
+        let written = w.await??;
+        committed.extend(written.committed);
+        rolled_back.extend(written.rolled_back);
+    }
+    ensure!(!rolled_back.is_empty(), "no transaction rolled back");
+    wait_drained(&pool, Duration::from_secs(60))
+        .await
+        .with_context(|| work.read_log("relay.log"))?;
+    ensure!(
+        terminate(&mut relay, Duration::from_secs(30)).await? == Some(0),
+        "relay did not exit 0:\n{}",
+        work.read_log("relay.log")
+    );
+
+    let rows: Vec<(Uuid, serde_json::Value)> =
+        sqlx::query_as("SELECT id, to_jsonb(b) FROM bookings AS b")
+            .fetch_all(&pool)
+            .await?;
+    let rows: HashMap<Uuid, serde_json::Value> = rows.into_iter().collect();
+    ensure!(
+        rows.len() == committed.len(),
+        "{} bookings in the table, {} committed",
+        rows.len(),
+        committed.len()
+    );
+
+    // Each event once (a redelivery would repeat an event id, which is allowed; a second
+    // event for one booking is not).
+    let mut events_of: HashMap<Uuid, HashSet<String>> = HashMap::new();
+    let mut order: HashMap<String, Vec<i64>> = HashMap::new();
+    let mut seen = HashSet::new();
+    for line in published(&work)? {
+        let payload = &line["payload"];
+        let booking: Uuid = payload["id"]
+            .as_str()
+            .context("payload without id")?
+            .parse()?;
+        ensure!(
+            !rolled_back.contains(&booking),
+            "a rolled-back booking was published: {line}"
+        );
+        ensure!(
+            rows.get(&booking) == Some(payload),
+            "payload is not the row: {payload} vs {:?}",
+            rows.get(&booking)
+        );
+        let customer = payload["customer_id"].as_str().context("customer")?;
+        ensure!(
+            line["aggregate_type"] == "Customer"
+                && line["aggregate_id"] == customer
+                && line["event_type"] == "booking.created"
+                && line["headers"]["capture_op"] == "insert"
+                && line["headers"]["capture_table"] == "public.bookings",
+            "unexpected event: {line}"
+        );
+        let id = line["id"].as_str().context("id")?.to_owned();
+        events_of.entry(booking).or_default().insert(id.clone());
+        if seen.insert(id) {
+            order
+                .entry(customer.to_owned())
+                .or_default()
+                .push(payload["n"].as_i64().context("n")?);
+        }
+    }
+    for (_, _, booking) in &committed {
+        let n = events_of.get(booking).map_or(0, HashSet::len);
+        ensure!(n == 1, "booking {booking} produced {n} events");
+    }
+    ensure!(
+        events_of.len() == committed.len(),
+        "events of unknown bookings"
+    );
+    for customer in CUSTOMERS {
+        let expected: Vec<i64> = (1..=committed.iter().filter(|(c, _, _)| c == customer).count())
+            .map(|n| i64::try_from(n).expect("small"))
+            .collect();
+        let got = order.get(customer).cloned().unwrap_or_default();
+        ensure!(
+            got == expected,
+            "customer {customer}: published n = {got:?}, commit order is {expected:?}"
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn updates_column_payloads_and_quoted_values_are_captured_as_configured() -> anyhow::Result<()>
+{
+    let work = Workdir::new()?;
+    let (url, pool) = database(
+        &work,
+        "CREATE SCHEMA shop;
+         CREATE TABLE shop.orders (id bigint PRIMARY KEY, status text, doc jsonb NOT NULL);
+         CREATE TABLE blobs (id integer PRIMARY KEY, body bytea NOT NULL);",
+    )
+    .await?;
+    // TOML `\\` is one backslash: the aggregate type is `Order 'x' \ "y"`.
+    let cfg_path = work.write_config(
+        "outbox.toml",
+        &config(
+            &url,
+            r#"
+[[capture]]
+table = "shop.orders"
+name = "orders"
+aggregate_type = "Order 'x' \\ \"y\""
+aggregate_id = "id"
+event_type_column = "status"
+payload = "doc"
+on = ["insert", "update"]
+
+[[capture]]
+table = "blobs"
+aggregate_type = "Blob"
+aggregate_id = "id"
+event_type = "blob.stored"
+payload = "body"
+"#,
+        ),
+    )?;
+    let cfg = cfg_path.to_str().context("path")?;
+    run_ok(&work, &["capture", "install", "--config", cfg]).await?;
+
+    sqlx::raw_sql(
+        r#"INSERT INTO shop.orders VALUES (1, 'order.placed', '{"total": 10}');
+           UPDATE shop.orders SET status = 'order.paid', doc = '{"total": 10, "paid": true}' WHERE id = 1;
+           INSERT INTO blobs VALUES (7, '\xff0001');
+           UPDATE blobs SET body = '\x00' WHERE id = 7;"#,
+    )
+    .execute(&pool)
+    .await?;
+    type Row = (String, String, String, Vec<u8>, serde_json::Value);
+    let rows: Vec<Row> = sqlx::query_as(
+        "SELECT aggregate_type, aggregate_id, event_type, payload, headers FROM outbox ORDER BY seq",
+    )
+    .fetch_all(&pool)
+    .await?;
+    let headers =
+        |op: &str, table: &str| serde_json::json!({"capture_op": op, "capture_table": table});
+    let order = "Order 'x' \\ \"y\"".to_owned();
+    let expected: Vec<Row> = vec![
+        (
+            order.clone(),
+            "1".into(),
+            "order.placed".into(),
+            br#"{"total": 10}"#.to_vec(),
+            headers("insert", "shop.orders"),
+        ),
+        (
+            order.clone(),
+            "1".into(),
+            "order.paid".into(),
+            br#"{"paid": true, "total": 10}"#.to_vec(),
+            headers("update", "shop.orders"),
+        ),
+        // The blob capture is on insert only: the update made no event.
+        (
+            "Blob".into(),
+            "7".into(),
+            "blob.stored".into(),
+            vec![0xff, 0x00, 0x01],
+            headers("insert", "public.blobs"),
+        ),
+    ];
+    ensure!(
+        rows == expected,
+        "outbox rows:\n{rows:#?}\nexpected:\n{expected:#?}"
+    );
+
+    // A row that cannot become an event (no event type) is refused with the write.
+    let err = sqlx::query("INSERT INTO shop.orders VALUES (2, NULL, '{}')")
+        .execute(&pool)
+        .await
+        .expect_err("a NULL event type must fail the write");
+    ensure!(
+        err.to_string().contains(
+            "outbox capture of shop.orders: the event_type column of the written row is NULL"
+        ),
+        "{err}"
+    );
+    ensure!(outbox_count(&pool).await? == 3);
+
+    let out = run_ok(&work, &["capture", "list", "--config", cfg]).await?;
+    ensure!(
+        out.stdout.contains("orders") && out.stdout.contains("on shop.orders (insert, update)"),
+        "{out:?}"
+    );
+    ensure!(out.stdout.contains("on public.blobs (insert)"), "{out:?}");
+    let out = run_ok(&work, &["capture", "list", "--json", "--config", cfg]).await?;
+    let list: serde_json::Value = serde_json::from_str(&out.stdout)?;
+    let by_name = |n: &str| {
+        list.as_array()
+            .and_then(|a| a.iter().find(|c| c["name"] == n))
+            .cloned()
+            .unwrap_or_default()
+    };
+    ensure!(
+        by_name("orders")["on"] == serde_json::json!(["insert", "update"])
+            && by_name("orders")["enabled"] == true
+            && by_name("orders")["config"]["aggregate_type"] == order.as_str()
+            && by_name("blobs")["table"] == "public.blobs",
+        "{list:#}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_captures_are_refused_by_key_and_create_nothing() -> anyhow::Result<()> {
+    let work = Workdir::new()?;
+    let (url, pool) = database(&work, BOOKINGS).await?;
+    let cases = [
+        (
+            r#"table = "nope"
+aggregate_type = "Customer"
+aggregate_id = "customer_id"
+event_type = "booking.created""#,
+            "capture[0].table: table public.nope does not exist",
+        ),
+        (
+            r#"table = "bookings"
+aggregate_type = "Customer"
+aggregate_id = "customer"
+event_type = "booking.created""#,
+            "capture[0].aggregate_id: column `customer` does not exist in table public.bookings",
+        ),
+        (
+            r#"table = "bookings"
+aggregate_type = "Customer"
+aggregate_id = "customer_id"
+event_type = "booking.created"
+event_type_column = "kind""#,
+            "capture[0].event_type: set either event_type or event_type_column, not both",
+        ),
+        (
+            r#"table = "bookings"
+aggregate_type = "Customer"
+aggregate_id = "customer_id"
+event_type = "booking.created"
+payload = "seats""#,
+            "capture[0].payload: column `seats` of table public.bookings is of type integer",
+        ),
+        (
+            r#"table = "outbox"
+aggregate_type = "Outbox"
+aggregate_id = "aggregate_id"
+event_type = "again""#,
+            "capture[0].table: public.outbox is the outbox table itself",
+        ),
+        // The first entry is fine, the second is not: neither is installed.
+        (
+            r#"table = "bookings"
+aggregate_type = "Customer"
+aggregate_id = "customer_id"
+event_type = "booking.created"
+
+[[capture]]
+table = "customers"
+aggregate_type = "Customer"
+aggregate_id = "id"
+event_type_column = "status""#,
+            "capture[1].event_type_column: column `status` does not exist in table public.customers",
+        ),
+    ];
+    for (i, (entry, needle)) in cases.iter().enumerate() {
+        let cfg_path = work.write_config(
+            &format!("bad-{i}.toml"),
+            &config(&url, &format!("[[capture]]\n{entry}\n")),
+        )?;
+        let out = work
+            .run(&[
+                "capture",
+                "install",
+                "--config",
+                cfg_path.to_str().context("path")?,
+            ])
+            .await?;
+        out.assert_clear_error(needle)
+            .with_context(|| format!("case {i}"))?;
+        ensure!(
+            capture_objects(&pool).await? == (0, 0),
+            "case {i}: a failed install left a trigger or function behind"
+        );
+    }
+
+    // --name that no entry has.
+    let cfg_path = work.write_config("outbox.toml", &config(&url, BOOKINGS_CAPTURE))?;
+    let cfg = cfg_path.to_str().context("path")?;
+    work.run(&["capture", "install", "--name", "flights", "--config", cfg])
+        .await?
+        .assert_clear_error("--name flights: no [[capture]] entry has this name")?;
+
+    // A table held by a long transaction: the install gives up after its lock_timeout,
+    // says why, and the entry installed before it in the same run is rolled back too.
+    let two = work.write_config(
+        "two.toml",
+        &config(
+            &url,
+            &format!(
+                "{BOOKINGS_CAPTURE}\n[[capture]]\ntable = \"customers\"\naggregate_type = \"Customer\"\naggregate_id = \"id\"\nevent_type = \"customer.created\"\n"
+            ),
+        ),
+    )?;
+    let mut holder = pool.begin().await?;
+    sqlx::query("LOCK TABLE customers IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *holder)
+        .await?;
+    let out = work
+        .run(&[
+            "capture",
+            "install",
+            "--config",
+            two.to_str().context("path")?,
+        ])
+        .await?;
+    holder.rollback().await?;
+    out.assert_clear_error("was not granted within 10s")?;
+    ensure!(out.stderr.contains("public.customers"), "{out:?}");
+    ensure!(
+        capture_objects(&pool).await? == (0, 0),
+        "a failed install left a trigger or function behind"
+    );
+
+    // No outbox table: say to migrate.
+    let pg = Postgres::shared().await?;
+    let bare = pg.fresh_database().await?;
+    let bare_pool = PgPool::connect(&bare).await?;
+    sqlx::raw_sql(BOOKINGS).execute(&bare_pool).await?;
+    let cfg_path = work.write_config("bare.toml", &config(&bare, BOOKINGS_CAPTURE))?;
+    let out = work
+        .run(&[
+            "capture",
+            "install",
+            "--config",
+            cfg_path.to_str().context("path")?,
+        ])
+        .await?;
+    out.assert_clear_error("outbox table public.outbox does not exist")?;
+    ensure!(out.stderr.contains("run `outbox migrate` first"), "{out:?}");
+    ensure!(capture_objects(&bare_pool).await? == (0, 0));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_capture_makes_no_more_events() -> anyhow::Result<()> {
+    let work = Workdir::new()?;
+    let (url, pool) = database(&work, BOOKINGS).await?;
+    let cfg_path = work.write_config("outbox.toml", &config(&url, BOOKINGS_CAPTURE))?;
+    let cfg = cfg_path.to_str().context("path")?;
+    run_ok(&work, &["capture", "install", "--config", cfg]).await?;
+    let insert =
+        "INSERT INTO bookings (id, customer_id, n, seats) VALUES (gen_random_uuid(), 'c1', 0, 1)";
+    sqlx::query(insert).execute(&pool).await?;
+    ensure!(outbox_count(&pool).await? == 1, "the capture made no event");
+
+    let out = run_ok(&work, &["capture", "remove", "--config", cfg]).await?;
+    ensure!(
+        out.stdout.contains(
+            "capture bookings: removed trigger bookings_outbox_capture from public.bookings"
+        ),
+        "{out:?}"
+    );
+    sqlx::query(insert).execute(&pool).await?;
+    ensure!(
+        outbox_count(&pool).await? == 1,
+        "an insert after `capture remove` made an event"
+    );
+    ensure!(capture_objects(&pool).await? == (0, 0));
+
+    // Again: nothing to do, not an error; and the list is empty.
+    let out = run_ok(
+        &work,
+        &["capture", "remove", "--name", "bookings", "--config", cfg],
+    )
+    .await?;
+    ensure!(out.stdout.contains("not installed"), "{out:?}");
+    let out = run_ok(&work, &["capture", "list", "--config", cfg]).await?;
+    ensure!(
+        out.stdout
+            .contains("no capture writes into outbox table public.outbox"),
+        "{out:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capture_on_sqlite_is_a_clear_unsupported_error() -> anyhow::Result<()> {
+    let work = Workdir::new()?;
+    let cfg_path = work.write_config(
+        "outbox.toml",
+        &format!("[source]\nkind = \"sqlite\"\npath = \"outbox.db\"\n{BOOKINGS_CAPTURE}"),
+    )?;
+    let out = work
+        .run(&[
+            "capture",
+            "install",
+            "--config",
+            cfg_path.to_str().context("path")?,
+        ])
+        .await?;
+    out.assert_clear_error("`outbox capture` is not supported by kind = \"sqlite\"")
+}

@@ -1,0 +1,543 @@
+//! `[[capture]]`: a business table as an event source (`outbox capture`, docs/capture.md).
+//!
+//! Each entry names a table whose inserts (and optionally updates) must each produce one
+//! outbox event *in the same transaction*, without any change to the application. A backend
+//! that supports it ([`Capture`], PostgreSQL) installs a row trigger on the table that writes
+//! the event into the outbox table; from there the relay publishes it like any other, with
+//! every guarantee: a rolled-back write leaves no event, a committed one is never lost, and
+//! per-aggregate order is the outbox's own (its ordering trigger serializes the writers of
+//! one aggregate).
+//!
+//! ```toml
+//! [[capture]]
+//! table = "app.bookings"          # the business table (`schema.table`, or `table` in `public`)
+//! aggregate_type = "Customer"     # fixed text
+//! aggregate_id = "customer_id"    # a column, cast to text
+//! event_type = "booking.created"  # fixed text, or event_type_column = "status"
+//! payload = "row"                 # the new row as JSON (default), or a column
+//! on = ["insert", "update"]       # default ["insert"]
+//! # name = "bookings"             # default: the table's name; names the trigger and function
+//! ```
+//!
+//! Names reach SQL only as validated [`Identifier`]s; the literal values (`aggregate_type`, a
+//! fixed `event_type`) only through [`quote_literal`], as trigger arguments.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::identifier::{Identifier, QualifiedTable};
+use crate::sink::BoxFuture;
+
+/// One `[[capture]]` entry: which table, and how each of its rows becomes an event.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct CaptureConfig {
+    /// Names the capture's trigger and function (`<name>_outbox_capture`), and selects it in
+    /// `outbox capture install|remove --name`. Default: the table's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<Identifier>,
+    /// The business table: `schema.table`, or `table` for one in the `public` schema.
+    #[serde(with = "table_name")]
+    pub table: QualifiedTable,
+    /// The events' `aggregate_type`: fixed text.
+    pub aggregate_type: String,
+    /// The column whose value, cast to text, is the events' `aggregate_id`.
+    pub aggregate_id: Identifier,
+    /// The events' `event_type`, fixed. Exactly one of this and `event_type_column`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event_type: Option<String>,
+    /// The column whose value, cast to text, is the event's `event_type`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event_type_column: Option<Identifier>,
+    /// The payload: `"row"` (the new row as JSON) or a column.
+    #[serde(default)]
+    pub payload: CapturePayload,
+    /// Which writes produce an event. Default `["insert"]`.
+    #[serde(default = "default_on")]
+    pub on: Vec<CaptureOp>,
+}
+
+fn default_on() -> Vec<CaptureOp> {
+    vec![CaptureOp::Insert]
+}
+
+/// What a captured row's event carries as its payload bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum CapturePayload {
+    /// `"row"`: the whole new row as a JSON object (PostgreSQL `to_jsonb(NEW)`), its UTF-8
+    /// text.
+    #[default]
+    Row,
+    /// A column: `json`, `jsonb` or text columns give their text as UTF-8, `bytea` its
+    /// bytes as they are.
+    Column(Identifier),
+}
+
+impl CapturePayload {
+    /// The column, unless the payload is the whole row.
+    pub fn column(&self) -> Option<&Identifier> {
+        match self {
+            Self::Row => None,
+            Self::Column(c) => Some(c),
+        }
+    }
+}
+
+impl fmt::Display for CapturePayload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Row => f.write_str("row"),
+            Self::Column(c) => write!(f, "{c}"),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for CapturePayload {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        if s == "row" {
+            return Ok(Self::Row);
+        }
+        Identifier::new(s)
+            .map(Self::Column)
+            .map_err(|e| serde::de::Error::custom(format!("expected \"row\" or a column: {e}")))
+    }
+}
+
+impl Serialize for CapturePayload {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+/// A write that produces an event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CaptureOp {
+    /// `INSERT` (also `COPY`, and the insert branch of `INSERT ... ON CONFLICT`).
+    Insert,
+    /// `UPDATE` (also the update branch of `INSERT ... ON CONFLICT DO UPDATE`).
+    Update,
+}
+
+impl CaptureOp {
+    /// `insert` or `update`: the `capture_op` header.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Insert => "insert",
+            Self::Update => "update",
+        }
+    }
+}
+
+impl fmt::Display for CaptureOp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl CaptureConfig {
+    /// The capture's name: `name`, or the table's name.
+    pub fn name(&self) -> Identifier {
+        self.name
+            .clone()
+            .unwrap_or_else(|| self.table.table.clone())
+    }
+
+    /// The table with its schema filled in (`public` when the config gives none): the value
+    /// of the `capture_table` header.
+    pub fn qualified_table(&self) -> QualifiedTable {
+        let schema = self
+            .table
+            .schema
+            .clone()
+            .unwrap_or_else(|| Identifier::new("public").expect("a valid identifier"));
+        QualifiedTable::new(Some(schema), self.table.table.clone())
+    }
+
+    /// Checks what serde cannot, for the entry at `index` of `[[capture]]`; the message names
+    /// the key (`capture[0].event_type: ...`).
+    pub fn validate(&self, index: usize) -> Result<(), String> {
+        let key = |field: &str| format!("capture[{index}].{field}");
+        let text = |field: &str, value: &str| -> Result<(), String> {
+            if value.trim().is_empty() {
+                return Err(format!("{}: must not be empty", key(field)));
+            }
+            quote_literal(value)
+                .map(drop)
+                .map_err(|e| format!("{}: {e}", key(field)))
+        };
+        text("aggregate_type", &self.aggregate_type)?;
+        match (&self.event_type, &self.event_type_column) {
+            (Some(_), Some(_)) => {
+                return Err(format!(
+                    "{}: set either event_type or event_type_column, not both",
+                    key("event_type")
+                ));
+            }
+            (None, None) => {
+                return Err(format!(
+                    "{}: set event_type (a fixed text) or event_type_column (a column of {})",
+                    key("event_type"),
+                    self.table
+                ));
+            }
+            (Some(t), None) => text("event_type", t)?,
+            (None, Some(_)) => {}
+        }
+        if self.on.is_empty() {
+            return Err(format!(
+                "{}: must list at least one of \"insert\", \"update\"",
+                key("on")
+            ));
+        }
+        let mut seen = Vec::new();
+        for op in &self.on {
+            if seen.contains(op) {
+                return Err(format!("{}: \"{op}\" is listed twice", key("on")));
+            }
+            seen.push(*op);
+        }
+        Ok(())
+    }
+
+    /// The operations in a fixed order (insert, update), whatever order the config lists.
+    pub fn ops(&self) -> Vec<CaptureOp> {
+        let mut ops = self.on.clone();
+        ops.sort();
+        ops.dedup();
+        ops
+    }
+}
+
+/// Validates every `[[capture]]` entry ([`CaptureConfig::validate`]) and that their names
+/// (which name the triggers) are distinct.
+pub fn validate_all(entries: &[CaptureConfig]) -> Result<(), String> {
+    for (i, entry) in entries.iter().enumerate() {
+        entry.validate(i)?;
+        let name = entry.name();
+        if let Some(first) = entries[..i].iter().position(|e| e.name() == name) {
+            return Err(format!(
+                "capture[{i}].name: `{name}` is already the name of capture[{first}] (names default to the table's name); set a distinct `name`"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `serde(with)` for `table`: `schema.table` or `table`, each part a valid identifier.
+mod table_name {
+    use super::QualifiedTable;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<QualifiedTable, D::Error> {
+        let s = String::deserialize(d)?;
+        super::parse_table(&s).map_err(serde::de::Error::custom)
+    }
+
+    pub(super) fn serialize<S: Serializer>(t: &QualifiedTable, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(t)
+    }
+}
+
+/// Parses `schema.table` or `table` (each part a plain identifier).
+pub fn parse_table(s: &str) -> Result<QualifiedTable, String> {
+    let (schema, table) = match s.split_once('.') {
+        Some((schema, table)) => (Some(schema), table),
+        None => (None, s),
+    };
+    let schema = schema
+        .map(Identifier::new)
+        .transpose()
+        .map_err(|e| format!("`{s}`: schema {e}"))?;
+    let table = Identifier::new(table).map_err(|e| format!("`{s}`: table {e}"))?;
+    Ok(QualifiedTable::new(schema, table))
+}
+
+/// Why a text cannot become an SQL string literal.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LiteralError {
+    /// PostgreSQL text cannot hold the NUL character.
+    #[error("must not contain the NUL character")]
+    Nul,
+}
+
+/// `value` as an SQL string literal that means exactly `value`, whatever
+/// `standard_conforming_strings` says: single quotes are doubled, and a value with a
+/// backslash is written as an escape string (`E'...'`, backslashes doubled), as PostgreSQL's
+/// own `quote_literal` does. NUL is refused.
+pub fn quote_literal(value: &str) -> Result<String, LiteralError> {
+    if value.contains('\0') {
+        return Err(LiteralError::Nul);
+    }
+    let mut out = String::with_capacity(value.len() + 3);
+    if value.contains('\\') {
+        out.push('E');
+    }
+    out.push('\'');
+    for c in value.chars() {
+        match c {
+            '\'' => out.push_str("''"),
+            '\\' => out.push_str("\\\\"),
+            c => out.push(c),
+        }
+    }
+    out.push('\'');
+    Ok(out)
+}
+
+/// One `[[capture]]` entry with its position in the config, so that messages name the key
+/// (`capture[2].aggregate_id`) even when only some entries are acted on.
+#[derive(Debug, Clone, Copy)]
+pub struct CaptureEntry<'a> {
+    /// Position in `[[capture]]`.
+    pub index: usize,
+    /// The entry.
+    pub config: &'a CaptureConfig,
+}
+
+impl CaptureEntry<'_> {
+    /// `capture[<index>].<field>`.
+    pub fn key(&self, field: &str) -> String {
+        format!("capture[{}].{field}", self.index)
+    }
+}
+
+/// A capture found in the database (`outbox capture list`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct InstalledCapture {
+    /// The capture's name.
+    pub name: String,
+    /// The trigger function, `schema.function`.
+    pub function: String,
+    /// The captured table, `schema.table`; `None` when the function has no trigger left.
+    pub table: Option<String>,
+    /// The trigger's name.
+    pub trigger: Option<String>,
+    /// The writes that produce an event, as the trigger says.
+    pub on: Vec<CaptureOp>,
+    /// False when the trigger is disabled (`ALTER TABLE ... DISABLE TRIGGER`): writes then
+    /// produce no event.
+    pub enabled: bool,
+    /// The entry it was installed from, as recorded with the function (absent if that
+    /// record is unreadable).
+    pub config: Option<CaptureConfig>,
+}
+
+/// Why a capture command failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CaptureError {
+    /// An entry cannot be installed as configured (a missing table or column, a column of an
+    /// unusable type, a name taken): the message names the key.
+    #[error("{key}: {message}")]
+    Invalid {
+        /// The config key, e.g. `capture[0].aggregate_id`.
+        key: String,
+        /// What is wrong, and what to do.
+        message: String,
+    },
+    /// The outbox table does not exist.
+    #[error("outbox table {table} does not exist in {database}; run `outbox migrate` first")]
+    NotMigrated {
+        /// The outbox table.
+        table: String,
+        /// The database, secrets redacted.
+        database: String,
+    },
+    /// The database refused or could not be reached; nothing was changed.
+    #[error("{context}")]
+    Database {
+        /// What was being done.
+        context: String,
+        /// The database error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+impl CaptureError {
+    /// An [`Invalid`](Self::Invalid) error for `key`.
+    pub fn invalid(key: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::Invalid {
+            key: key.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// `outbox capture`: installs, removes and lists captures (one trigger and one function per
+/// capture). Install and remove each run in one transaction: all given entries, or nothing.
+pub trait Capture: Send + Sync {
+    /// Installs (or replaces) the captures of `entries`, after checking each against the
+    /// database; returns what it did, one line each.
+    fn install<'a>(
+        &'a self,
+        entries: &'a [CaptureEntry<'a>],
+    ) -> BoxFuture<'a, Result<Vec<String>, CaptureError>>;
+    /// Removes the captures named `names` (a name not installed is reported, not an error);
+    /// returns what it did, one line each.
+    fn remove<'a>(
+        &'a self,
+        names: &'a [Identifier],
+    ) -> BoxFuture<'a, Result<Vec<String>, CaptureError>>;
+    /// The captures writing into this backend's outbox table.
+    fn list(&self) -> BoxFuture<'_, Result<Vec<InstalledCapture>, CaptureError>>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(toml_text: &str) -> Result<CaptureConfig, String> {
+        toml::from_str(toml_text).map_err(|e| e.to_string())
+    }
+
+    const MINIMAL: &str = r#"
+table = "bookings"
+aggregate_type = "Customer"
+aggregate_id = "customer_id"
+event_type = "booking.created"
+"#;
+
+    #[test]
+    fn defaults_are_row_payload_on_insert_named_after_the_table() {
+        let c = parse(MINIMAL).expect("valid");
+        assert_eq!(c.payload, CapturePayload::Row);
+        assert_eq!(c.on, vec![CaptureOp::Insert]);
+        assert_eq!(c.name().as_str(), "bookings");
+        assert_eq!(c.qualified_table().to_string(), "public.bookings");
+        c.validate(0).expect("valid");
+    }
+
+    #[test]
+    fn a_schema_and_a_payload_column_are_read() {
+        let c = parse(
+            r#"
+table = "app.bookings"
+name = "app_bookings"
+aggregate_type = "Customer"
+aggregate_id = "customer_id"
+event_type_column = "status"
+payload = "doc"
+on = ["update", "insert"]
+"#,
+        )
+        .expect("valid");
+        assert_eq!(c.qualified_table().to_string(), "app.bookings");
+        assert_eq!(
+            c.payload,
+            CapturePayload::Column(Identifier::new("doc").expect("valid"))
+        );
+        assert_eq!(c.ops(), vec![CaptureOp::Insert, CaptureOp::Update]);
+        c.validate(3).expect("valid");
+        let back = toml::to_string(&c).expect("serializes");
+        assert_eq!(parse(&back).expect("round trip"), c);
+    }
+
+    #[test]
+    fn names_that_could_carry_sql_and_unknown_keys_are_refused_by_serde() {
+        for bad in [
+            r#"table = "bookings; DROP TABLE x""#,
+            r#"table = "a.b.c""#,
+            r#"aggregate_id = "customer id""#,
+            r#"payload = "doc\"""#,
+            r#"on = ["delete"]"#,
+            r#"colour = "blue""#,
+        ] {
+            let key = bad.split(' ').next().expect("a key");
+            let text = MINIMAL
+                .lines()
+                .filter(|l| !l.starts_with(&format!("{key} ")))
+                .collect::<Vec<_>>()
+                .join("\n");
+            assert!(parse(&format!("{text}\n{bad}")).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn validate_names_the_key() {
+        let mut c = parse(MINIMAL).expect("valid");
+        c.event_type_column = Some(Identifier::new("status").expect("valid"));
+        assert_eq!(
+            c.validate(2).expect_err("both"),
+            "capture[2].event_type: set either event_type or event_type_column, not both"
+        );
+        c.event_type = None;
+        c.event_type_column = None;
+        assert!(
+            c.validate(0)
+                .expect_err("neither")
+                .starts_with("capture[0].event_type: set event_type")
+        );
+        let mut c = parse(MINIMAL).expect("valid");
+        c.aggregate_type = " ".into();
+        assert!(
+            c.validate(1)
+                .expect_err("empty")
+                .starts_with("capture[1].aggregate_type:")
+        );
+        c.aggregate_type = "a\0b".into();
+        assert!(c.validate(1).expect_err("nul").contains("NUL"));
+        let mut c = parse(MINIMAL).expect("valid");
+        c.on = vec![];
+        assert!(
+            c.validate(0)
+                .expect_err("empty")
+                .starts_with("capture[0].on:")
+        );
+        c.on = vec![CaptureOp::Insert, CaptureOp::Insert];
+        assert!(c.validate(0).expect_err("twice").contains("twice"));
+    }
+
+    #[test]
+    fn duplicate_names_are_refused() {
+        let a = parse(MINIMAL).expect("valid");
+        let mut b = a.clone();
+        b.table = parse_table("other.bookings").expect("valid");
+        let err = validate_all(&[a.clone(), b.clone()]).expect_err("same name");
+        assert!(err.starts_with("capture[1].name:"), "{err}");
+        b.name = Some(Identifier::new("other_bookings").expect("valid"));
+        validate_all(&[a, b]).expect("distinct");
+    }
+
+    #[test]
+    fn literals_are_quoted_whatever_they_contain() {
+        assert_eq!(quote_literal("Customer").expect("ok"), "'Customer'");
+        assert_eq!(quote_literal("O'Brien").expect("ok"), "'O''Brien'");
+        assert_eq!(quote_literal("a\\b'c").expect("ok"), "E'a\\\\b''c'");
+        assert_eq!(quote_literal("").expect("ok"), "''");
+        assert_eq!(quote_literal("x\0"), Err(LiteralError::Nul));
+    }
+
+    proptest::proptest! {
+        /// Reading the literal back as PostgreSQL does (both string syntaxes) gives the value.
+        #[test]
+        fn every_quoted_literal_reads_back_as_its_value(s in "[^\0]{0,40}") {
+            let lit = quote_literal(&s).expect("no NUL");
+            let (escape, body) = match lit.strip_prefix('E') {
+                Some(rest) => (true, rest),
+                None => (false, lit.as_str()),
+            };
+            let body = body.strip_prefix('\'').and_then(|b| b.strip_suffix('\'')).expect("quoted");
+            let mut out = String::new();
+            let mut chars = body.chars().peekable();
+            while let Some(c) = chars.next() {
+                match c {
+                    '\'' => {
+                        // Inside the literal a quote only ever comes doubled.
+                        proptest::prop_assert_eq!(chars.next(), Some('\''));
+                        out.push('\'');
+                    }
+                    '\\' if escape => {
+                        proptest::prop_assert_eq!(chars.next(), Some('\\'));
+                        out.push('\\');
+                    }
+                    '\\' => proptest::prop_assert!(false, "a backslash outside E'...'"),
+                    c => out.push(c),
+                }
+            }
+            proptest::prop_assert_eq!(out, s);
+        }
+    }
+}

@@ -1,0 +1,746 @@
+//! `outbox capture` on PostgreSQL (docs/capture.md): a business table as an event source,
+//! through a row trigger that writes each captured row's event into the outbox table in the
+//! writer's own transaction.
+//!
+//! Per capture, named `<name>_outbox_capture`:
+//! - a PL/pgSQL function in the outbox table's schema
+//!   ([queries/capture_function.sql](../queries/capture_function.sql)), specific to the
+//!   capture's columns, so every column reference is planned once and cast exactly as the
+//!   config says;
+//! - an `AFTER INSERT [OR UPDATE] ... FOR EACH ROW` trigger on the business table calling it,
+//!   with the literal values (`capture_table`, `aggregate_type`, a fixed `event_type`) as
+//!   trigger arguments;
+//! - a comment on the function recording the entry and the outbox table, which `list` reads.
+//!
+//! Column and table names reach SQL only as validated, double-quoted identifiers
+//! (`sql::render_with`); literal values only through `quote_literal`; names read back from
+//! the catalog only through the server's own quoting (`format('%I')`). Install and remove run
+//! in one transaction each, under an advisory lock and a `lock_timeout`: every entry, or
+//! nothing.
+
+use outbox_core::capture::{
+    Capture, CaptureConfig, CaptureEntry, CaptureError, CaptureOp, CapturePayload,
+    InstalledCapture, quote_literal,
+};
+use outbox_core::sink::BoxFuture;
+use outbox_core::{Identifier, QualifiedTable};
+use sqlx::{Executor, PgPool, Postgres, Transaction};
+
+use crate::config::PostgresConfig;
+use crate::sql::render_with;
+
+macro_rules! query_file {
+    ($name:literal) => {
+        include_str!(concat!("../queries/", $name, ".sql"))
+    };
+}
+
+const FUNCTION: &str = query_file!("capture_function");
+const TRIGGER: &str = query_file!("capture_trigger");
+const TABLE: &str = query_file!("capture_table");
+const COLUMNS: &str = query_file!("capture_columns");
+const TRIGGERS_OF: &str = query_file!("capture_triggers_of");
+const TRIGGER_NAMED: &str = query_file!("capture_trigger_named");
+const FUNCTION_RECORD: &str = query_file!("capture_function_record");
+const LIST: &str = query_file!("capture_list");
+const LOCK_TIMEOUT_SQL: &str = query_file!("partition_lock_timeout");
+
+/// The record on the function, after `IS`: replaced by a quoted literal after rendering.
+const COMMENT: &str = "COMMENT ON FUNCTION {{qname:_outbox_capture}}() IS @RECORD@";
+const DROP_FUNCTION: &str = "DROP FUNCTION IF EXISTS {{qname:_outbox_capture}}()";
+const DROP_TRIGGER: &str =
+    "DROP TRIGGER IF EXISTS {{name:_outbox_capture}} ON {{captured_schema}}.{{captured_table}}";
+/// The function's signature as text, for `to_regprocedure`.
+const SIGNATURE: &str = "{{qname:_outbox_capture}}()";
+
+/// `@EVENT_TYPE@` of capture_function.sql: the fixed value, or a column as text.
+const EVENT_TYPE_FIXED: &str = "TG_ARGV[2]";
+const EVENT_TYPE_COLUMN: &str = "NEW.{{event_type_column}}::text";
+/// `@PAYLOAD@`: the row as JSON text, a text-like column's text (UTF-8), a bytea column.
+const PAYLOAD_ROW: &str = "pg_catalog.convert_to(pg_catalog.to_jsonb(NEW)::text, 'UTF8')";
+const PAYLOAD_TEXT: &str = "pg_catalog.convert_to(NEW.{{payload_column}}::text, 'UTF8')";
+const PAYLOAD_BYTEA: &str = "NEW.{{payload_column}}";
+
+/// Base types a payload column may have (`format_type` spelling), and bytea.
+const TEXT_PAYLOAD_TYPES: [&str; 4] = ["json", "jsonb", "text", "character varying"];
+
+/// How long install and remove wait for a table lock: `CREATE TRIGGER` and `DROP TRIGGER`
+/// wait for the transactions writing the table, and every later writer waits behind them.
+const LOCK_TIMEOUT: &str = "10s";
+
+/// The record written as the function's comment (`COMMENT ON FUNCTION`).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct Record {
+    /// Format version.
+    outbox_capture: u32,
+    /// The outbox table it writes into, `schema.table`.
+    outbox: String,
+    /// The entry it was installed from.
+    config: CaptureConfig,
+}
+
+impl Record {
+    fn parse(text: Option<&str>) -> Option<Self> {
+        serde_json::from_str(text?).ok()
+    }
+}
+
+/// Captures writing into one outbox table: what [`PgBackend`](crate::PgBackend) hands
+/// `outbox capture`.
+#[derive(Debug, Clone)]
+pub struct PgCapture {
+    pool: PgPool,
+    outbox: QualifiedTable,
+    database: String,
+}
+
+/// What a payload column gives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PayloadKind {
+    Row,
+    Text,
+    Bytea,
+}
+
+/// One entry, checked against the catalog: what to install.
+#[derive(Debug)]
+struct Plan<'a> {
+    entry: CaptureEntry<'a>,
+    /// `schema.table`, the `capture_table` header.
+    table: QualifiedTable,
+    payload: PayloadKind,
+}
+
+impl PgCapture {
+    /// Captures into the outbox table of `config`, over `pool`.
+    pub fn new(pool: PgPool, config: &PostgresConfig) -> Self {
+        Self {
+            pool,
+            outbox: config.qualified_table(),
+            database: config.url.redacted(),
+        }
+    }
+
+    fn schema(&self) -> &Identifier {
+        self.outbox
+            .schema
+            .as_ref()
+            .expect("PostgresConfig::qualified_table always has a schema")
+    }
+
+    /// Renders `template` for capture `name`: `{{qname:_outbox_capture}}` is its function,
+    /// `{{name:_outbox_capture}}` its trigger, `{{schema}}.{{outbox_table}}` the outbox.
+    fn render(&self, template: &str, name: &Identifier, named: &[(&str, &Identifier)]) -> String {
+        let capture = QualifiedTable::new(Some(self.schema().clone()), name.clone());
+        let mut all: Vec<(&str, &Identifier)> = vec![("outbox_table", &self.outbox.table)];
+        all.extend_from_slice(named);
+        render_with(template, &capture, &all)
+    }
+
+    /// Installs or replaces the captures of `entries`, all in one transaction.
+    pub async fn install(&self, entries: &[CaptureEntry<'_>]) -> Result<Vec<String>, CaptureError> {
+        let context = format!("installing captures into outbox table {}", self.outbox);
+        let mut tx = self.begin(&context).await?;
+        let outbox_oid: Option<i64> =
+            crate::sql::query_scalar("SELECT to_regclass($1)::oid::bigint")
+                .bind(self.outbox.quoted())
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(db(&context))?;
+        let Some(outbox_oid) = outbox_oid else {
+            return Err(CaptureError::NotMigrated {
+                table: self.outbox.to_string(),
+                database: self.database.clone(),
+            });
+        };
+        let mut plans = Vec::with_capacity(entries.len());
+        for (i, entry) in entries.iter().enumerate() {
+            entry.config.validate(entry.index).map_err(keyed)?;
+            let name = entry.config.name();
+            if let Some(other) = entries[..i].iter().find(|e| e.config.name() == name) {
+                return Err(CaptureError::invalid(
+                    entry.key("name"),
+                    format!(
+                        "`{name}` is already the name of capture[{}]; set a distinct `name`",
+                        other.index
+                    ),
+                ));
+            }
+            plans.push(self.check(&mut tx, *entry, outbox_oid).await?);
+        }
+        let mut lines = Vec::with_capacity(plans.len());
+        for plan in &plans {
+            lines.push(self.apply(&mut tx, plan).await?);
+        }
+        tx.commit().await.map_err(db(&context))?;
+        Ok(lines)
+    }
+
+    /// Begins the transaction of an install or remove: a `lock_timeout`, and one capture
+    /// command per outbox table at a time (two concurrent `CREATE OR REPLACE FUNCTION` of
+    /// the same function fail).
+    async fn begin(&self, context: &str) -> Result<Transaction<'static, Postgres>, CaptureError> {
+        let mut tx = self.pool.begin().await.map_err(db(context))?;
+        crate::sql::query(LOCK_TIMEOUT_SQL)
+            .bind(LOCK_TIMEOUT)
+            .execute(&mut *tx)
+            .await
+            .map_err(db(context))?;
+        crate::sql::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+            .bind(format!("outbox capture {}", self.outbox))
+            .execute(&mut *tx)
+            .await
+            .map_err(db(context))?;
+        Ok(tx)
+    }
+
+    /// Checks one entry against the catalog: the table, its columns and their types, and
+    /// that the capture's name is free or already this capture's.
+    async fn check<'a>(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        entry: CaptureEntry<'a>,
+        outbox_oid: i64,
+    ) -> Result<Plan<'a>, CaptureError> {
+        let config = entry.config;
+        let table = config.qualified_table();
+        let schema = table.schema.as_ref().expect("qualified_table has a schema");
+        let context = format!("checking {} for capture `{}`", table, config.name());
+        let found: Option<(i64, String)> = crate::sql::query_as(TABLE)
+            .bind(schema.as_str())
+            .bind(table.table.as_str())
+            .fetch_optional(&mut **tx)
+            .await
+            .map_err(db(&context))?;
+        let oid = match found {
+            None => {
+                return Err(CaptureError::invalid(
+                    entry.key("table"),
+                    format!("table {table} does not exist in {}", self.database),
+                ));
+            }
+            Some((oid, _)) if oid == outbox_oid => {
+                return Err(CaptureError::invalid(
+                    entry.key("table"),
+                    format!("{table} is the outbox table itself; capture a business table instead"),
+                ));
+            }
+            Some((oid, kind)) if kind == "r" || kind == "p" => oid,
+            Some((_, kind)) => {
+                return Err(CaptureError::invalid(
+                    entry.key("table"),
+                    format!(
+                        "{table} is {}, not a table: only a table's writes can be captured",
+                        relkind(&kind)
+                    ),
+                ));
+            }
+        };
+        let columns: Vec<(String, String, String)> = crate::sql::query_as(COLUMNS)
+            .bind(oid)
+            .fetch_all(&mut **tx)
+            .await
+            .map_err(db(&context))?;
+        let names = || {
+            columns
+                .iter()
+                .map(|(n, _, _)| n.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let column = |field: &str, wanted: &Identifier| {
+            columns
+                .iter()
+                .find(|(n, _, _)| n == wanted.as_str())
+                .ok_or_else(|| {
+                    CaptureError::invalid(
+                        entry.key(field),
+                        format!(
+                            "column `{wanted}` does not exist in table {table} (its columns: {})",
+                            names()
+                        ),
+                    )
+                })
+        };
+        column("aggregate_id", &config.aggregate_id)?;
+        if let Some(c) = &config.event_type_column {
+            column("event_type_column", c)?;
+        }
+        let payload = match &config.payload {
+            CapturePayload::Row => PayloadKind::Row,
+            CapturePayload::Column(c) => {
+                let (_, ty, base) = column("payload", c)?;
+                if base == "bytea" {
+                    PayloadKind::Bytea
+                } else if TEXT_PAYLOAD_TYPES.contains(&base.as_str()) {
+                    PayloadKind::Text
+                } else {
+                    return Err(CaptureError::invalid(
+                        entry.key("payload"),
+                        format!(
+                            "column `{c}` of table {table} is of type {ty}; a payload column must be json, jsonb, text, varchar or bytea (or use payload = \"row\")"
+                        ),
+                    ));
+                }
+            }
+        };
+        // The name: the function is ours (or absent), and no other trigger of that name
+        // sits on the table.
+        let name = config.name();
+        let signature = self.render(SIGNATURE, &name, &[]);
+        let function = self.function_record(tx, &signature, &context).await?;
+        if let Some(existing) = &function
+            && existing
+                .as_ref()
+                .is_none_or(|r| r.outbox != self.outbox.to_string())
+        {
+            return Err(CaptureError::invalid(
+                entry.key("name"),
+                format!(
+                    "function {}.{name}_outbox_capture exists and {}; set another `name`",
+                    self.schema(),
+                    match existing {
+                        Some(r) => format!("belongs to a capture into outbox table {}", r.outbox),
+                        None => "is not an outbox capture".to_owned(),
+                    }
+                ),
+            ));
+        }
+        let trigger_name = format!("{name}_outbox_capture");
+        let calls: Option<String> = crate::sql::query_scalar(TRIGGER_NAMED)
+            .bind(oid)
+            .bind(&trigger_name)
+            .fetch_optional(&mut **tx)
+            .await
+            .map_err(db(&context))?;
+        let ours = format!("{}.{trigger_name}", self.schema());
+        if let Some(calls) = calls
+            && calls != ours
+        {
+            return Err(CaptureError::invalid(
+                entry.key("name"),
+                format!(
+                    "table {table} already has a trigger {trigger_name} calling {calls}, not this capture's {ours}; set another `name`"
+                ),
+            ));
+        }
+        Ok(Plan {
+            entry,
+            table,
+            payload,
+        })
+    }
+
+    /// `Some(record)` when the function exists (`Some(None)`: without a readable record).
+    async fn function_record(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        signature: &str,
+        context: &str,
+    ) -> Result<Option<Option<Record>>, CaptureError> {
+        let found: Option<Option<String>> = crate::sql::query_scalar(FUNCTION_RECORD)
+            .bind(signature)
+            .fetch_optional(&mut **tx)
+            .await
+            .map_err(db(context))?;
+        Ok(found.map(|comment| Record::parse(comment.as_deref())))
+    }
+
+    /// Drops the triggers calling a capture's function; returns their tables.
+    async fn drop_triggers(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        signature: &str,
+        context: &str,
+    ) -> Result<Vec<String>, CaptureError> {
+        let triggers: Vec<(String, String, String)> = crate::sql::query_as(TRIGGERS_OF)
+            .bind(signature)
+            .fetch_all(&mut **tx)
+            .await
+            .map_err(db(context))?;
+        let mut tables = Vec::with_capacity(triggers.len());
+        for (trigger, table, drop_sql) in triggers {
+            // Quoted by the server (`format('%I')`) from catalog names.
+            tx.execute(sqlx::AssertSqlSafe(drop_sql))
+                .await
+                .map_err(lock_or_db(format!("dropping trigger {trigger} on {table}")))?;
+            tables.push(table);
+        }
+        Ok(tables)
+    }
+
+    /// Installs one checked capture: drops the triggers that call its function (also on a
+    /// table it captured before), replaces the function, creates the trigger, records it.
+    async fn apply(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        plan: &Plan<'_>,
+    ) -> Result<String, CaptureError> {
+        let config = plan.entry.config;
+        let name = config.name();
+        let table = &plan.table;
+        let context = format!("installing capture `{name}` on {table}");
+        let signature = self.render(SIGNATURE, &name, &[]);
+        let existed = self
+            .function_record(tx, &signature, &context)
+            .await?
+            .is_some();
+        let before = self.drop_triggers(tx, &signature, &context).await?;
+        let schema = table.schema.as_ref().expect("qualified_table has a schema");
+        let mut named: Vec<(&str, &Identifier)> = vec![
+            ("captured_schema", schema),
+            ("captured_table", &table.table),
+            ("aggregate_id", &config.aggregate_id),
+        ];
+        if let Some(c) = &config.event_type_column {
+            named.push(("event_type_column", c));
+        }
+        if let Some(c) = config.payload.column() {
+            named.push(("payload_column", c));
+        }
+        // The business table may hold a trigger of that name from a capture whose function
+        // was dropped by hand; check() made sure it is not someone else's.
+        tx.execute(sqlx::AssertSqlSafe(self.render(
+            DROP_TRIGGER,
+            &name,
+            &named,
+        )))
+        .await
+        .map_err(lock_or_db(format!("{context}: dropping the old trigger")))?;
+        let event_type = if config.event_type_column.is_some() {
+            EVENT_TYPE_COLUMN
+        } else {
+            EVENT_TYPE_FIXED
+        };
+        let payload = match plan.payload {
+            PayloadKind::Row => PAYLOAD_ROW,
+            PayloadKind::Text => PAYLOAD_TEXT,
+            PayloadKind::Bytea => PAYLOAD_BYTEA,
+        };
+        // Only constants of this file are spliced before rendering; `render` then fills in
+        // the validated identifiers.
+        let function = self.render(
+            &FUNCTION
+                .replace("@EVENT_TYPE@", event_type)
+                .replace("@PAYLOAD@", payload),
+            &name,
+            &named,
+        );
+        tx.execute(sqlx::raw_sql(sqlx::AssertSqlSafe(function)))
+            .await
+            .map_err(db(format!("{context}: creating function {signature}")))?;
+
+        let ops = config.ops();
+        let events = ops
+            .iter()
+            .map(|op| match op {
+                CaptureOp::Insert => "INSERT",
+                CaptureOp::Update => "UPDATE",
+            })
+            .collect::<Vec<_>>()
+            .join(" OR ");
+        let literal = |key: &str, value: &str| {
+            quote_literal(value)
+                .map_err(|e| CaptureError::invalid(plan.entry.key(key), e.to_string()))
+        };
+        let mut args = vec![
+            literal("table", &table.to_string())?,
+            literal("aggregate_type", &config.aggregate_type)?,
+        ];
+        if let Some(t) = &config.event_type {
+            args.push(literal("event_type", t)?);
+        }
+        // Rendered first, then the literals spliced in one replacement: a literal's text is
+        // never scanned for placeholders.
+        let trigger = self
+            .render(&TRIGGER.replace("@EVENTS@", &events), &name, &named)
+            .replace("@ARGS@", &args.join(", "));
+        tx.execute(sqlx::AssertSqlSafe(trigger))
+            .await
+            .map_err(lock_or_db(format!("{context}: creating the trigger")))?;
+
+        let record = Record {
+            outbox_capture: 1,
+            outbox: self.outbox.to_string(),
+            config: config.clone(),
+        };
+        let record = serde_json::to_string(&record).expect("a capture record serializes");
+        let comment = self
+            .render(COMMENT, &name, &[])
+            .replace("@RECORD@", &literal("name", &record)?);
+        tx.execute(sqlx::AssertSqlSafe(comment))
+            .await
+            .map_err(db(format!("{context}: recording it")))?;
+
+        let ops_text = ops
+            .iter()
+            .map(|o| o.as_str())
+            .collect::<Vec<_>>()
+            .join(", ");
+        let event_type = match (&config.event_type, &config.event_type_column) {
+            (Some(t), _) => format!("event_type {t:?}"),
+            (None, Some(c)) => format!("event_type from column {c}"),
+            (None, None) => String::new(),
+        };
+        let mut line = format!(
+            "capture {name}: {} trigger {name}_outbox_capture on {table} ({ops_text}) -> outbox table {}: aggregate {:?} / column {}, {event_type}, payload {}",
+            if existed { "replaced" } else { "installed" },
+            self.outbox,
+            config.aggregate_type,
+            config.aggregate_id,
+            config.payload,
+        );
+        let moved: Vec<&String> = before.iter().filter(|t| **t != table.to_string()).collect();
+        if !moved.is_empty() {
+            line.push_str(&format!(
+                " (its trigger on {} was removed)",
+                moved
+                    .iter()
+                    .map(|t| t.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        Ok(line)
+    }
+
+    /// Removes the captures named `names`, all in one transaction.
+    pub async fn remove(&self, names: &[Identifier]) -> Result<Vec<String>, CaptureError> {
+        let context = format!("removing captures from outbox table {}", self.outbox);
+        let mut tx = self.begin(&context).await?;
+        let mut lines = Vec::with_capacity(names.len());
+        for name in names {
+            let signature = self.render(SIGNATURE, name, &[]);
+            match self.function_record(&mut tx, &signature, &context).await? {
+                None => {
+                    lines.push(format!(
+                        "capture {name}: not installed (no function {signature}); nothing to remove"
+                    ));
+                    continue;
+                }
+                Some(Some(r)) if r.outbox == self.outbox.to_string() => {}
+                Some(other) => {
+                    return Err(CaptureError::invalid(
+                        format!("capture `{name}`"),
+                        format!(
+                            "function {signature} {}; not removed",
+                            match other {
+                                Some(r) =>
+                                    format!("belongs to a capture into outbox table {}", r.outbox),
+                                None => "is not an outbox capture".to_owned(),
+                            }
+                        ),
+                    ));
+                }
+            }
+            let tables = self.drop_triggers(&mut tx, &signature, &context).await?;
+            tx.execute(sqlx::AssertSqlSafe(self.render(DROP_FUNCTION, name, &[])))
+                .await
+                .map_err(db(format!("{context}: dropping function {signature}")))?;
+            lines.push(format!(
+                "capture {name}: removed trigger {name}_outbox_capture from {} and function {signature}",
+                if tables.is_empty() {
+                    "no table".to_owned()
+                } else {
+                    tables.join(", ")
+                }
+            ));
+        }
+        tx.commit().await.map_err(db(&context))?;
+        Ok(lines)
+    }
+
+    /// The captures writing into this outbox table, by name.
+    pub async fn list(&self) -> Result<Vec<InstalledCapture>, CaptureError> {
+        type Row = (
+            String,
+            Option<String>,
+            Option<String>,
+            Option<String>,
+            bool,
+            bool,
+            bool,
+        );
+        let rows: Vec<Row> = crate::sql::query_as(LIST)
+            .bind(self.schema().as_str())
+            .fetch_all(&self.pool)
+            .await
+            .map_err(db(format!(
+                "listing captures into outbox table {}",
+                self.outbox
+            )))?;
+        let outbox = self.outbox.to_string();
+        let mut out = Vec::new();
+        for (function, record, trigger, table, on_insert, on_update, enabled) in rows {
+            let Some(record) = Record::parse(record.as_deref()) else {
+                continue;
+            };
+            if record.outbox != outbox {
+                continue;
+            }
+            let mut on = Vec::new();
+            if on_insert {
+                on.push(CaptureOp::Insert);
+            }
+            if on_update {
+                on.push(CaptureOp::Update);
+            }
+            out.push(InstalledCapture {
+                name: record.config.name().to_string(),
+                function: format!("{}.{function}", self.schema()),
+                table,
+                trigger,
+                on,
+                enabled,
+                config: Some(record.config),
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// A [`CaptureConfig::validate`] message (`capture[0].event_type: ...`) as an error with its
+/// key.
+fn keyed(message: String) -> CaptureError {
+    match message.split_once(": ") {
+        Some((key, rest)) => CaptureError::invalid(key, rest),
+        None => CaptureError::invalid("capture", message),
+    }
+}
+
+/// What a `relkind` is, for messages.
+fn relkind(kind: &str) -> &'static str {
+    match kind {
+        "v" => "a view",
+        "m" => "a materialized view",
+        "f" => "a foreign table",
+        "S" => "a sequence",
+        "i" | "I" => "an index",
+        "c" => "a composite type",
+        "t" => "a TOAST table",
+        _ => "not a table",
+    }
+}
+
+fn db(context: impl Into<String>) -> impl FnOnce(sqlx::Error) -> CaptureError {
+    let context = context.into();
+    move |e| CaptureError::Database {
+        context,
+        source: Box::new(e),
+    }
+}
+
+/// [`db`], saying so when the statement gave up waiting for a table lock.
+fn lock_or_db(context: String) -> impl FnOnce(sqlx::Error) -> CaptureError {
+    move |e| {
+        let lock = matches!(&e, sqlx::Error::Database(d) if d.code().as_deref() == Some("55P03"));
+        let context = if lock {
+            format!(
+                "{context}: the table's lock was not granted within {LOCK_TIMEOUT} (a long transaction uses the table); nothing was changed, run it again"
+            )
+        } else {
+            context
+        };
+        CaptureError::Database {
+            context,
+            source: Box::new(e),
+        }
+    }
+}
+
+impl Capture for PgCapture {
+    fn install<'a>(
+        &'a self,
+        entries: &'a [CaptureEntry<'a>],
+    ) -> BoxFuture<'a, Result<Vec<String>, CaptureError>> {
+        Box::pin(PgCapture::install(self, entries))
+    }
+    fn remove<'a>(
+        &'a self,
+        names: &'a [Identifier],
+    ) -> BoxFuture<'a, Result<Vec<String>, CaptureError>> {
+        Box::pin(PgCapture::remove(self, names))
+    }
+    fn list(&self) -> BoxFuture<'_, Result<Vec<InstalledCapture>, CaptureError>> {
+        Box::pin(PgCapture::list(self))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn capture() -> PgCapture {
+        let config: PostgresConfig = toml::from_str(
+            "url = \"postgres://u:secret@h/db\"\nschema = \"app\"\ntable = \"events\"",
+        )
+        .expect("valid");
+        PgCapture {
+            pool: PgPool::connect_lazy("postgres://u@127.0.0.1:1/db").expect("lazy pool"),
+            outbox: config.qualified_table(),
+            database: config.url.redacted(),
+        }
+    }
+
+    #[tokio::test]
+    async fn every_template_renders_without_leftover_placeholders() {
+        let c = capture();
+        let id = |s: &str| Identifier::new(s).expect("valid");
+        let (schema, table, agg, et, pay) = (
+            id("shop"),
+            id("bookings"),
+            id("customer_id"),
+            id("status"),
+            id("doc"),
+        );
+        let named: Vec<(&str, &Identifier)> = vec![
+            ("captured_schema", &schema),
+            ("captured_table", &table),
+            ("aggregate_id", &agg),
+            ("event_type_column", &et),
+            ("payload_column", &pay),
+        ];
+        let name = id("bookings");
+        for template in [
+            FUNCTION
+                .replace("@EVENT_TYPE@", EVENT_TYPE_COLUMN)
+                .replace("@PAYLOAD@", PAYLOAD_TEXT),
+            TRIGGER.to_owned(),
+            COMMENT.to_owned(),
+            DROP_FUNCTION.to_owned(),
+            DROP_TRIGGER.to_owned(),
+            SIGNATURE.to_owned(),
+        ] {
+            let sql = c.render(&template, &name, &named);
+            assert!(!sql.contains("{{"), "{sql}");
+        }
+        let function = c.render(
+            &FUNCTION
+                .replace("@EVENT_TYPE@", EVENT_TYPE_COLUMN)
+                .replace("@PAYLOAD@", PAYLOAD_BYTEA),
+            &name,
+            &named,
+        );
+        assert!(function.contains("FUNCTION \"app\".\"bookings_outbox_capture\"()"));
+        assert!(function.contains("INSERT INTO \"app\".\"events\" "));
+        assert!(function.contains("NEW.\"customer_id\"::text"));
+        assert!(function.contains("NEW.\"status\"::text"));
+        assert!(function.contains("v_payload      bytea := NEW.\"doc\";"));
+        let trigger = c.render(TRIGGER, &name, &named);
+        assert!(trigger.contains(
+            "CREATE TRIGGER \"bookings_outbox_capture\" AFTER @EVENTS@ ON \"shop\".\"bookings\""
+        ));
+    }
+
+    #[test]
+    fn a_validation_message_keeps_its_own_key() {
+        let e = keyed(
+            "capture[1].event_type: set either event_type or event_type_column, not both".into(),
+        );
+        assert!(matches!(&e, CaptureError::Invalid { key, .. } if key == "capture[1].event_type"));
+        assert_eq!(
+            e.to_string(),
+            "capture[1].event_type: set either event_type or event_type_column, not both"
+        );
+    }
+}
