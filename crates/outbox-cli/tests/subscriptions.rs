@@ -540,3 +540,144 @@ async fn bad_subscriptions_are_refused_naming_the_key() -> anyhow::Result<()> {
     out.assert_clear_error("[[subscription]] is not supported by source kind = \"dynamodb\"")?;
     Ok(())
 }
+
+/// The embedded default fans out too: SQLite, two file sinks, one filtered. Each subscription
+/// file gets its events in per-aggregate order, and each subscription has its own table and
+/// status line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_embedded_sqlite_outbox_fans_out_to_files() -> anyhow::Result<()> {
+    let work = Workdir::new()?;
+    let db = work.path().join("app.db");
+    fan_out_to_files(
+        &work,
+        &format!("kind = \"sqlite\"\npath = \"{}\"", db.display()),
+        Db::Sqlite(&db),
+    )
+    .await
+}
+
+/// The same with the PostgreSQL CDC source: the fan-out reads the outbox from the WAL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cdc_outbox_fans_out_to_files() -> anyhow::Result<()> {
+    let url = Postgres::shared().await?.fresh_database().await?;
+    // Slots and publications are cluster-wide: this run's own.
+    let tag = uuid::Uuid::new_v4().simple().to_string();
+    let work = Workdir::new()?;
+    fan_out_to_files(
+        &work,
+        &format!(
+            "kind = \"postgres\"\nurl = \"{url}\"\nmode = \"cdc\"\nslot = \"s_{tag}\"\npublication = \"p_{tag}\""
+        ),
+        Db::Postgres(&url),
+    )
+    .await
+}
+
+/// Where [`fan_out_to_files`] writes its events.
+enum Db<'a> {
+    Sqlite(&'a std::path::Path),
+    Postgres(&'a str),
+}
+
+/// Two file subscriptions, one filtered, over the `[source]` given: 40 events on 3 aggregates
+/// arrive in each file once, in per-aggregate order, and `status` has a line per subscription.
+async fn fan_out_to_files(work: &Workdir, source: &str, db: Db<'_>) -> anyhow::Result<()> {
+    let cfg = work.write_config(
+        "outbox.toml",
+        &format!(
+            r#"
+[source]
+{source}
+[sinks.all]
+kind = "file"
+path = "{}"
+[sinks.paid]
+kind = "file"
+path = "{}"
+[[subscription]]
+name = "all"
+sink = "all"
+[[subscription]]
+name = "paid"
+sink = "paid"
+event_type = "*.paid"
+"#,
+            work.path().join("all.jsonl").display(),
+            work.path().join("paid.jsonl").display()
+        ),
+    )?;
+    let cfg_arg = cfg.to_str().context("path")?;
+    let migrated = work.run(&["migrate", "--config", cfg_arg]).await?;
+    ensure!(migrated.code == Some(0), "migrate: {}", migrated.stderr);
+    let mut events = Vec::new();
+    for n in 0..40u32 {
+        let event_type = if n % 4 == 0 {
+            "invoice.paid"
+        } else {
+            "order.placed"
+        };
+        events.push(NewEvent::new(
+            "Order",
+            format!("o{}", n % 3),
+            event_type,
+            format!("{{\"n\":{n}}}"),
+        ));
+    }
+    match db {
+        Db::Sqlite(path) => {
+            let pool = outbox_sqlite::connect(&outbox_sqlite::SqliteConfig::new(path)).await?;
+            outbox_sqlite::enqueue_batch(&pool, &events).await?;
+        }
+        Db::Postgres(url) => {
+            let pool = sqlx::PgPool::connect(url).await?;
+            PgOutbox::default().enqueue_batch(&pool, &events).await?;
+        }
+    }
+    let mut relay = work.spawn_relay(&cfg, "relay.log")?;
+    let lines = |name: &str| -> Vec<serde_json::Value> {
+        std::fs::read_to_string(work.path().join(name))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    };
+    outbox_testkit::wait::eventually(Duration::from_secs(60), || async {
+        lines("all.jsonl").len() >= 40 && lines("paid.jsonl").len() >= 10
+    })
+    .await
+    .with_context(|| work.read_log("relay.log"))?;
+    let code = terminate(&mut relay, Duration::from_secs(30)).await?;
+    ensure!(code == Some(0), "relay exit {code:?}");
+    for (file, want) in [("all.jsonl", 40), ("paid.jsonl", 10)] {
+        let got = lines(file);
+        ensure!(
+            got.len() == want,
+            "{file}: {} lines, {want} expected",
+            got.len()
+        );
+        let mut last: BTreeMap<String, u64> = BTreeMap::new();
+        for m in &got {
+            if file == "paid.jsonl" {
+                ensure!(m["event_type"] == "invoice.paid", "{file}: {m}");
+            }
+            let n = m["payload"]["n"].as_u64().with_context(|| format!("{m}"))?;
+            let aggregate = m["aggregate_id"]
+                .as_str()
+                .context("aggregate_id")?
+                .to_owned();
+            if let Some(prev) = last.insert(aggregate.clone(), n) {
+                ensure!(n > prev, "{file}: {aggregate} got {n} after {prev}");
+            }
+        }
+    }
+    let status = work.run(&["status", "--config", cfg_arg]).await?;
+    ensure!(
+        status.code == Some(0)
+            && status.stdout.contains("subscription all")
+            && status.stdout.contains("subscription paid"),
+        "status: {}{}",
+        status.stdout,
+        status.stderr
+    );
+    Ok(())
+}

@@ -377,11 +377,17 @@ pub(crate) async fn run(
                 watchdog,
                 closed: _,
             } = sub_pipelines;
-            let Some(sink) = crate::relay::build_sink(&sub.sink, &shutdown)
-                .await
-                .map_err(|e| RuntimeError::Sink(format!("subscription `{}`: {e}", sub.name)))?
-            else {
-                return Ok(RelayReport::default());
+            let sink = match crate::relay::build_sink(&sub.sink, &shutdown).await {
+                Ok(Some(sink)) => sink,
+                Ok(None) => return Ok(RelayReport::default()),
+                Err(e) => {
+                    // A sink that can never be built stops the whole relay, as with `[sink]`.
+                    shutdown.cancel();
+                    return Err(RuntimeError::Sink(format!(
+                        "subscription `{}`: {e}",
+                        sub.name
+                    )));
+                }
             };
             let sink = Arc::new(sink);
             let watcher = tokio::spawn(observe::watch_labeled(

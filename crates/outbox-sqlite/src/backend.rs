@@ -12,7 +12,7 @@ use outbox_core::admin::{
     StatusReport, StoredEventDetail, Verdict,
 };
 use outbox_core::backend::{
-    Backend, BackendConfig, BoxedSource, DeadLetterStore, Explain, OpenError, OpenOptions,
+    Backend, BackendConfig, BoxedSource, DeadLetterStore, Explain, Forward, OpenError, OpenOptions,
     Pipelines, Producer, Retention, RetentionProgress,
 };
 use outbox_core::sink::BoxFuture;
@@ -52,6 +52,16 @@ impl BackendConfig for SqliteConfig {
 
     fn describe(&self) -> String {
         format!("SQLite `{}`", self.path.display())
+    }
+
+    fn for_subscription(&self, name: &str) -> Result<Self, String> {
+        // The same file, the subscription's own table (with its own relay lease).
+        let config = Self {
+            table: outbox_core::backend::subscription_table(&self.table, name)?,
+            ..self.clone()
+        };
+        SqliteConfig::validate(&config)?;
+        Ok(config)
     }
 
     fn open(&self, _options: OpenOptions) -> BoxFuture<'_, Result<Arc<dyn Backend>, OpenError>> {
@@ -314,6 +324,9 @@ impl Backend for SqliteBackend {
     fn producer(&self) -> Result<&dyn Producer, Unsupported> {
         Ok(&self.producer)
     }
+    fn forward(&self) -> Result<&dyn Forward, Unsupported> {
+        Ok(&self.producer)
+    }
 }
 
 impl Explain for SqliteBackend {
@@ -409,6 +422,20 @@ impl Retention for SqliteRetention {
 struct SqliteProducer {
     pool: SqlitePool,
     outbox: SqliteOutbox,
+}
+
+impl Forward for SqliteProducer {
+    fn copy_in<'a>(
+        &'a self,
+        events: &'a [outbox_core::Event],
+    ) -> BoxFuture<'a, Result<u64, SourceError>> {
+        Box::pin(async move {
+            self.outbox
+                .copy_in(&self.pool, events)
+                .await
+                .map_err(|e| unavailable(&e))
+        })
+    }
 }
 
 impl Producer for SqliteProducer {

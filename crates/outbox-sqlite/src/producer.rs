@@ -102,6 +102,38 @@ impl SqliteOutbox {
         Ok(ids)
     }
 
+    /// Copies relayed events into this table (a subscription's table, `[[subscription]]`) in
+    /// one transaction: ids, payloads, headers and creation times are kept, slice order becomes
+    /// seq order, and an id already present is skipped. Returns how many rows were new.
+    pub async fn copy_in<'a, A: Acquire<'a, Database = Sqlite>>(
+        &self,
+        conn: A,
+        events: &[outbox_core::Event],
+    ) -> Result<u64, sqlx::Error> {
+        let mut tx = conn.begin().await?;
+        let mut new = 0;
+        for e in events {
+            let headers: serde_json::Map<String, serde_json::Value> = e
+                .headers
+                .iter()
+                .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+                .collect();
+            new += sqlx::query(stmt(&self.queries.copy_in))
+                .bind(e.id.hyphenated().to_string())
+                .bind(&e.aggregate_type)
+                .bind(&e.aggregate_id)
+                .bind(&e.event_type)
+                .bind(&e.payload[..])
+                .bind(serde_json::Value::Object(headers).to_string())
+                .bind(to_micros(e.created_at))
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+        }
+        tx.commit().await?;
+        Ok(new)
+    }
+
     async fn insert<'e, E: SqliteExecutor<'e>>(
         &self,
         executor: E,
