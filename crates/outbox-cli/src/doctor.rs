@@ -92,14 +92,20 @@ fn check(name: &'static str, health: Health, detail: String, fix: Option<&str>) 
 }
 
 async fn checks(config: &Config, args: &DoctorArgs) -> Vec<DoctorCheck> {
+    let described = if config.subscriptions.is_empty() {
+        format!("{} sink", config.sink.kind())
+    } else {
+        let names: Vec<&str> = config
+            .subscriptions
+            .iter()
+            .map(|s| s.name.as_str())
+            .collect();
+        format!("subscriptions {}", names.join(", "))
+    };
     let mut out = vec![check(
         "config",
         Health::Ok,
-        format!(
-            "valid: {} source, {} sink",
-            config.source.kind(),
-            config.sink.kind()
-        ),
+        format!("valid: {} source, {described}", config.source.kind()),
         None,
     )];
     // The database and the broker are checked at the same time: with both down, the answer
@@ -121,18 +127,83 @@ async fn checks(config: &Config, args: &DoctorArgs) -> Vec<DoctorCheck> {
             )],
         }
     };
-    let (database, sink) = tokio::join!(database, sink(config, args.sink_timeout));
+    if config.subscriptions.is_empty() {
+        let (database, sink) = tokio::join!(database, sink(&config.sink, None, args.sink_timeout));
+        out.extend(database);
+        out.push(sink);
+        return out;
+    }
+    let subscriptions = futures::future::join_all(
+        config
+            .subscriptions
+            .iter()
+            .map(|s| subscription(config, &s.name, args.sink_timeout)),
+    );
+    let (database, subscriptions) = tokio::join!(database, subscriptions);
     out.extend(database);
-    out.push(sink);
+    out.extend(subscriptions.into_iter().flatten());
     out
+}
+
+/// A subscription's table (it exists: `outbox migrate` created it) and its sink.
+async fn subscription(config: &Config, name: &str, timeout: Duration) -> Vec<DoctorCheck> {
+    let one = match outbox_runtime::subscription::for_subscription(config, name) {
+        Ok(one) => one,
+        Err(e) => return vec![check("subscription", Health::Red, e, None)],
+    };
+    let table = async {
+        match one.source.open(OpenOptions { connections: 1 }).await {
+            Ok(backend) => match backend.pending().await {
+                Ok(pending) => check(
+                    "subscription",
+                    Health::Ok,
+                    format!(
+                        "`{name}`: table {} readable, {} pending",
+                        backend.table(),
+                        pending.map_or_else(|| "n/a".to_owned(), |p| p.to_string())
+                    ),
+                    None,
+                ),
+                Err(e) => check(
+                    "subscription",
+                    Health::Red,
+                    format!("`{name}`: table {}: {}", backend.table(), crate::chain(&e)),
+                    Some("run `outbox migrate` (it creates every subscription's table)"),
+                ),
+            },
+            Err(e) => check(
+                "subscription",
+                Health::Red,
+                format!("`{name}`: {}", crate::chain(&e)),
+                Some(e.fix),
+            ),
+        }
+    };
+    let (table, sink) = tokio::join!(table, sink(&one.sink, Some(name), timeout));
+    vec![table, sink]
 }
 
 /// Checks the broker as the relay's sink would reach it, changing nothing (no stream or file
 /// is created: [`outbox_core::BuildSink::check`]), giving up after `timeout`.
-async fn sink(config: &Config, timeout: Duration) -> DoctorCheck {
-    let kind = config.sink.kind();
-    match tokio::time::timeout(timeout, config.sink.check()).await {
-        Ok(Ok(found)) => check("sink", Health::Ok, found, None),
+async fn sink(
+    sink: &outbox_runtime::SinkConfig,
+    subscription: Option<&str>,
+    timeout: Duration,
+) -> DoctorCheck {
+    let kind = match subscription {
+        Some(name) => format!("`{name}`: {}", sink.kind()),
+        None => sink.kind().to_owned(),
+    };
+    match tokio::time::timeout(timeout, sink.check()).await {
+        Ok(Ok(found)) => check(
+            "sink",
+            Health::Ok,
+            match subscription {
+                Some(name) => format!("`{name}`: {found}"),
+                None => found,
+            },
+            None,
+        ),
         Ok(Err(e)) if e.kind() == SinkErrorKind::Unavailable => check(
             "sink",
             Health::Red,

@@ -438,6 +438,34 @@ sink = "fixed"
             out.stdout
         );
     }
+    // `doctor` checks every subscription's table and sink.
+    let doctor = work.run(&["doctor", "--config", cfg]).await?;
+    ensure!(
+        doctor.code == Some(0)
+            && doctor
+                .stdout
+                .contains("`strict`: table public.outbox_sub_strict readable")
+            && doctor
+                .stdout
+                .contains("`lenient`: table public.outbox_sub_lenient readable"),
+        "doctor: {}{}",
+        doctor.stdout,
+        doctor.stderr
+    );
+    sqlx::query("DROP TABLE outbox_sub_lenient")
+        .execute(&pool)
+        .await?;
+    let doctor = work.run(&["doctor", "--config", cfg]).await?;
+    ensure!(
+        doctor.code == Some(1)
+            && doctor
+                .stdout
+                .contains("`lenient`: table public.outbox_sub_lenient")
+            && doctor.stdout.contains("run `outbox migrate`"),
+        "doctor with a missing subscription table: {}{}",
+        doctor.stdout,
+        doctor.stderr
+    );
     let unknown = work
         .run(&["dead", "list", "--config", cfg, "--subscription", "nope"])
         .await?;
