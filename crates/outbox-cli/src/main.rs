@@ -91,6 +91,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    quiet_on_closed_stdout();
     let cli = Cli::parse();
     // Long-running commands log their progress; the others print a report (or a story, for
     // the demo) on stdout, and info-level library chatter on stderr would only repeat or
@@ -207,4 +208,24 @@ pub(crate) fn chain(e: &(dyn std::error::Error + 'static)) -> String {
         cause = c.source();
     }
     out
+}
+
+/// `outbox status | head` closes the pipe before the report is printed: like any Unix tool,
+/// stop quietly (exit 141, 128 + SIGPIPE) instead of panicking with a backtrace. Rust ignores
+/// SIGPIPE, so a write to the closed pipe fails and `println!` panics with this message;
+/// every other panic goes to the default hook.
+fn quiet_on_closed_stdout() {
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let message = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if message.starts_with("failed printing to stdout") && message.contains("Broken pipe") {
+            std::process::exit(141);
+        }
+        default_hook(info);
+    }));
 }

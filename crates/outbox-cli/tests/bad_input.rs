@@ -216,3 +216,30 @@ async fn database_url_from_the_environment_overrides_the_file() -> anyhow::Resul
     );
     Ok(())
 }
+
+/// `outbox check-config | head -1`: the reader went away before the report was printed. The
+/// command stops quietly with 141 (128 + SIGPIPE), as Unix tools do: no panic, no backtrace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_stdout_ends_a_command_quietly() -> anyhow::Result<()> {
+    let work = Workdir::new()?;
+    let (reader, writer) = std::io::pipe()?;
+    drop(reader);
+    let mut command = work.command(&["check-config"]);
+    command
+        .stdout(writer)
+        .stderr(std::process::Stdio::piped())
+        .env("RUST_BACKTRACE", "1");
+    // `output()` would pipe stdout again; `spawn` keeps the closed pipe.
+    let out = command.spawn()?.wait_with_output().await?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ensure!(
+        !stderr.contains("panicked") && !stderr.contains("backtrace"),
+        "stderr: {stderr}"
+    );
+    ensure!(
+        out.status.code() == Some(141),
+        "exit {:?}: {stderr}",
+        out.status
+    );
+    Ok(())
+}

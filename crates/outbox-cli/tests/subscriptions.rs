@@ -88,7 +88,28 @@ fn check_complete_and_ordered(
         ids.difference(expected).take(5).collect::<Vec<_>>()
     );
     let mut last: BTreeMap<&str, u64> = BTreeMap::new();
+    // `aggregate_seq` counts the subscription's own events of each aggregate: one header per
+    // message, 1, 2, 3, ... in order of first arrival, also where the filter skips events.
+    let mut positions: BTreeMap<&str, u64> = BTreeMap::new();
+    let mut first = HashSet::new();
     for m in received {
+        let seqs: Vec<&str> = m
+            .headers
+            .iter()
+            .filter(|(k, _)| k == "aggregate_seq")
+            .map(|(_, v)| v.as_str())
+            .collect();
+        ensure!(seqs.len() == 1, "{what}: aggregate_seq headers {seqs:?}");
+        if first.insert(m.id.clone()) {
+            let want = positions.entry(&m.aggregate_id).or_insert(0);
+            *want += 1;
+            ensure!(
+                seqs[0] == want.to_string(),
+                "{what}: aggregate {} event with aggregate_seq {}, expected {want}",
+                m.aggregate_id,
+                seqs[0]
+            );
+        }
         let text = std::str::from_utf8(&m.payload)?;
         let n: u64 = text
             .rsplit(':')
@@ -315,6 +336,17 @@ async fn a_down_sink_holds_back_only_its_own_subscription() -> anyhow::Result<()
                 || m.subject == format!("{tag}a.invoice.sent")),
         "the subscription's destination was not used: {}",
         got_healthy[0].subject
+    );
+    // The copies do not carry the outbox pipeline's `aggregate_seq` (each subscription
+    // numbers its own events; a second header would reach brokers that keep both, e.g. Kafka).
+    let numbered: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM outbox_sub_partner WHERE headers ? 'aggregate_seq'",
+    )
+    .fetch_one(&pool)
+    .await?;
+    ensure!(
+        numbered == 0,
+        "{numbered} copies carry the fan-out's aggregate_seq"
     );
     let got_partner = read_stream(&partner_client, &format!("{tag}p")).await?;
     // The filter: only order.* reached the partner.

@@ -257,7 +257,15 @@ impl Sink for FanOut {
             let selected: Vec<Event> = batch
                 .iter()
                 .filter(|e| route.filter.matches(e))
-                .cloned()
+                .map(|e| {
+                    let mut copy = e.clone();
+                    // The outbox pipeline numbered the event among all of its aggregate's
+                    // events; the subscription numbers it among those it takes (gap-free for
+                    // its consumers), so the copy must not carry the first number.
+                    copy.headers
+                        .retain(|(name, _)| name != outbox_core::message::header::AGGREGATE_SEQ);
+                    copy
+                })
                 .collect();
             if selected.is_empty() {
                 return Ok(());
