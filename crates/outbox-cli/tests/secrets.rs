@@ -40,6 +40,8 @@ const SASL_PASSWORD: &str = "saslPw19";
 /// Read from files (`url_file`, `token_file`).
 const PG_FILE: &str = "pgFilePw20";
 const NATS_TOKEN_FILE: &str = "natsFileTok21";
+/// A token in a webhook URL's query, the endpoint down.
+const HOOK_QUERY_TOKEN: &str = "hookQueryTok22";
 
 const ALL: &[&str] = &[
     PG_RAW,
@@ -57,6 +59,7 @@ const ALL: &[&str] = &[
     SASL_PASSWORD,
     PG_FILE,
     NATS_TOKEN_FILE,
+    HOOK_QUERY_TOKEN,
 ];
 
 /// `url` (`scheme://user@host...` or `scheme://user:pw@host...`) with `password` as the
@@ -130,6 +133,10 @@ async fn no_command_prints_a_secret_whatever_the_url_form_and_whether_servers_ar
     );
     let down = closed_port()?;
     let down_sinks = [
+        // First, so a relay with its database up reaches it (`sink-down-0`).
+        format!(
+            "[sink]\nkind = \"http\"\nurl = \"http://127.0.0.1:{down}/in?token={HOOK_QUERY_TOKEN}\"\ntimeout = \"1s\"\n"
+        ),
         format!(
             "[sink]\nkind = \"nats\"\nurl = \"nats://relay:{NATS_PASSWORD}@127.0.0.1:{down}\"\nconnect_timeout = \"1s\"\n"
         ),

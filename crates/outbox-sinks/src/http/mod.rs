@@ -221,6 +221,9 @@ impl HttpSink {
     }
 
     fn request_error(&self, url: &Url, e: reqwest::Error) -> SinkError {
+        // reqwest's message names the URL with its query (`?token=...`): the redacted one is
+        // in our own message already.
+        let e = e.without_url();
         if e.is_connect() {
             SinkError::unavailable(format!("cannot connect to {}", redact(url))).with_source(e)
         } else if e.is_timeout() {
@@ -345,7 +348,7 @@ impl Sink for HttpSink {
                     redact(&self.origin),
                     outbox_core::redact::redact_url(self.url.template())
                 ))
-                .with_source(e))
+                .with_source(e.without_url()))
             }
         }
     }
