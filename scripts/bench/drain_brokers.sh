@@ -2,7 +2,7 @@
 # Drain rate of a backlog into each broker (issue 4's figure):
 #
 #   scripts/bench/drain_brokers.sh [--events N] [--cloud-events N] [--batch B]
-#       [--sinks "file http nats redis rabbitmq kafka sqs sns kinesis pubsub"]
+#       [--sinks "file http http-batched nats redis rabbitmq kafka sqs sns kinesis pubsub"]
 #
 # Starts PostgreSQL, nats-server, tansu (Kafka protocol), redis-server and RabbitMQ on free
 # ports of 127.0.0.1 (scripts/services.sh: PostgreSQL with fsync=off, as the tests run it),
@@ -13,7 +13,8 @@
 # `file` is the JSON-lines file sink on /dev/null: the database + relay reference, no broker.
 # `http` posts each event to a local receiver that answers 200 and keeps nothing
 # (examples/discard_receiver.rs, release build; target/release/examples/discard_receiver or
-# DISCARD_RECEIVER_BIN), with the sink's default `max_concurrency` (64).
+# DISCARD_RECEIVER_BIN), with the sink's default `max_concurrency` (64); `http-batched` is
+# the same with `events_per_request = 100` (JSON lines, many events per POST).
 # The cloud sinks publish to local stand-ins: sqs (a standard queue), sns (a standard topic)
 # and kinesis (4 shards) to one moto server, pubsub to the Cloud SDK's emulator (skipped when
 # it is not installed); they drain --cloud-events (default 1,000) events. Their events/s
@@ -39,7 +40,7 @@ while [ $# -gt 0 ]; do
     --cloud-events) cloud_events=$2; shift 2 ;;
     --batch) batch=$2; shift 2 ;;
     --sinks) sinks=$2; shift 2 ;;
-    -h | --help) sed -n '2,21p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,23p' "$0"; exit 0 ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -170,6 +171,7 @@ sink_toml() {
     case "$1" in
     file) printf '[sink]\nkind = "file"\npath = "/dev/null"\n' ;;
     http) printf '[sink]\nkind = "http"\nurl = "%s"\n' "$receiver_url" ;;
+    http-batched) printf '[sink]\nkind = "http"\nurl = "%s"\nevents_per_request = 100\n' "$receiver_url" ;;
     nats) printf '[sink]\nkind = "nats"\nurl = "%s"\nstream = "BENCH"\ndestination = "bench.{aggregate_type}"\n' "$OUTBOX_TEST_NATS_URL" ;;
     redis) printf '[sink]\nkind = "redis"\nurl = "%s"\ndestination = "bench.{aggregate_type}"\n' "$OUTBOX_TEST_REDIS_URL" ;;
     rabbitmq) printf '[sink]\nkind = "rabbitmq"\nurl = "%s"\nexchange = "bench"\ndestination = "bench.{aggregate_type}"\n' "$OUTBOX_TEST_AMQP_URL" ;;
@@ -189,9 +191,9 @@ for sink in $sinks; do
     case "$sink" in
     sqs | sns | kinesis) start_moto; n=$cloud_events ;;
     pubsub) start_pubsub || continue; n=$cloud_events ;;
-    http) start_receiver || continue ;;
+    http | http-batched) start_receiver || continue ;;
     esac
-    db="drain_${sink}_$$"
+    db="drain_${sink//-/_}_$$"
     psql -q "$pg" -c "CREATE DATABASE $db" >/dev/null
     url="${pg%/*}/$db"
     [ "$sink" = rabbitmq ] && rabbit_queue

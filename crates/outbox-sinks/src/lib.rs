@@ -109,6 +109,8 @@ mod aws;
 mod cloud;
 mod cloudevents;
 mod error;
+#[cfg(any(feature = "stdout", feature = "http"))]
+mod json_lines;
 mod secret;
 #[cfg(any(
     feature = "http",

@@ -46,6 +46,13 @@ pub struct HttpConfig {
     pub timeout: Duration,
     /// Most requests in flight at once. Default `64`.
     pub max_concurrency: NonZeroUsize,
+    /// Most events in one request. Default `1`: one `POST` per event, the payload as body.
+    /// Above 1 the sink sends the events of a batch that go to the same URL together, as
+    /// JSON lines (`application/x-ndjson`, one line per event in the file sink's format), or
+    /// with `format = "cloudevents-structured"` as a CloudEvents JSON batch
+    /// (`application/cloudevents-batch+json`). At most 1000; not with
+    /// `cloudevents-binary`, which has one event per request by definition.
+    pub events_per_request: NonZeroUsize,
     /// Extra headers sent with every request (an API key, say). Names starting with
     /// `outbox-` or `webhook-` are reserved. A `content-type` here replaces the default
     /// `application/octet-stream` (a row's own `content-type` header still wins).
@@ -84,6 +91,7 @@ impl std::fmt::Debug for HttpConfig {
             .field("secret", &self.secret)
             .field("timeout", &self.timeout)
             .field("max_concurrency", &self.max_concurrency)
+            .field("events_per_request", &self.events_per_request)
             .field("headers", &headers)
             .field("tls_ca", &self.tls_ca)
             .field("tls_cert", &self.tls_cert)
@@ -102,6 +110,7 @@ impl Default for HttpConfig {
             secret: None,
             timeout: Duration::from_secs(10),
             max_concurrency: NonZeroUsize::new(64).expect("64 is not zero"),
+            events_per_request: NonZeroUsize::MIN,
             headers: BTreeMap::new(),
             tls_ca: None,
             tls_cert: None,
@@ -112,6 +121,9 @@ impl Default for HttpConfig {
         }
     }
 }
+
+/// The largest `events_per_request`.
+pub(super) const MAX_EVENTS_PER_REQUEST: usize = 1000;
 
 /// The parts of a validated config that the sink needs.
 pub(super) struct Validated {
@@ -167,6 +179,19 @@ impl HttpConfig {
         };
         if self.timeout.is_zero() {
             return Err(ConfigError::new("timeout", "must be greater than 0"));
+        }
+        if self.events_per_request.get() > MAX_EVENTS_PER_REQUEST {
+            return Err(ConfigError::new(
+                "events_per_request",
+                format!("must be at most {MAX_EVENTS_PER_REQUEST}"),
+            ));
+        }
+        if self.events_per_request.get() > 1 && self.format == Format::CloudeventsBinary {
+            return Err(ConfigError::new(
+                "events_per_request",
+                "must be 1 with format = \"cloudevents-binary\" (one event per request by \
+                 definition); use \"cloudevents-structured\" or \"plain\" to batch",
+            ));
         }
 
         let mut headers = reqwest::header::HeaderMap::new();
@@ -346,6 +371,14 @@ mod tests {
             (
                 "url = \"http://x\"\nformat = \"cloudevents-structured\"\ncloudevents_source = \"\"",
                 "sink.cloudevents_source: must not be empty",
+            ),
+            (
+                "url = \"http://x\"\nevents_per_request = 1001",
+                "sink.events_per_request: must be at most 1000",
+            ),
+            (
+                "url = \"http://x\"\nevents_per_request = 10\nformat = \"cloudevents-binary\"",
+                "sink.events_per_request: must be 1 with format",
             ),
             (
                 "url = \"http://x\"\nheaders = { \"bad name\" = \"1\" }",

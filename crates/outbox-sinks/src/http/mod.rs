@@ -33,6 +33,7 @@
 //! `application/cloudevents+json`. The `webhook-` signature headers are the same in every
 //! format (signing the body as sent).
 
+mod batched;
 mod config;
 mod signature;
 
@@ -74,6 +75,7 @@ pub struct HttpSink {
     static_headers: HeaderMap,
     format: MessageFormat,
     max_concurrency: usize,
+    events_per_request: usize,
     timeout: Duration,
 }
 
@@ -83,6 +85,7 @@ impl fmt::Debug for HttpSink {
             .field("url", &self.url.template())
             .field("signed", &self.signer.is_some())
             .field("max_concurrency", &self.max_concurrency)
+            .field("events_per_request", &self.events_per_request)
             .field("timeout", &self.timeout)
             .finish_non_exhaustive()
     }
@@ -112,6 +115,7 @@ impl HttpSink {
             static_headers: validated.headers,
             format: validated.format,
             max_concurrency: config.max_concurrency.get(),
+            events_per_request: config.events_per_request.get(),
             timeout: config.timeout,
         })
     }
@@ -182,27 +186,37 @@ impl HttpSink {
                 }
             }
         }
-        if let Some(signer) = &self.signer {
-            let id = event.id.to_string();
-            let timestamp = time::OffsetDateTime::now_utc().unix_timestamp();
-            let signature = signer.sign(&id, timestamp, &encoded.body);
-            for (name, value) in [
-                ("webhook-id", id),
-                ("webhook-timestamp", timestamp.to_string()),
-                ("webhook-signature", signature),
-            ] {
-                let value = HeaderValue::from_str(&value)
-                    .expect("ids, digits and base64 are valid header values");
-                headers.insert(HeaderName::from_static(name), value);
-            }
-        }
+        self.sign(&mut headers, &event.id.to_string(), &encoded.body);
         Ok((headers, encoded.body))
+    }
+
+    /// With a `secret`: adds the Standard Webhooks headers for a request `id` with `body`.
+    fn sign(&self, headers: &mut HeaderMap, id: &str, body: &[u8]) {
+        let Some(signer) = &self.signer else {
+            return;
+        };
+        let timestamp = time::OffsetDateTime::now_utc().unix_timestamp();
+        let signature = signer.sign(id, timestamp, body);
+        for (name, value) in [
+            ("webhook-id", id.to_owned()),
+            ("webhook-timestamp", timestamp.to_string()),
+            ("webhook-signature", signature),
+        ] {
+            let value = HeaderValue::from_str(&value)
+                .expect("ids, digits and base64 are valid header values");
+            headers.insert(HeaderName::from_static(name), value);
+        }
     }
 
     /// Delivers one event.
     async fn deliver(&self, event: &Event) -> Delivery {
         let url = render_url(&self.url, event).map_err(SinkError::rejected)?;
         let (headers, body) = self.request(event)?;
+        self.post(url, headers, body).await
+    }
+
+    /// Sends one request; `Ok` on a 2xx answer.
+    async fn post(&self, url: Url, headers: HeaderMap, body: Bytes) -> Delivery {
         let response = self
             .client
             .post(url.clone())
@@ -320,6 +334,9 @@ impl Sink for HttpSink {
     }
 
     async fn publish(&self, batch: &[Event]) -> Result<Vec<Delivery>, SinkError> {
+        if self.events_per_request > 1 {
+            return crate::collapse_unavailable(self.publish_batched(batch).await);
+        }
         // Futures are lazy: collecting them starts nothing; `buffered` runs at most
         // `max_concurrency` at a time and yields results in input order.
         let requests: Vec<_> = batch.iter().map(|event| self.deliver(event)).collect();

@@ -51,7 +51,7 @@ use futures::future::join_all;
 use lapin::options::BasicPublishOptions;
 use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
-use lapin::{BasicProperties, Confirmation, PublisherConfirm};
+use lapin::{BasicProperties, Confirmation};
 use outbox_core::cloudevents::{Binding, MessageFormat};
 use outbox_core::sink::Delivery;
 use outbox_core::{Destination, Event, Sink, SinkError};
@@ -304,12 +304,6 @@ fn refused_size_limit(text: &str) -> Option<usize> {
         .ok()
 }
 
-/// One event of a batch on its way: refused before sending, or waiting for its confirm.
-enum InFlight {
-    Refused(SinkError),
-    Sent(String, usize, PublisherConfirm),
-}
-
 impl Sink for RabbitMqSink {
     fn name(&self) -> &'static str {
         "rabbitmq"
@@ -325,44 +319,31 @@ impl Sink for RabbitMqSink {
             ..BasicPublishOptions::default()
         };
 
-        let mut in_flight = Vec::with_capacity(batch.len());
-        for event in batch {
-            let item = match self.prepare(event) {
-                Err(e) => InFlight::Refused(e),
-                Ok((routing_key, properties, body)) => {
-                    let key = routing_key.as_str().to_owned();
-                    let size = body.len();
-                    match channel
-                        .basic_publish(
-                            ShortString::from(self.exchange.as_str()),
-                            routing_key,
-                            options,
-                            &body,
-                            properties,
-                        )
-                        .await
-                    {
-                        Ok(confirm) => InFlight::Sent(key, size, confirm),
-                        Err(e) => InFlight::Refused(self.publish_error(&key, size, e)),
-                    }
-                }
-            };
-            in_flight.push(item);
-        }
-
+        // Every message of the batch is handed to the connection at once and every confirm is
+        // awaited together: awaiting each `basic_publish` in turn would wait for lapin's I/O
+        // thread to write each frame before preparing the next one. The order in which the
+        // frames leave does not matter: the relay never passes two events of one aggregate in
+        // one call.
+        let exchange = ShortString::from(self.exchange.as_str());
         let deadline = tokio::time::Instant::now() + self.confirm_timeout;
-        let deliveries = join_all(in_flight.into_iter().map(|item| async move {
-            match item {
-                InFlight::Refused(e) => Err(e),
-                InFlight::Sent(key, size, confirm) => {
-                    match tokio::time::timeout_at(deadline, confirm).await {
-                        Err(_) => Err(SinkError::unavailable(format!(
-                            "no publisher confirm for `{key}` from RabbitMQ at {} within {:?}",
-                            self.shown_url, self.confirm_timeout
-                        ))),
-                        Ok(Err(e)) => Err(self.publish_error(&key, size, e)),
-                        Ok(Ok(confirmation)) => self.confirmation(&key, confirmation),
-                    }
+        let deliveries = join_all(batch.iter().map(|event| {
+            let channel = &channel;
+            let exchange = exchange.clone();
+            async move {
+                let (routing_key, properties, body) = self.prepare(event)?;
+                let key = routing_key.as_str().to_owned();
+                let size = body.len();
+                let confirm = channel
+                    .basic_publish(exchange, routing_key, options, &body, properties)
+                    .await
+                    .map_err(|e| self.publish_error(&key, size, e))?;
+                match tokio::time::timeout_at(deadline, confirm).await {
+                    Err(_) => Err(SinkError::unavailable(format!(
+                        "no publisher confirm for `{key}` from RabbitMQ at {} within {:?}",
+                        self.shown_url, self.confirm_timeout
+                    ))),
+                    Ok(Err(e)) => Err(self.publish_error(&key, size, e)),
+                    Ok(Ok(confirmation)) => self.confirmation(&key, confirmation),
                 }
             }
         }))

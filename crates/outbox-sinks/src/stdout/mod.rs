@@ -32,185 +32,18 @@
 
 mod config;
 
-use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write as _};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use base64::Engine as _;
-use base64::engine::general_purpose::STANDARD;
-use outbox_core::cloudevents::{Binding, MessageFormat};
+use outbox_core::cloudevents::MessageFormat;
 use outbox_core::sink::Delivery;
-use outbox_core::{Destination, Event, Sink, SinkError, message};
-use serde::ser::{SerializeMap as _, Serializer};
-use serde::{Deserialize, Serialize};
-use serde_json::value::RawValue;
-use time::OffsetDateTime;
-use uuid::Uuid;
+use outbox_core::{Destination, Event, Sink, SinkError};
 
+pub use crate::json_lines::{JsonLine, PayloadError};
+use crate::json_lines::{render_envelope, render_line};
 pub use config::{FileConfig, StdoutConfig};
-
-/// One line of the stdout / file output, parsed back (see the module documentation).
-#[derive(Debug, Clone, Deserialize)]
-pub struct JsonLine {
-    /// The event id.
-    pub id: Uuid,
-    /// The rendered destination.
-    pub destination: String,
-    /// The message key (`aggregate_id`).
-    pub key: String,
-    /// The event type.
-    pub event_type: String,
-    /// The aggregate type.
-    pub aggregate_type: String,
-    /// The aggregate id.
-    pub aggregate_id: String,
-    /// The message headers: the contract headers and the row's own.
-    pub headers: BTreeMap<String, String>,
-    /// When the producer wrote the event.
-    #[serde(with = "time::serde::rfc3339")]
-    pub created_at: OffsetDateTime,
-    /// The payload, when it is JSON.
-    #[serde(default)]
-    pub payload: Option<Box<RawValue>>,
-    /// The payload bytes in base64, when it is not JSON.
-    #[serde(default)]
-    pub payload_base64: Option<String>,
-}
-
-/// Why a [`JsonLine`]'s payload could not be recovered.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum PayloadError {
-    /// Neither `payload` nor `payload_base64` was present.
-    #[error("the line has neither `payload` nor `payload_base64`")]
-    Missing,
-    /// `payload_base64` was not valid base64.
-    #[error("`payload_base64` is not valid base64")]
-    InvalidBase64,
-}
-
-impl JsonLine {
-    /// Parses one line.
-    pub fn parse(line: &str) -> Result<Self, serde_json::Error> {
-        serde_json::from_str(line)
-    }
-
-    /// The payload bytes: the JSON text of `payload`, or the decoded `payload_base64`.
-    pub fn payload_bytes(&self) -> Result<Vec<u8>, PayloadError> {
-        match (&self.payload, &self.payload_base64) {
-            (Some(json), _) => Ok(json.get().as_bytes().to_vec()),
-            (None, Some(encoded)) => STANDARD
-                .decode(encoded)
-                .map_err(|_| PayloadError::InvalidBase64),
-            (None, None) => Err(PayloadError::Missing),
-        }
-    }
-}
-
-/// The line as written (borrowing from the event).
-#[derive(Serialize)]
-struct Line<'a> {
-    id: Uuid,
-    destination: String,
-    key: &'a str,
-    event_type: &'a str,
-    aggregate_type: &'a str,
-    aggregate_id: &'a str,
-    headers: Headers<'a>,
-    #[serde(with = "time::serde::rfc3339")]
-    created_at: OffsetDateTime,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    payload: Option<Box<RawValue>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    payload_base64: Option<String>,
-}
-
-/// The message headers as a JSON object, in message order, first value of a name kept.
-struct Headers<'a>(&'a Event);
-
-impl Serialize for Headers<'_> {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let mut pairs: Vec<(String, String)> = Vec::with_capacity(4 + self.0.headers.len());
-        message::for_each_header(self.0, |name, value| {
-            if !pairs.iter().any(|(n, _)| n == name) {
-                pairs.push((name.to_owned(), value.to_owned()));
-            }
-        });
-        let mut map = serializer.serialize_map(Some(pairs.len()))?;
-        for (name, value) in &pairs {
-            map.serialize_entry(name, value)?;
-        }
-        map.end()
-    }
-}
-
-/// The payload as an embeddable JSON value, or `None` when it is not a JSON text.
-fn json_payload(payload: &[u8]) -> Option<Box<RawValue>> {
-    let text = std::str::from_utf8(payload).ok()?;
-    let value: &RawValue = serde_json::from_str(text).ok()?;
-    let json = value.get();
-    if json.contains(['\n', '\r']) {
-        // Inside a valid JSON text, raw line breaks can only be whitespace between tokens
-        // (strings must escape them), so replacing them keeps the value and the line.
-        RawValue::from_string(json.replace(['\n', '\r'], " ")).ok()
-    } else {
-        Some(value.to_owned())
-    }
-}
-
-/// A line has no headers: only the structured mode, whose content type does not travel.
-const BINDING: Binding = Binding {
-    prefix: "ce-",
-    data_content_type: None,
-    structured_content_type: None,
-    percent_encode: false,
-};
-
-/// Appends the CloudEvents envelope of `event` to `out` as one line.
-fn render_envelope(format: &MessageFormat, event: &Event, out: &mut Vec<u8>) -> Delivery {
-    let envelope = format
-        .encode(event, &BINDING, |_, _| {})
-        .map_err(|reason| crate::cloudevents::not_a_cloudevent(event, reason))?
-        .body;
-    // Outside strings the envelope has no raw line break; inside an embedded JSON `data` one
-    // is whitespace between tokens, which a space keeps.
-    out.extend(envelope.iter().map(|&b| match b {
-        b'\n' | b'\r' => b' ',
-        other => other,
-    }));
-    out.push(b'\n');
-    Ok(())
-}
-
-/// Appends the line of `event` to `out`; on failure `out` is left as it was.
-fn render_line(destination: &Destination, event: &Event, out: &mut Vec<u8>) -> Delivery {
-    let payload = json_payload(&event.payload);
-    let payload_base64 = payload.is_none().then(|| STANDARD.encode(&event.payload));
-    let line = Line {
-        id: event.id,
-        destination: destination.render(event),
-        key: &event.aggregate_id,
-        event_type: &event.event_type,
-        aggregate_type: &event.aggregate_type,
-        aggregate_id: &event.aggregate_id,
-        headers: Headers(event),
-        created_at: event.created_at.to_offset(time::UtcOffset::UTC),
-        payload,
-        payload_base64,
-    };
-    let start = out.len();
-    if let Err(e) = serde_json::to_writer(&mut *out, &line) {
-        out.truncate(start);
-        return Err(SinkError::rejected(format!(
-            "cannot encode event {} as a JSON line",
-            event.id
-        ))
-        .with_source(e));
-    }
-    out.push(b'\n');
-    Ok(())
-}
 
 /// Renders a batch; an event that cannot be encoded fails alone, the others still go out.
 fn render(
@@ -223,7 +56,7 @@ fn render(
         .iter()
         .map(|event| {
             if format.is_plain() {
-                render_line(destination, event, &mut out)
+                render_line(&destination.render(event), event, &mut out)
             } else {
                 render_envelope(format, event, &mut out)
             }
@@ -456,6 +289,9 @@ async fn check_file(config: &FileConfig) -> Result<String, SinkError> {
 
 #[cfg(test)]
 mod tests {
+    use time::OffsetDateTime;
+    use uuid::Uuid;
+
     use super::*;
 
     fn event(payload: &[u8]) -> Event {
