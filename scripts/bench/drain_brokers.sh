@@ -15,6 +15,8 @@
 # (examples/discard_receiver.rs, release build; target/release/examples/discard_receiver or
 # DISCARD_RECEIVER_BIN), with the sink's default `max_concurrency` (64); `http-batched` is
 # the same with `events_per_request = 100` (JSON lines, many events per POST).
+# With rabbitmq, a third-party client (aio-pika, scripts/bench/rabbitmq_client.py) then
+# publishes as many messages the same way to the same broker: the broker's own ceiling.
 # The cloud sinks publish to local stand-ins: sqs (a standard queue), sns (a standard topic)
 # and kinesis (4 shards) to one moto server, pubsub to the Cloud SDK's emulator (skipped when
 # it is not installed); they drain --cloud-events (default 1,000) events. Their events/s
@@ -40,7 +42,7 @@ while [ $# -gt 0 ]; do
     --cloud-events) cloud_events=$2; shift 2 ;;
     --batch) batch=$2; shift 2 ;;
     --sinks) sinks=$2; shift 2 ;;
-    -h | --help) sed -n '2,23p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,25p' "$0"; exit 0 ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -51,7 +53,7 @@ bin=${OUTBOX_BIN:-target/release/outbox}
 venv=scripts/bench/.venv
 if [[ " $sinks " == *" rabbitmq "* ]]; then
     [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
-    "$venv/bin/python" -c 'import pika' 2>/dev/null || "$venv/bin/pip" install -q pika
+    "$venv/bin/python" -c 'import pika, aio_pika' 2>/dev/null || "$venv/bin/pip" install -q pika aio-pika
 fi
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/outbox-drain-brokers.XXXXXX")
@@ -234,6 +236,14 @@ for sink in $sinks; do
     printf '| %s | %s | %s | %s | %s | %s |\n' "$sink" "$n" "$secs" "$rate" "$cpu" "$per_event"
     results+=("{\"sink\":\"$sink\",\"events\":$n,\"batch\":$batch,\"seconds\":$secs,\"events_per_second\":$rate,\"relay_cpu_seconds\":$cpu}")
     psql -q "$pg" -c "DROP DATABASE $db" >/dev/null
+    if [ "$sink" = rabbitmq ]; then
+        # The broker's side of the figure: a third-party client (aio-pika) publishing the
+        # same kind of messages the same way, no database, no relay.
+        rabbit_queue
+        client_rate=$("$venv/bin/python" scripts/bench/rabbitmq_client.py "$OUTBOX_TEST_AMQP_URL" "$n" "$batch")
+        printf '| (aio-pika client, no relay) | %s | | %s | | |\n' "$n" "$client_rate"
+        results+=("{\"sink\":\"rabbitmq-aio-pika-client\",\"events\":$n,\"events_per_second\":$client_rate}")
+    fi
 done
 
 mkdir -p scripts/bench/results

@@ -12,6 +12,12 @@
 #               plain-SQL producer writes; the library's enqueue sends the same INSERT); COMMIT
 #   with a plain insert: the same, into a table of the same columns with only a primary key,
 #               no trigger: what any second row in the transaction costs, for attribution
+# With --breakdown, two more steps between the plain row and the outbox row attribute the rest:
+#   outbox columns: the outbox's exact columns, defaults and checks (UUIDv7 id, jsonb headers,
+#               state check, seq from a sequence default), primary key only, no trigger
+#   + indexes:  the same plus the outbox's three partial indexes (pending by seq, pending by
+#               aggregate, held), still no trigger: what remains to the outbox row is the
+#               ordering trigger (the aggregate's advisory lock, then nextval)
 # and prints transactions/s of each and the overhead. Needs pgbench and the release binary
 # (target/release/outbox or OUTBOX_BIN). Everything lives in a temporary directory.
 set -euo pipefail
@@ -22,12 +28,14 @@ source scripts/services.sh
 seconds=20
 clients=4
 repeat=3
+breakdown=0
 while [ $# -gt 0 ]; do
     case "$1" in
     --seconds) seconds=$2; shift 2 ;;
     --clients) clients=$2; shift 2 ;;
     --repeat) repeat=$2; shift 2 ;;
-    -h | --help) sed -n '2,15p' "$0"; exit 0 ;;
+    --breakdown) breakdown=1; shift ;;
+    -h | --help) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -60,6 +68,11 @@ INSERT INTO accounts SELECT g, 0 FROM generate_series(1, 100000) AS g;
 VACUUM ANALYZE accounts;
 CREATE TABLE plain_events (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), aggregate_type text,
     aggregate_id text, event_type text, payload bytea, created_at timestamptz DEFAULT now());
+CREATE SEQUENCE step_seq AS bigint;
+CREATE TABLE step_columns (LIKE outbox INCLUDING DEFAULTS INCLUDING CONSTRAINTS);
+ALTER TABLE step_columns ALTER COLUMN seq SET DEFAULT nextval('step_seq'), ADD PRIMARY KEY (id);
+CREATE TABLE step_indexes (LIKE outbox INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING INDEXES);
+ALTER TABLE step_indexes ALTER COLUMN seq SET DEFAULT nextval('step_seq');
 SQL
 cat >"$work/business.sql" <<'SQL'
 \set id random(1, 100000)
@@ -76,6 +89,10 @@ VALUES ('Account', :id, 'account.credited', convert_to('{"account_id":' || :id |
 COMMIT;
 SQL
 
+for step in step_columns step_indexes; do
+    sed "s/INSERT INTO outbox /INSERT INTO $step /" "$work/with_event.sql" >"$work/$step.sql"
+done
+
 cat >"$work/with_plain.sql" <<'SQL'
 \set id random(1, 100000)
 BEGIN;
@@ -86,12 +103,17 @@ COMMIT;
 SQL
 
 tps() { pgbench -n -M prepared -c "$clients" -j 2 -T "$seconds" -f "$1" "$url" 2>/dev/null | awk '/^tps/ {print $3; exit}'; }
-declare -a plain=() event=() second=()
+declare -a plain=() event=() second=() columns=() indexes=()
 for i in $(seq 1 "$repeat"); do
     plain+=("$(tps "$work/business.sql")")
     event+=("$(tps "$work/with_event.sql")")
     second+=("$(tps "$work/with_plain.sql")")
     echo "round $i: business ${plain[-1]} tps, with event ${event[-1]}, with a plain insert ${second[-1]}" >&2
+    if [ "$breakdown" = 1 ]; then
+        columns+=("$(tps "$work/step_columns.sql")")
+        indexes+=("$(tps "$work/step_indexes.sql")")
+        echo "round $i: outbox columns ${columns[-1]} tps, + indexes ${indexes[-1]}" >&2
+    fi
 done
 median() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 p=$(median "${plain[@]}")
@@ -105,3 +127,12 @@ awk -v p="$p" -v e="$e" -v q="$q" -v c="$clients" -v s="$seconds" -v r="$repeat"
     printf "\nenqueue overhead: %.1f %% fewer transactions/s (%.3f ms more per transaction at %d clients)\n",
         100 * (1 - e / p), 1000 * c * (1 / e - 1 / p), c
 }'
+if [ "$breakdown" = 1 ]; then
+    awk -v p="$p" -v q="$q" -v c="$(median "${columns[@]}")" -v i="$(median "${indexes[@]}")" -v e="$e" 'BEGIN {
+        printf "\n| step (UPDATE one row + INSERT into ...) | tps | vs business | added by the step |\n| --- | ---: | ---: | ---: |\n"
+        printf "| a plain table (primary key only) | %.0f | %.1f %% | %.1f %% |\n", q, 100 * (1 - q / p), 100 * (1 - q / p)
+        printf "| the outbox columns and defaults, no trigger, primary key only | %.0f | %.1f %% | %.1f %% |\n", c, 100 * (1 - c / p), 100 * (q - c) / p
+        printf "| + the three partial indexes | %.0f | %.1f %% | %.1f %% |\n", i, 100 * (1 - i / p), 100 * (c - i) / p
+        printf "| + the ordering trigger (= the outbox) | %.0f | %.1f %% | %.1f %% |\n", e, 100 * (1 - e / p), 100 * (i - e) / p
+    }'
+fi

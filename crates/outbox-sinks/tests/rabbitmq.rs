@@ -174,6 +174,58 @@ async fn messages_are_persistent_and_carry_the_event_id_as_message_id() {
 }
 
 #[tokio::test]
+async fn a_batch_spread_over_four_channels_arrives_whole_and_once() {
+    let broker = RabbitMq::shared().await.expect("rabbitmq starts");
+    let scope = unique();
+    let queue = format!("q.{scope}");
+    amqp::bind_queue(
+        broker.url(),
+        &format!("x.{scope}"),
+        &queue,
+        &format!("{scope}.#"),
+        FieldTable::default(),
+    )
+    .await
+    .expect("queue bound");
+    let sink = RabbitMqConfig {
+        channels: NonZeroUsize::new(4).expect("not zero"),
+        ..config(broker, &scope)
+    }
+    .build()
+    .await
+    .expect("builds");
+    let batch: Vec<Event> = (0..41)
+        .map(|i| event("Order", &format!("o_{i}"), format!("{{\"n\":{i}}}")))
+        .collect();
+    for round in 0..2 {
+        let deliveries = sink
+            .publish(&batch[round * 20..round * 20 + 21])
+            .await
+            .expect("publishes");
+        assert!(deliveries.iter().all(Result::is_ok), "{deliveries:?}");
+    }
+    let got = amqp::read_queue(broker.url(), &queue, 42)
+        .await
+        .expect("reads");
+    let mut ids: Vec<String> = got
+        .iter()
+        .map(|m| {
+            m.properties
+                .message_id()
+                .as_ref()
+                .map(|id| id.as_str().to_owned())
+                .expect("message id")
+        })
+        .collect();
+    ids.sort();
+    // Events 0..=40, event 20 in both rounds.
+    let mut expected: Vec<String> = batch.iter().map(|e| e.id.to_string()).collect();
+    expected.push(batch[20].id.to_string());
+    expected.sort();
+    assert_eq!(ids, expected);
+}
+
+#[tokio::test]
 async fn a_full_queue_that_rejects_publishes_makes_the_nack_transient() {
     let broker = RabbitMq::shared().await.expect("rabbitmq starts");
     let scope = unique();

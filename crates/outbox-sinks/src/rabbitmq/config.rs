@@ -18,6 +18,9 @@ use crate::secret::redact_url;
 /// The longest exchange name or routing key AMQP 0-9-1 can carry (a `shortstr`).
 pub(super) const MAX_SHORT_STRING: usize = 255;
 
+/// The most publishing channels.
+pub(super) const MAX_CHANNELS: usize = 64;
+
 /// Settings of the RabbitMQ sink.
 ///
 /// ```toml
@@ -59,6 +62,12 @@ pub struct RabbitMqConfig {
     /// broker refuses the message and the sink learns its limit from the refusal. Default
     /// `16777216` (16 MiB).
     pub max_message_size: NonZeroUsize,
+    /// Channels the sink publishes on, over its one connection; a batch is spread over them
+    /// and every confirm is awaited together. The broker runs each channel as its own
+    /// process, so more channels can use more of a many-core broker's cores (on the 2-core
+    /// benchmark machine 4 channels drained no faster than 1: `docs/benchmarks.md`). At most
+    /// 64. Default `1`.
+    pub channels: NonZeroUsize,
     /// Longest wait for the TCP connection and the AMQP handshake. Default `5s`.
     #[serde(with = "humantime_serde")]
     pub connect_timeout: Duration,
@@ -98,6 +107,7 @@ impl Default for RabbitMqConfig {
             destination: Destination::default(),
             mandatory: true,
             max_message_size: NonZeroUsize::new(16 * 1024 * 1024).expect("16 MiB is not zero"),
+            channels: NonZeroUsize::MIN,
             connect_timeout: Duration::from_secs(5),
             confirm_timeout: Duration::from_secs(10),
             tls_ca: None,
@@ -118,6 +128,7 @@ impl fmt::Debug for RabbitMqConfig {
             .field("declare_exchange", &self.declare_exchange)
             .field("destination", &self.destination.template())
             .field("mandatory", &self.mandatory)
+            .field("channels", &self.channels)
             .field("max_message_size", &self.max_message_size)
             .field("connect_timeout", &self.connect_timeout)
             .field("confirm_timeout", &self.confirm_timeout)
@@ -168,6 +179,12 @@ impl RabbitMqConfig {
                      {MAX_SHORT_STRING})",
                     sample.len()
                 ),
+            ));
+        }
+        if self.channels.get() > MAX_CHANNELS {
+            return Err(ConfigError::new(
+                "channels",
+                format!("must be at most {MAX_CHANNELS}"),
             ));
         }
         for (key, value) in [
@@ -327,6 +344,10 @@ mod tests {
             (
                 format!("destination = \"{long}.{{aggregate_type}}\""),
                 "sink.destination: renders to a routing key of",
+            ),
+            (
+                "channels = 65".to_owned(),
+                "sink.channels: must be at most 64",
             ),
             (
                 "confirm_timeout = \"0s\"".to_owned(),

@@ -12,7 +12,8 @@ use super::RabbitMqSink;
 /// An open connection and its confirm-mode publishing channel.
 pub(super) struct Link {
     pub(super) connection: Connection,
-    pub(super) channel: Channel,
+    /// The publishing channels, in confirm mode (`channels` of them).
+    pub(super) channels: Vec<Channel>,
 }
 
 /// Why the connection, the exchange or the channel could not be set up.
@@ -145,10 +146,13 @@ impl RabbitMqSink {
             let _ = connection.close(200, "outbox: setup failed".into()).await;
             return Err(e);
         }
-        let channel = self.open_channel(&connection).await?;
+        let mut channels = Vec::with_capacity(self.channels);
+        for _ in 0..self.channels {
+            channels.push(self.open_channel(&connection).await?);
+        }
         Ok(Link {
             connection,
-            channel,
+            channels,
         })
     }
 
@@ -232,24 +236,26 @@ impl RabbitMqSink {
         }
     }
 
-    /// The publishing channel, reconnecting or reopening it when it was closed.
-    pub(super) async fn channel(&self) -> Result<Channel, SetupError> {
+    /// The publishing channels, reconnecting or reopening those that were closed.
+    pub(super) async fn channels(&self) -> Result<Vec<Channel>, SetupError> {
         let mut link = self.link.lock().await;
-        if let Some(current) = link.as_mut() {
-            if current.channel.status().connected() {
-                return Ok(current.channel.clone());
+        if let Some(current) = link.as_mut()
+            && current.connection.status().connected()
+        {
+            for channel in &mut current.channels {
+                if !channel.status().connected() {
+                    // The broker closed the channel (a refused message) but not the
+                    // connection.
+                    *channel = self.open_channel(&current.connection).await?;
+                }
             }
-            if current.connection.status().connected() {
-                // The broker closed the channel (a refused message) but not the connection.
-                current.channel = self.open_channel(&current.connection).await?;
-                return Ok(current.channel.clone());
-            }
+            return Ok(current.channels.clone());
         }
         *link = None;
         let fresh = self.open().await?;
-        let channel = fresh.channel.clone();
+        let channels = fresh.channels.clone();
         *link = Some(fresh);
-        Ok(channel)
+        Ok(channels)
     }
 
     /// A passive declaration of the exchange, on a channel of its own.

@@ -21,7 +21,8 @@
 //! `application/cloudevents+json` and the table is empty ([`BINDING`]). The other properties
 //! are the same in every format.
 //!
-//! The channel is in confirm mode and messages are `mandatory`: a batch is published without
+//! The sink publishes on `channels` channels (default 1) of one connection, all in confirm
+//! mode; messages are `mandatory`. A batch is spread over the channels and published without
 //! waiting in between, then every confirm is awaited together. An event counts as delivered
 //! only on `basic.ack` for a message that was routed to at least one queue (for persistent
 //! messages in durable queues the broker acks after writing them to disk). RabbitMQ does not
@@ -90,6 +91,7 @@ pub struct RabbitMqSink {
     max_message_size: usize,
     /// The broker's own `max_message_size` once a refusal revealed it (0: not known).
     broker_limit: AtomicUsize,
+    channels: usize,
     connect_timeout: Duration,
     confirm_timeout: Duration,
     format: MessageFormat,
@@ -126,6 +128,7 @@ impl RabbitMqSink {
             mandatory: config.mandatory,
             max_message_size: config.max_message_size.get(),
             broker_limit: AtomicUsize::new(0),
+            channels: config.channels.get(),
             connect_timeout: config.connect_timeout,
             confirm_timeout: config.confirm_timeout,
             format,
@@ -313,21 +316,21 @@ impl Sink for RabbitMqSink {
         if batch.is_empty() {
             return Ok(Vec::new());
         }
-        let channel = self.channel().await.map_err(SetupError::at_runtime)?;
+        let channels = self.channels().await.map_err(SetupError::at_runtime)?;
         let options = BasicPublishOptions {
             mandatory: self.mandatory,
             ..BasicPublishOptions::default()
         };
 
-        // Every message of the batch is handed to the connection at once and every confirm is
-        // awaited together: awaiting each `basic_publish` in turn would wait for lapin's I/O
-        // thread to write each frame before preparing the next one. The order in which the
-        // frames leave does not matter: the relay never passes two events of one aggregate in
-        // one call.
+        // Every message of the batch is handed to the connection at once, spread over the
+        // channels, and every confirm is awaited together: awaiting each `basic_publish` in
+        // turn would wait for lapin's I/O thread to write each frame before preparing the
+        // next one. The order in which the frames leave does not matter: the relay never
+        // passes two events of one aggregate in one call.
         let exchange = ShortString::from(self.exchange.as_str());
         let deadline = tokio::time::Instant::now() + self.confirm_timeout;
-        let deliveries = join_all(batch.iter().map(|event| {
-            let channel = &channel;
+        let deliveries = join_all(batch.iter().enumerate().map(|(n, event)| {
+            let channel = &channels[n % channels.len()];
             let exchange = exchange.clone();
             async move {
                 let (routing_key, properties, body) = self.prepare(event)?;
@@ -355,7 +358,7 @@ impl Sink for RabbitMqSink {
     /// default exchange, the exchange exists (a passive check: declaring it again would hide a
     /// deleted exchange until the next start).
     async fn healthcheck(&self) -> Result<(), SinkError> {
-        self.channel().await.map_err(SetupError::at_runtime)?;
+        self.channels().await.map_err(SetupError::at_runtime)?;
         if self.exchange.is_empty() {
             return Ok(());
         }
