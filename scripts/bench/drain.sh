@@ -272,7 +272,7 @@ cp "$ROOT"/crates/outbox-postgres/queries/*.sql "$Q/"
 QUERIES_MATCH_BINARY=null
 if [[ $HAVE_RELAY == 1 ]]; then
     if "$PY" - "$OUTBOX_BIN" "$Q/outbox_claim_batch.sql" "$Q/outbox_delete_delivered.sql" \
-        "$Q/outbox_mark_delivered.sql" <<'EOF'
+        "$Q/outbox_mark_delivered.sql" "$Q/outbox_positions_advance.sql" <<'EOF'
 import sys
 binary = open(sys.argv[1], "rb").read()
 missing = [f for f in sys.argv[2:] if open(f, "rb").read() not in binary]
@@ -298,11 +298,14 @@ CLAIM_SQL=$(grep -v '^[[:space:]]*--' "$Q/outbox_claim_batch.sql" | render \
 # pgbench_claim_script OUTCOME(delete|mark) BATCH > file
 # One transaction = what a relay worker does per batch: the claim, its rows sent to the
 # client, then the outcome statement over the claimed seqs the relay would deliver (those
-# before the batch's gap, as the relay filters them), then COMMIT. pgbench cannot carry a
-# result set into the next statement, so the claim is wrapped in a CTE that also stores the
-# seqs in a transaction-local setting; the outcome statement reads them back as its $1.
+# before the batch's gap, as the relay filters them), then the advance of the delivered
+# aggregates' delivery positions (outbox_positions_advance.sql: the `aggregate_seq` heads, one
+# row per aggregate of the batch, sorted by key as the relay sends them), then COMMIT. pgbench
+# cannot carry a result set into the next statement, so the claim is wrapped in a CTE that
+# also stores the seqs and the new heads in transaction-local settings; the later statements
+# read them back as their parameters.
 pgbench_claim_script() {
-    local outcome=$1 batch=$2 stmt
+    local outcome=$1 batch=$2 stmt positions
     if [[ $outcome == delete ]]; then
         stmt=$(grep -v '^[[:space:]]*--' "$Q/outbox_delete_delivered.sql" | render \
             | sed -e "s/\\\$1/current_setting('bench.seqs')::bigint[]/g")
@@ -310,20 +313,30 @@ pgbench_claim_script() {
         stmt=$(grep -v '^[[:space:]]*--' "$Q/outbox_mark_delivered.sql" | render \
             | sed -e "s/\\\$1/current_setting('bench.seqs')::bigint[]/g" -e 's/\$2/now()/g')
     fi
+    positions=$(grep -v '^[[:space:]]*--' "$Q/outbox_positions_advance.sql" | render \
+        | sed -e "s/\\\$1::text\[\]/current_setting('bench.types')::text[]/g" \
+            -e "s/\\\$2::text\[\]/current_setting('bench.ids')::text[]/g" \
+            -e "s/\\\$3::bigint\[\]/current_setting('bench.heads')::bigint[]/g")
     cat <<EOF
 \\set batch $batch
 \\set hold_dead 1
 BEGIN;
 WITH r AS (
 $CLAIM_SQL
+), d AS (
+    SELECT * FROM r WHERE gap_seq IS NULL OR seq < gap_seq
+), h AS (
+    SELECT aggregate_type, aggregate_id, max(last_position) + count(*) AS head
+    FROM d GROUP BY aggregate_type, aggregate_id
 ), s AS (
-    SELECT set_config('bench.seqs',
-                      coalesce(array_agg(seq) FILTER (WHERE gap_seq IS NULL OR seq < gap_seq), '{}')::text,
-                      true) AS seqs
-    FROM r
+    SELECT set_config('bench.seqs', coalesce((SELECT array_agg(seq) FROM d), '{}')::text, true),
+           set_config('bench.types', coalesce((SELECT array_agg(aggregate_type ORDER BY aggregate_type, aggregate_id) FROM h), '{}')::text, true),
+           set_config('bench.ids', coalesce((SELECT array_agg(aggregate_id ORDER BY aggregate_type, aggregate_id) FROM h), '{}')::text, true),
+           set_config('bench.heads', coalesce((SELECT array_agg(head ORDER BY aggregate_type, aggregate_id) FROM h), '{}')::text, true)
 )
 SELECT r.* FROM r CROSS JOIN s ORDER BY r.seq;
 $stmt;
+$positions;
 COMMIT;
 EOF
 }

@@ -41,10 +41,15 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         name: "cdc_put_back",
         sql: include_str!("../migrations/0005_cdc_put_back.sql"),
     },
+    Migration {
+        version: 6,
+        name: "positions_fillfactor",
+        sql: include_str!("../migrations/0006_positions_fillfactor.sql"),
+    },
 ];
 
 /// The schema version this build of the library expects.
-pub const SCHEMA_VERSION: i32 = 5;
+pub const SCHEMA_VERSION: i32 = 6;
 
 const BOOKKEEPING: &str = "CREATE TABLE IF NOT EXISTS {{qname:_migrations}} (
     version    integer     PRIMARY KEY,

@@ -24,6 +24,12 @@ use crate::config::{OnDelivered, PostgresConfig};
 use crate::error::source_error;
 use crate::sql::{Queries, stmt};
 
+/// The first key of the claim-turn advisory lock (`pg_advisory_xact_lock(int, int)`, a key
+/// space apart from the single-key locks of the ordering trigger and `migrate`).
+const TURN_LOCK_CLASS: i32 = 0x6f62_7478; // "obtx"
+/// How long a claim waits for another replica's turn before claiming beside it.
+const TURN_WAIT: Duration = Duration::from_millis(100);
+
 /// Reads the outbox by polling. One instance per relay worker; each holds at most one claim
 /// transaction (one pooled connection) at a time.
 pub struct PgPollSource {
@@ -41,6 +47,10 @@ pub struct PgPollSource {
     transaction_pooling: bool,
     listener: Option<PgListener>,
     wakeup_channel: Option<String>,
+    /// Replicas take turns at claiming (`source.claim_turns`).
+    claim_turns: bool,
+    /// The second key of this table's claim-turn lock.
+    turn_key: i32,
 }
 
 impl std::fmt::Debug for PgPollSource {
@@ -65,6 +75,8 @@ impl PgPollSource {
         Self {
             pool,
             queries: Arc::new(Queries::new(&table)),
+            claim_turns: config.claim_turns,
+            turn_key: turn_key(&table.to_string()),
             table: table.to_string(),
             ordering,
             hold_dead: dead_letter == DeadLetterPolicy::HoldAggregate,
@@ -106,6 +118,47 @@ impl PgPollSource {
         source_error(context, &self.table, e)
     }
 
+    /// Replicas take turns: a claim transaction first takes the table's claim lock, which it
+    /// holds until it settles, so a second replica's claim waits for the first one's batch
+    /// instead of colliding with it (claiming events whose aggregates it holds, and
+    /// releasing them). The wait is bounded by [`TURN_WAIT`]: a replica whose batch takes
+    /// longer (a slow broker, a paused relay) does not hold the others back; they claim
+    /// beside it, as without turns. Turns are a speed-up only: the claim's own checks keep
+    /// the order whatever happens here.
+    async fn wait_for_turn(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+    ) -> Result<(), SourceError> {
+        let got: bool = crate::sql::query_scalar("SELECT pg_try_advisory_xact_lock($1, $2)")
+            .bind(TURN_LOCK_CLASS)
+            .bind(self.turn_key)
+            .fetch_one(&mut **tx)
+            .await
+            .map_err(|e| self.err("taking the claim turn", e))?;
+        if got {
+            return Ok(());
+        }
+        let wait = format!(
+            "SAVEPOINT outbox_turn; SET LOCAL lock_timeout = {}; \
+             SELECT pg_advisory_xact_lock({TURN_LOCK_CLASS}, {}); \
+             SET LOCAL lock_timeout = 0; RELEASE SAVEPOINT outbox_turn",
+            TURN_WAIT.as_millis(),
+            self.turn_key,
+        );
+        if sqlx::raw_sql(sqlx::AssertSqlSafe(wait))
+            .execute(&mut **tx)
+            .await
+            .is_err()
+        {
+            // Still busy after TURN_WAIT: claim beside it.
+            sqlx::raw_sql("ROLLBACK TO SAVEPOINT outbox_turn; RELEASE SAVEPOINT outbox_turn")
+                .execute(&mut **tx)
+                .await
+                .map_err(|e| self.err("giving up the claim turn", e))?;
+        }
+        Ok(())
+    }
+
     async fn claim(&mut self, limit: usize, now: OffsetDateTime) -> Result<Fetched, SourceError> {
         // The server ends a claim transaction idle for `claim_timeout`
         // (`idle_in_transaction_session_timeout`), freeing its rows for other replicas: from
@@ -122,6 +175,9 @@ impl PgPollSource {
             self.pool.begin().await
         };
         let mut tx = begun.map_err(|e| self.err("starting a claim transaction", e))?;
+        if self.claim_turns && self.ordering != Ordering::None {
+            self.wait_for_turn(&mut tx).await?;
+        }
         let limit_i64 = i64::try_from(limit).unwrap_or(i64::MAX);
         let rows = match self.ordering {
             Ordering::None => {
@@ -167,8 +223,13 @@ impl PgPollSource {
         }
         self.positions = ordered.then(|| aggregate_seq::assign(&mut events, &heads));
         self.claim = Some(tx);
+        // A claim that had to release events collided with another replica's: it holds
+        // earlier events of these aggregates. Claiming again at once would mostly collide
+        // again (and run the claim's costly gap path each time); pausing for the poll
+        // interval lets that replica settle first. One relay alone never releases here.
+        let collided = events.len() < claimed;
         Ok(Fetched {
-            more: claimed >= limit,
+            more: claimed >= limit && !collided,
             events,
             valid_until: Some(valid_until),
         })
@@ -259,6 +320,14 @@ impl PgPollSource {
             .await
             .map_err(|e| self.err("committing batch outcomes", e))
     }
+}
+
+/// A stable key for `table` (FNV-1a, folded to 32 bits): every replica computes the same.
+fn turn_key(table: &str) -> i32 {
+    let hash = table.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    i32::from_ne_bytes(((hash >> 32) as u32 ^ hash as u32).to_ne_bytes())
 }
 
 fn decode(row: &PgRow) -> Result<(Event, Option<i64>), sqlx::Error> {

@@ -52,6 +52,17 @@ async fn concurrent_migrations_apply_once_and_a_rerun_is_a_no_op() -> anyhow::Re
     ensure!(
         outbox_postgres::schema_version(&pool, &t).await? == Some(outbox_postgres::SCHEMA_VERSION)
     );
+    // Migration 0006: the delivery-position heads, updated once per aggregate and batch, keep
+    // half of each page free for their next versions (heap-only updates).
+    let options: Option<Vec<String>> = sqlx::query_scalar(
+        "SELECT reloptions FROM pg_class WHERE oid = 'public.outbox_aggregate_positions'::regclass",
+    )
+    .fetch_one(&pool)
+    .await?;
+    ensure!(
+        options.as_deref() == Some(&["fillfactor=50".to_owned()][..]),
+        "reloptions {options:?}"
+    );
     Ok(())
 }
 
