@@ -107,7 +107,6 @@ fn default_table() -> Identifier {
 fn default_claim_turns() -> bool {
     true
 }
-
 fn default_claim_timeout() -> Duration {
     Duration::from_secs(60)
 }

@@ -39,8 +39,8 @@ fn config(broker: &RabbitMq, scope: &str) -> RabbitMqConfig {
     }
 }
 
-/// A sink for `scope` and a durable queue that receives every routing key under `scope.`.
-async fn sink_with_queue(broker: &RabbitMq, scope: &str) -> (RabbitMqSink, String) {
+/// A durable queue that receives every routing key under `scope.`; its name.
+async fn scope_queue(broker: &RabbitMq, scope: &str) -> String {
     let queue = format!("q.{scope}");
     amqp::bind_queue(
         broker.url(),
@@ -51,6 +51,12 @@ async fn sink_with_queue(broker: &RabbitMq, scope: &str) -> (RabbitMqSink, Strin
     )
     .await
     .expect("queue bound");
+    queue
+}
+
+/// A sink for `scope` and a durable queue that receives every routing key under `scope.`.
+async fn sink_with_queue(broker: &RabbitMq, scope: &str) -> (RabbitMqSink, String) {
+    let queue = scope_queue(broker, scope).await;
     let sink = config(broker, scope).build().await.expect("builds");
     (sink, queue)
 }
@@ -177,16 +183,7 @@ async fn messages_are_persistent_and_carry_the_event_id_as_message_id() {
 async fn a_batch_spread_over_four_channels_arrives_whole_and_once() {
     let broker = RabbitMq::shared().await.expect("rabbitmq starts");
     let scope = unique();
-    let queue = format!("q.{scope}");
-    amqp::bind_queue(
-        broker.url(),
-        &format!("x.{scope}"),
-        &queue,
-        &format!("{scope}.#"),
-        FieldTable::default(),
-    )
-    .await
-    .expect("queue bound");
+    let queue = scope_queue(broker, &scope).await;
     let sink = RabbitMqConfig {
         channels: NonZeroUsize::new(4).expect("not zero"),
         ..config(broker, &scope)
