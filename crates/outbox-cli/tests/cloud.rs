@@ -103,7 +103,8 @@ async fn produce(work: &Workdir, sink: &str) -> anyhow::Result<(sqlx::PgPool, Ve
             all.insert("event_type".into(), "order.changed".into());
             all.insert("aggregate_type".into(), "Order".into());
             all.insert("aggregate_id".into(), aggregate_id.clone());
-            // Polling numbers each aggregate's events 1, 2, ... (`aggregate_seq`, DESIGN.md).
+            // Polling numbers each aggregate's events 1, 2, ... (`aggregate_seq`,
+            // docs/contract.md).
             all.insert("aggregate_seq".into(), seq.to_string());
             Row {
                 id,

@@ -46,7 +46,8 @@ refresh_interval = "200ms"
 
     let pool = sqlx::PgPool::connect(&url).await?;
     let payload = r#"{"order_id":"o_91f2","total_cents":1250}"#;
-    // Exactly the INSERT of DESIGN.md, as a producer in another language would write it.
+    // Exactly the INSERT of docs/contract.md, as a producer in another language would write
+    // it.
     sqlx::query(
         "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, headers) VALUES ('Order', 'o_91f2', 'order.placed', convert_to($1, 'UTF8'), '{\"tenant\":\"acme\"}')",
     )

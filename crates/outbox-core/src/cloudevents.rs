@@ -1,5 +1,5 @@
 //! CloudEvents 1.0: the `format` a sink can shape its messages in, beside the plain message of
-//! `DESIGN.md` (`docs/sinks.md`, "CloudEvents", has the per-broker tables).
+//! `docs/contract.md` (`docs/sinks.md`, "CloudEvents", has the per-broker tables).
 //!
 //! | `format` | message |
 //! | --- | --- |
@@ -92,7 +92,7 @@ const RESERVED: [&str; 10] = [
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Format {
-    /// The plain message of `DESIGN.md` (the default).
+    /// The plain message of `docs/contract.md` (the default).
     #[default]
     Plain,
     /// CloudEvents binary content mode: attributes as headers, the payload as body.
@@ -541,7 +541,7 @@ pub fn percent_decode(value: &str) -> Option<Cow<'_, str>> {
 /// A sink's message format, checked: what shapes each message's headers and body.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum MessageFormat {
-    /// The plain message of `DESIGN.md`.
+    /// The plain message of `docs/contract.md`.
     #[default]
     Plain,
     /// CloudEvents binary content mode.

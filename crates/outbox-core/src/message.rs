@@ -1,8 +1,9 @@
 //! The message contract shared by every sink: which headers a message carries.
 //!
-//! Per DESIGN.md every message carries `id`, `event_type`, `aggregate_type` and
-//! `aggregate_id`, then the row's own headers. The contract headers come first and win: a row
-//! header with one of those names is not sent twice.
+//! Per the contract (`docs/contract.md`, "The message on the broker") every message carries
+//! `id`, `event_type`, `aggregate_type` and `aggregate_id`, then the row's own headers. The
+//! contract headers come first and win: a row header with one of those names is not sent
+//! twice.
 
 use crate::Event;
 

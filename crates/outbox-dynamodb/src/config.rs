@@ -1,5 +1,5 @@
-//! `[source]` settings for DynamoDB (`kind = "dynamodb"`), the keys of `DESIGN.md` ("DynamoDB
-//! source") plus the names a single-table design may choose.
+//! `[source]` settings for DynamoDB (`kind = "dynamodb"`), the contract's keys
+//! (`docs/contract.md`, "Configuration words") plus the names a single-table design may choose.
 
 use std::time::Duration;
 

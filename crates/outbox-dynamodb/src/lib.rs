@@ -1,4 +1,5 @@
-//! DynamoDB support for `outbox` (single-table design, `DESIGN.md` "DynamoDB source"):
+//! DynamoDB support for `outbox` (single-table design; `docs/contract.md`, "DynamoDB (the
+//! outbox item)"):
 //!
 //! - [`DynamoOutbox`]: the producer side, an event as the outbox item (`OUTBOX#<id>` sort
 //!   key, `seq` from the aggregate's version) for the caller's own `TransactWriteItems`;

@@ -1,5 +1,5 @@
 //! The producer side: an event as the outbox item of a single-table design, for the caller's
-//! own `TransactWriteItems` (`DESIGN.md`, "DynamoDB source").
+//! own `TransactWriteItems` (`docs/contract.md`, "DynamoDB (the outbox item)").
 //!
 //! The item shares the aggregate's partition key, so one aggregate's events normally follow
 //! one stream-shard lineage; its sort key is `OUTBOX#<event id>` (a UUIDv7: time-sortable).

@@ -1,4 +1,4 @@
-//! [`InboxMessage`]: a delivered message with the contract headers of `DESIGN.md` parsed
+//! [`InboxMessage`]: a delivered message with the contract headers of `docs/contract.md` parsed
 //! back (`id`, `event_type`, `aggregate_type`, `aggregate_id`, then the row's own headers).
 //!
 //! A message a sink sent with `format = "cloudevents-binary"` or `"cloudevents-structured"`

@@ -1,5 +1,5 @@
-//! Rules shared by the cloud sinks (`DESIGN.md`, "Cloud sinks"): ordering keys that the service
-//! accepts, and bodies that a text-only service can carry.
+//! Rules shared by the cloud sinks (`docs/contract.md`, "The message on the broker"): ordering
+//! keys that the service accepts, and bodies that a text-only service can carry.
 
 use std::borrow::Cow;
 

@@ -12,7 +12,7 @@
 //! its `kind` tag, and wraps these config types in its own enum, so adding a sink never
 //! changes this crate's public API.
 //!
-//! Every sink keeps the message contract of `DESIGN.md`: the destination comes from the
+//! Every sink keeps the message contract of `docs/contract.md`: the destination comes from the
 //! [`outbox_core::Destination`] template, the headers from [`outbox_core::message`] (the four
 //! contract headers, then the row's own), and the body is the payload bytes exactly. With
 //! `format = "cloudevents-binary"` or `"cloudevents-structured"` a sink shapes the message as a

@@ -1,7 +1,7 @@
 //! What the AWS sinks (`sqs`, `sns`, `kinesis`) share: the SDK configuration (the standard
 //! credential chain, `region`, `endpoint_url`, timeouts), how an SDK failure maps to a
-//! [`SinkError`] kind, and the message rules of SQS and SNS (`DESIGN.md`, "Cloud sinks"):
-//! text bodies and at most ten message attributes.
+//! [`SinkError`] kind, and the message rules of SQS and SNS (`docs/contract.md`, "The message
+//! on the broker"): text bodies and at most ten message attributes.
 
 use std::error::Error as StdError;
 use std::time::Duration;

@@ -1,5 +1,6 @@
-//! The message rules of SQS and SNS (`DESIGN.md`, "Cloud sinks"): text bodies, at most ten
-//! message attributes, FIFO group and deduplication ids, and the batch entry ids.
+//! The message rules of SQS and SNS (`docs/contract.md`, "The message on the broker"): text
+//! bodies, at most ten message attributes, FIFO group and deduplication ids, and the batch
+//! entry ids.
 
 use base64::Engine as _;
 use outbox_core::cloudevents::{Binding, MessageFormat};
@@ -150,9 +151,9 @@ pub(crate) fn is_legal_attribute_name(name: &str) -> bool {
         && !lower.starts_with("amazon.")
 }
 
-/// The message of `event` for SQS or SNS in `format`, per `DESIGN.md` (the body and headers
-/// of the CloudEvents formats take the payload's and the headers' places), or why the event
-/// cannot be a CloudEvent:
+/// The message of `event` for SQS or SNS in `format`, per `docs/contract.md` (the body and
+/// headers of the CloudEvents formats take the payload's and the headers' places), or why the
+/// event cannot be a CloudEvent:
 ///
 /// - body: the payload when it is legal text for the service, else base64 with the attribute
 ///   `content-transfer-encoding: base64`; an empty payload is the body `-` with
