@@ -5,13 +5,16 @@
 //!    folder that exists **inside** the repository (a link that climbs out of it, such as
 //!    `../../shared/DESIGN.md`, fails even when the file happens to exist on this machine).
 //! 2. [`commands_shown_in_the_docs_exist`]: every `outbox ...` line of a code block names real
-//!    subcommands and flags, as the built binary's `--help` lists them.
+//!    subcommands and flags, as the built binary's `-h` lists them.
 //! 3. [`configuration_reference_matches_the_config_types`]: the key tables of
 //!    docs/configuration.md list exactly the keys the configuration loader accepts, for every
 //!    section and every source and sink kind; the TOML examples of the docs use only accepted
 //!    keys.
 //!
-//! None of them needs a service: they read files and run `outbox --help` and
+//! And [`versions_and_msrv_are_stated_once`]: one version and one minimum Rust version for
+//! the workspace, stated in CHANGELOG.md and CONTRIBUTING.md.
+//!
+//! None of them needs a service: they read files and run `outbox -h` and
 //! `outbox check-config`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
@@ -1115,4 +1118,75 @@ fn check_table(
             }
         }
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// Versions
+
+/// One version and one minimum Rust version for the whole workspace, stated where people look:
+/// every member inherits both from `[workspace.package]`, the internal entries of
+/// `[workspace.dependencies]` ask for that version, CHANGELOG.md has a section for it, and
+/// CONTRIBUTING.md states the minimum Rust version. (Building with that Rust itself needs its
+/// toolchain; Cargo refuses an older one by `rust-version`.)
+#[test]
+fn versions_and_msrv_are_stated_once() {
+    let root = root();
+    let manifest: toml::Table = read(&root.join("Cargo.toml"))
+        .parse()
+        .expect("Cargo.toml parses");
+    let workspace = manifest["workspace"].as_table().expect("[workspace]");
+    let package = workspace["package"]
+        .as_table()
+        .expect("[workspace.package]");
+    let version = package["version"].as_str().expect("workspace version");
+    let msrv = package["rust-version"]
+        .as_str()
+        .expect("workspace rust-version");
+    let mut wrong = Vec::new();
+
+    let members = ["crates", "examples"].iter().flat_map(|dir| {
+        std::fs::read_dir(root.join(dir))
+            .expect("member folder")
+            .map(|e| e.expect("entry").path().join("Cargo.toml"))
+            .filter(|p| p.is_file())
+    });
+    for member in members {
+        let table: toml::Table = read(&member).parse().expect("member manifest parses");
+        let package = table["package"].as_table().expect("[package]");
+        for key in ["version", "rust-version"] {
+            let inherited = package
+                .get(key)
+                .and_then(toml::Value::as_table)
+                .and_then(|t| t.get("workspace"))
+                .and_then(toml::Value::as_bool);
+            if inherited != Some(true) {
+                wrong.push(format!(
+                    "{}: `{key}` is not `{key}.workspace = true`",
+                    shown(&member)
+                ));
+            }
+        }
+    }
+    let dependencies = workspace["dependencies"]
+        .as_table()
+        .expect("[workspace.dependencies]");
+    for (name, spec) in dependencies {
+        let Some(spec) = spec.as_table().filter(|s| s.contains_key("path")) else {
+            continue;
+        };
+        if spec.get("version").and_then(toml::Value::as_str) != Some(version) {
+            wrong.push(format!(
+                "[workspace.dependencies] {name}: version is not the workspace's {version}"
+            ));
+        }
+    }
+    if !read(&root.join("CHANGELOG.md")).contains(&format!("## [{version}]")) {
+        wrong.push(format!("CHANGELOG.md has no `## [{version}]` section"));
+    }
+    if !read(&root.join("CONTRIBUTING.md")).contains(msrv) {
+        wrong.push(format!(
+            "CONTRIBUTING.md does not state the minimum Rust version {msrv}"
+        ));
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
