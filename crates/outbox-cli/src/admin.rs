@@ -17,21 +17,6 @@ pub(crate) async fn open(config: &Config, connections: u32) -> anyhow::Result<Ar
         .map_err(|e| anyhow::anyhow!(crate::chain(&e)))
 }
 
-/// Refuses a command that writes (`what`) when `[source]` points at a transaction pooler.
-/// Through PgBouncer in transaction mode every statement of this tool runs in a transaction
-/// that ends when its connection goes back to the pool, after the statement: a short-lived
-/// command could exit before that. Reads are safe; writes go to PostgreSQL itself.
-pub(crate) fn refuse_through_pooler(config: &Config, what: &str) -> anyhow::Result<()> {
-    if let outbox_runtime::SourceConfig::Postgres(pg) = &config.source
-        && pg.transaction_pooling
-    {
-        anyhow::bail!(
-            "`outbox {what}` writes, and source.transaction_pooling = true says source.url is a transaction pooler: run it against PostgreSQL itself, e.g. OUTBOX_SOURCE__TRANSACTION_POOLING=false outbox {what} --database-url postgres://USER@DB-HOST:5432/DB"
-        );
-    }
-    Ok(())
-}
-
 /// A source error with its causes, as one line.
 pub(crate) fn source_error(e: outbox_core::SourceError) -> anyhow::Error {
     anyhow::anyhow!(crate::chain(&e))
@@ -39,7 +24,6 @@ pub(crate) fn source_error(e: outbox_core::SourceError) -> anyhow::Error {
 
 /// Creates or upgrades the outbox schema.
 pub(crate) async fn migrate(config: &Config) -> anyhow::Result<()> {
-    refuse_through_pooler(config, "migrate")?;
     let backend = open(config, 1).await?;
     for line in backend.migrate().await.map_err(source_error)? {
         println!("{line}");

@@ -37,7 +37,6 @@ pub(crate) async fn run(config: &Config, command: CaptureCommand) -> anyhow::Res
     let e = |e: CaptureError| anyhow::anyhow!(crate::chain(&e));
     match command {
         CaptureCommand::Install { name } => {
-            crate::admin::refuse_through_pooler(config, "capture install")?;
             validate_all(&config.capture).map_err(|m| anyhow::anyhow!(m))?;
             let entries = selected(config, name.as_ref())?;
             let backend = crate::admin::open(config, 1).await?;
@@ -47,7 +46,6 @@ pub(crate) async fn run(config: &Config, command: CaptureCommand) -> anyhow::Res
             }
         }
         CaptureCommand::Remove { name } => {
-            crate::admin::refuse_through_pooler(config, "capture remove")?;
             let names: Vec<Identifier> = match name {
                 Some(n) => vec![n],
                 None => {

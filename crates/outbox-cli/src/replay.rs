@@ -67,9 +67,6 @@ pub(crate) async fn run(config: &Config, args: ReplayArgs) -> anyhow::Result<()>
             when(args.since)
         );
     }
-    if !args.dry_run {
-        crate::admin::refuse_through_pooler(config, "replay")?;
-    }
     let backend = crate::admin::open(config, 1).await?;
     let replay = backend.replay()?;
     let selection = ReplaySelection {

@@ -34,9 +34,6 @@ pub(crate) struct RunArgs {
 /// Runs `outbox retention ...`.
 pub(crate) async fn run(config: &Config, command: RetentionCommand) -> anyhow::Result<()> {
     let RetentionCommand::Run(args) = command;
-    if !args.dry_run {
-        crate::admin::refuse_through_pooler(config, "retention run")?;
-    }
     let keep = args.older_than.unwrap_or(config.retention.keep);
     let batch = args.batch.unwrap_or(config.retention.batch);
     let now = OffsetDateTime::now_utc();

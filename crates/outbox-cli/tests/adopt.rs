@@ -100,18 +100,9 @@ async fn adopt(source_mode: &str) -> anyhow::Result<()> {
         ),
     )?;
     let cfg_arg = cfg.to_str().context("path")?;
-    for step in [
-        vec!["migrate", "--config", cfg_arg],
-        vec!["capture", "install", "--config", cfg_arg],
-    ] {
-        let out = work.run(&step).await?;
-        ensure!(
-            out.code == Some(0),
-            "{step:?}: {}{}",
-            out.stdout,
-            out.stderr
-        );
-    }
+    work.run_ok(&["migrate", "--config", cfg_arg]).await?;
+    work.run_ok(&["capture", "install", "--config", cfg_arg])
+        .await?;
     let mut relay = work.spawn_relay(&cfg, "relay.log")?;
 
     // The legacy application, unchanged: plain INSERTs into its own tables, one aggregate per

@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use anyhow::{Context, ensure};
 use outbox_testkit::services::{HttpReceiver, Postgres};
-use rand::Rng;
 use support::Workdir;
 
 const CUSTOMERS: usize = 6;
@@ -109,18 +108,9 @@ async fn bookings_survive_sigkill_chaos_with_nothing_lost_or_reordered() -> anyh
     let work = Workdir::new()?;
     let cfg = work.write_config("outbox.toml", &config(&url, &sms, &payments)?)?;
     let cfg_arg = cfg.to_str().context("path")?;
-    for step in [
-        vec!["migrate", "--config", cfg_arg],
-        vec!["capture", "install", "--config", cfg_arg],
-    ] {
-        let out = work.run(&step).await?;
-        ensure!(
-            out.code == Some(0),
-            "{step:?}: {}{}",
-            out.stdout,
-            out.stderr
-        );
-    }
+    work.run_ok(&["migrate", "--config", cfg_arg]).await?;
+    work.run_ok(&["capture", "install", "--config", cfg_arg])
+        .await?;
 
     // The booking service, as the example runs it.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -151,20 +141,10 @@ async fn bookings_survive_sigkill_chaos_with_nothing_lost_or_reordered() -> anyh
     tx.rollback().await?;
 
     // SIGKILL a random relay every 150-400 ms while bookings come in, and a few times after.
-    let mut kills = 0;
-    loop {
-        let pause = rand::rng().random_range(150..400);
-        tokio::time::sleep(Duration::from_millis(pause)).await;
-        let victim = rand::rng().random_range(0..relays.len());
-        relays[victim].start_kill()?;
-        relays[victim].wait().await?;
-        work.append_log(&format!("relay-{victim}.log"), support::RESTART_MARKER)?;
-        relays[victim] = work.spawn_relay(&cfg, &format!("relay-{victim}.log"))?;
-        kills += 1;
-        if kills >= 12 && customers.iter().all(tokio::task::JoinHandle::is_finished) {
-            break;
-        }
-    }
+    let kills = support::kill_relays_until(&work, &cfg, &mut relays, 12, || {
+        customers.iter().all(tokio::task::JoinHandle::is_finished)
+    })
+    .await?;
     let mut booked: BTreeMap<String, Vec<i64>> = BTreeMap::new();
     for (c, task) in customers.into_iter().enumerate() {
         booked.insert(format!("c{c}"), task.await??);

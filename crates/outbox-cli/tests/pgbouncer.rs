@@ -1,7 +1,9 @@
 //! The whole tool through PgBouncer in transaction pooling mode, as an operator runs it:
-//! `migrate`, two relay replicas, producers, `status` and `doctor`, all through one PgBouncer
-//! with fewer server connections than clients; every event reaches the webhook, in order per
-//! aggregate. CDC with `transaction_pooling` is refused with the reason.
+//! `migrate`, two relay replicas, producers, `status`, `doctor`, `why`, `dead list`, `dead
+//! retry`, `dead purge`, `replay` and `retention run`, all through one PgBouncer with fewer
+//! server connections than clients; every event reaches the webhook, in order per aggregate,
+//! and every command's change is there once it exits. CDC with `transaction_pooling` is
+//! refused with the reason. (Fan-out and capture under chaos: `pgbouncer_fanout.rs`.)
 
 mod support;
 
@@ -35,19 +37,13 @@ async fn relays_producers_and_commands_work_through_pgbouncer_in_transaction_mod
         ),
     )?;
     let cfg = config.to_str().context("path")?;
-    // A command that writes refuses the pooler and says how to run it directly.
-    work.run(&["migrate", "--config", cfg])
-        .await?
-        .assert_clear_error("OUTBOX_SOURCE__TRANSACTION_POOLING=false")?;
-    let out = work
-        .command(&["migrate", "--config", cfg, "--database-url", &direct])
-        .env("OUTBOX_SOURCE__TRANSACTION_POOLING", "false")
-        .output()
-        .await?;
-    ensure!(
-        out.status.success(),
-        "migrate against PostgreSQL itself: {out:?}"
-    );
+    // Every command runs through the pooler: each statement in an explicit transaction,
+    // committed before the command reports success (crates/outbox-postgres/src/db.rs).
+    work.run_ok(&["migrate", "--config", cfg]).await?;
+    let again = work.run_ok(&["migrate", "--config", cfg]).await?;
+    ensure!(again.contains("up to date"), "second migrate: {again}");
+    // Two poison events, refused by the receiver: dead letters to retry and to purge.
+    hooks.respond_when(|r| r.path.starts_with("/hooks/poison").then_some(400));
 
     let mut relays = [
         work.spawn_relay(&config, "relay-0.log")?,
@@ -81,10 +77,23 @@ async fn relays_producers_and_commands_work_through_pgbouncer_in_transaction_mod
     for p in producers {
         p.await??;
     }
+    let mut poison = Vec::new();
+    for name in ["poison-retry", "poison-purge"] {
+        let mut tx = pool.begin().await?;
+        poison.push(
+            outbox
+                .enqueue(&mut *tx, &NewEvent::new("Order", name, "order.step", "0"))
+                .await?,
+        );
+        tx.commit().await?;
+    }
     let total = AGGREGATES * PER_AGGREGATE;
     let got = hooks
         .wait_until("every event", Duration::from_secs(120), |r| {
-            r.iter().filter(|r| r.method == "POST").count() >= total
+            r.iter()
+                .filter(|r| r.accepted() && !r.path.contains("poison"))
+                .count()
+                >= total
         })
         .await
         .with_context(|| {
@@ -95,24 +104,120 @@ async fn relays_producers_and_commands_work_through_pgbouncer_in_transaction_mod
             )
         })?;
     let mut last: HashMap<String, i64> = HashMap::new();
-    for r in got.iter().filter(|r| r.method == "POST") {
+    for r in got
+        .iter()
+        .filter(|r| r.method == "POST" && !r.path.contains("poison"))
+    {
         let agg = r.path.trim_start_matches("/hooks/").to_owned();
         let v: i64 = std::str::from_utf8(&r.body)?.parse()?;
         let before = last.insert(agg.clone(), v).unwrap_or(-1);
         ensure!(v == before + 1, "{agg}: v{v} after v{before}");
     }
 
-    for args in [
-        vec!["status", "--config", cfg],
-        vec!["doctor", "--config", cfg],
-    ] {
-        let out = work.run(&args).await?;
-        ensure!(
-            out.code == Some(0),
-            "`outbox {}` through PgBouncer: {out:?}",
-            args[0]
-        );
-    }
+    work.run_ok(&["status", "--config", cfg]).await?;
+    let direct_pool = sqlx::PgPool::connect(&direct).await?;
+    let states = || async {
+        let rows: Vec<(String, i64)> =
+            sqlx::query_as("SELECT state, count(*) FROM outbox GROUP BY state ORDER BY state")
+                .fetch_all(&direct_pool)
+                .await?;
+        anyhow::Ok(rows)
+    };
+    outbox_testkit::wait::eventually(Duration::from_secs(60), || async {
+        states()
+            .await
+            .is_ok_and(|s| s.contains(&("dead".to_owned(), 2)))
+    })
+    .await
+    .context("both poison events dead-lettered")?;
+    let story = work
+        .run_ok(&["why", "--config", cfg, &poison[0].to_string()])
+        .await?;
+    ensure!(story.contains("dead"), "why of a dead letter: {story}");
+    let listed = work.run_ok(&["dead", "list", "--config", cfg]).await?;
+    ensure!(
+        poison.iter().all(|id| listed.contains(&id.to_string())),
+        "dead list: {listed}"
+    );
+
+    // `dead retry`: the receiver now takes it; the relays deliver it.
+    hooks.reset_script();
+    hooks.respond_when(|r| (r.path == "/hooks/poison-purge").then_some(400));
+    work.run_ok(&["dead", "retry", "--config", cfg, &poison[0].to_string()])
+        .await?;
+    hooks
+        .wait_until("the retried dead letter", Duration::from_secs(60), |r| {
+            r.iter()
+                .any(|r| r.path == "/hooks/poison-retry" && r.accepted())
+        })
+        .await?;
+    // `dead purge`: the other one is gone once the command exits.
+    work.run_ok(&[
+        "dead",
+        "purge",
+        "--config",
+        cfg,
+        "--older-than",
+        "0s",
+        "--yes",
+    ])
+    .await?;
+    let dead: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox WHERE state = 'dead'")
+        .fetch_one(&direct_pool)
+        .await?;
+    ensure!(dead == 0, "{dead} dead letter(s) left after `dead purge`");
+
+    // `replay`: o0's events are published again, in order.
+    let before = hooks
+        .received()
+        .iter()
+        .filter(|r| r.path == "/hooks/o0" && r.accepted())
+        .count();
+    work.run_ok(&[
+        "replay",
+        "--config",
+        cfg,
+        "--since",
+        "1h",
+        "--aggregate",
+        "o0",
+        "--yes",
+    ])
+    .await?;
+    let replayed = hooks
+        .wait_until("o0 replayed", Duration::from_secs(60), |r| {
+            r.iter()
+                .filter(|r| r.path == "/hooks/o0" && r.accepted())
+                .count()
+                >= before + PER_AGGREGATE
+        })
+        .await?;
+    let again: Vec<i64> = replayed
+        .iter()
+        .filter(|r| r.path == "/hooks/o0" && r.accepted())
+        .skip(before)
+        .map(|r| std::str::from_utf8(&r.body).map(|b| b.parse::<i64>()))
+        .collect::<Result<Result<_, _>, _>>()??;
+    ensure!(
+        again == (0..PER_AGGREGATE as i64).collect::<Vec<_>>(),
+        "replayed out of order: {again:?}"
+    );
+
+    // `retention run`: every delivered row is gone once it exits.
+    outbox_testkit::wait::eventually(Duration::from_secs(60), || async {
+        states()
+            .await
+            .is_ok_and(|s| s.iter().all(|(state, _)| state == "delivered"))
+    })
+    .await
+    .context("everything delivered before retention")?;
+    work.run_ok(&["retention", "run", "--config", cfg, "--older-than", "0s"])
+        .await?;
+    let left = states().await?;
+    ensure!(left.is_empty(), "rows left after `retention run`: {left:?}");
+    work.run_ok(&["status", "--config", cfg]).await?;
+    work.run_ok(&["doctor", "--config", cfg]).await?;
+
     for (i, r) in relays.iter_mut().enumerate() {
         let code = terminate(r, Duration::from_secs(30)).await?;
         ensure!(

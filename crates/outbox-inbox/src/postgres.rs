@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use outbox_core::{Identifier, QualifiedTable};
-use sqlx::{Executor, PgConnection, PgExecutor, PgPool, Postgres, Transaction};
+use sqlx::postgres::PgArguments;
+use sqlx::query::{Query, QueryAs, QueryScalar};
+use sqlx::{Executor, PgConnection, PgExecutor, PgPool, Postgres, SqlSafeStr, Transaction};
 use time::OffsetDateTime;
 use uuid::Uuid;
 
@@ -59,6 +61,8 @@ const BOOKKEEPING: &str = "CREATE TABLE IF NOT EXISTS {{qname:_migrations}} (
 pub struct PgInbox {
     table: QualifiedTable,
     queries: Arc<Queries>,
+    /// False through a transaction pooler: see [`PgInbox::transaction_pooling`].
+    named: bool,
 }
 
 impl Default for PgInbox {
@@ -83,7 +87,43 @@ impl PgInbox {
             table.schema.as_ref().expect("set above"),
             &table.table,
         ));
-        Self { table, queries }
+        Self {
+            table,
+            queries,
+            named: true,
+        }
+    }
+
+    /// For a pool that reaches PostgreSQL through a transaction pooler (PgBouncer
+    /// `pool_mode = transaction`): every statement of the inbox is unnamed, so none outlives
+    /// its transaction, and every statement it runs on the pool runs in an explicit
+    /// transaction (they always do). A named statement through such a pooler can meet another
+    /// client's statement of the same name on a shared server connection.
+    #[must_use]
+    pub fn transaction_pooling(mut self, on: bool) -> Self {
+        self.named = !on;
+        self
+    }
+
+    /// `sqlx::query`, unnamed through a transaction pooler.
+    fn query<'q>(&self, sql: impl SqlSafeStr) -> Query<'q, Postgres, PgArguments> {
+        sqlx::query(sql).persistent(self.named)
+    }
+
+    /// `sqlx::query_as`, unnamed through a transaction pooler.
+    fn query_as<'q, O>(&self, sql: impl SqlSafeStr) -> QueryAs<'q, Postgres, O, PgArguments>
+    where
+        O: for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow>,
+    {
+        sqlx::query_as(sql).persistent(self.named)
+    }
+
+    /// `sqlx::query_scalar`, unnamed through a transaction pooler.
+    fn query_scalar<'q, O>(&self, sql: impl SqlSafeStr) -> QueryScalar<'q, Postgres, O, PgArguments>
+    where
+        (O,): for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow>,
+    {
+        sqlx::query_scalar(sql).persistent(self.named)
     }
 
     /// The inbox table (always schema-qualified).
@@ -101,7 +141,7 @@ impl PgInbox {
         let name = self.table.to_string();
         let db = |source| MigrateError::database("inbox", &name, source);
         let mut tx = pool.begin().await.map_err(db)?;
-        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+        self.query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
             .bind(format!("outbox inbox migrate {name}"))
             .execute(&mut *tx)
             .await
@@ -114,12 +154,13 @@ impl PgInbox {
         tx.execute(sqlx::AssertSqlSafe(self.render(BOOKKEEPING)))
             .await
             .map_err(db)?;
-        let applied: Vec<(i32, String)> = sqlx::query_as(sqlx::AssertSqlSafe(
-            self.render("SELECT version, checksum FROM {{qname:_migrations}} ORDER BY version"),
-        ))
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(db)?;
+        let applied: Vec<(i32, String)> = self
+            .query_as(sqlx::AssertSqlSafe(self.render(
+                "SELECT version, checksum FROM {{qname:_migrations}} ORDER BY version",
+            )))
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(db)?;
         let plan = outbox_core::migration::plan(PG_MIGRATIONS, &applied)
             .map_err(|c| MigrateError::conflict("inbox", &name, c))?;
         let mut report = MigrationReport {
@@ -130,7 +171,7 @@ impl PgInbox {
             tx.execute(sqlx::raw_sql(sqlx::AssertSqlSafe(self.render(m.sql))))
                 .await
                 .map_err(db)?;
-            sqlx::query(sqlx::AssertSqlSafe(self.render(
+            self.query(sqlx::AssertSqlSafe(self.render(
                 "INSERT INTO {{qname:_migrations}} (version, name, checksum) VALUES ($1, $2, $3)",
             )))
             .bind(m.version)
@@ -157,7 +198,8 @@ impl PgInbox {
         consumer: &str,
         event_id: Uuid,
     ) -> Result<bool, sqlx::Error> {
-        let inserted = sqlx::query(stmt(&self.queries.insert))
+        let inserted = self
+            .query(stmt(&self.queries.insert))
             .bind(consumer)
             .bind(event_id)
             .bind(OffsetDateTime::now_utc())
@@ -239,7 +281,7 @@ impl PgInbox {
         aggregate_id: &str,
         seq: u64,
     ) -> Result<(), sqlx::Error> {
-        sqlx::query(stmt(&self.queries.positions_advance))
+        self.query(stmt(&self.queries.positions_advance))
             .bind(consumer)
             .bind(aggregate_type)
             .bind(aggregate_id)
@@ -257,13 +299,16 @@ impl PgInbox {
         aggregate_type: &str,
         aggregate_id: &str,
     ) -> Result<u64, InboxError> {
-        let seq: Option<i64> = sqlx::query_scalar(stmt(&self.queries.positions_read))
+        let mut tx = pool.begin().await.map_err(InboxError::Database)?;
+        let seq: Option<i64> = self
+            .query_scalar(stmt(&self.queries.positions_read))
             .bind(consumer)
             .bind(aggregate_type)
             .bind(aggregate_id)
-            .fetch_optional(pool)
+            .fetch_optional(&mut *tx)
             .await
             .map_err(InboxError::Database)?;
+        tx.commit().await.map_err(InboxError::Database)?;
         Ok(seq.map_or(0, |n| u64::try_from(n).unwrap_or(0)))
     }
 
@@ -327,12 +372,16 @@ impl PgInbox {
         consumer: &str,
         event_id: Uuid,
     ) -> Result<bool, InboxError> {
-        sqlx::query_scalar(stmt(&self.queries.contains))
+        let mut tx = pool.begin().await.map_err(InboxError::Database)?;
+        let found = self
+            .query_scalar(stmt(&self.queries.contains))
             .bind(consumer)
             .bind(event_id)
-            .fetch_one(pool)
+            .fetch_one(&mut *tx)
             .await
-            .map_err(InboxError::Database)
+            .map_err(InboxError::Database)?;
+        tx.commit().await.map_err(InboxError::Database)?;
+        Ok(found)
     }
 
     /// Deletes the ids processed more than `age` ago, in batches; returns how many.
@@ -355,13 +404,16 @@ impl PgInbox {
     ) -> Result<u64, InboxError> {
         let mut total = 0;
         loop {
-            let n = sqlx::query(stmt(&self.queries.purge))
+            let mut tx = pool.begin().await.map_err(InboxError::Database)?;
+            let n = self
+                .query(stmt(&self.queries.purge))
                 .bind(cutoff)
                 .bind(PURGE_BATCH)
-                .execute(pool)
+                .execute(&mut *tx)
                 .await
                 .map_err(InboxError::Database)?
                 .rows_affected();
+            tx.commit().await.map_err(InboxError::Database)?;
             total += n;
             if n < PURGE_BATCH as u64 {
                 return Ok(total);
@@ -398,11 +450,12 @@ impl OrderGate for InboxGate {
         seq: u64,
     ) -> BoxFuture<'a, Result<(), InboxError>> {
         Box::pin(async move {
-            let mut conn = self.pool.acquire().await.map_err(InboxError::Database)?;
+            let mut tx = self.pool.begin().await.map_err(InboxError::Database)?;
             self.inbox
-                .advance(&mut conn, &self.consumer, aggregate_type, aggregate_id, seq)
+                .advance(&mut tx, &self.consumer, aggregate_type, aggregate_id, seq)
                 .await
-                .map_err(InboxError::Database)
+                .map_err(InboxError::Database)?;
+            tx.commit().await.map_err(InboxError::Database)
         })
     }
 }

@@ -194,3 +194,111 @@ async fn migrate_is_idempotent_and_honours_a_custom_schema_and_table() {
         .expect("bookkeeping");
     assert_eq!(n, i64::from(outbox_inbox::SCHEMA_VERSION));
 }
+
+/// Through PgBouncer in transaction mode, one server connection shared by eight clients that
+/// each deliver every event: each event is processed once (its side effect applied once),
+/// positions recorded by the order gate are read back, and purge removes what it says. With
+/// named statements, the clients' `sqlx_s_N` would meet each other's statements on the shared
+/// server connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_inbox_through_pgbouncer_processes_every_event_once() {
+    use outbox_testkit::services::PgBouncer;
+    use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+    let pg = Postgres::shared().await.expect("postgres starts");
+    let direct = pg.fresh_database().await.expect("fresh database");
+    let direct_pool = PgPool::connect(&direct).await.expect("connects");
+    sqlx::query("CREATE TABLE points (customer text PRIMARY KEY, n bigint NOT NULL)")
+        .execute(&direct_pool)
+        .await
+        .expect("points table");
+    sqlx::query("INSERT INTO points VALUES ('c1', 0)")
+        .execute(&direct_pool)
+        .await
+        .expect("row");
+    let bouncer = PgBouncer::start(&direct, 1)
+        .await
+        .expect("pgbouncer starts");
+    let options: PgConnectOptions = bouncer.url().parse().expect("url");
+    let pool = PgPoolOptions::new()
+        .max_connections(8)
+        .connect_with(options.extra_float_digits(None))
+        .await
+        .expect("connects through pgbouncer");
+    let inbox = PgInbox::default().transaction_pooling(true);
+    inbox
+        .migrate(&pool)
+        .await
+        .expect("migrates through pgbouncer");
+
+    let ids: Vec<Uuid> = (0..25).map(|_| Uuid::now_v7()).collect();
+    let processed = Arc::new(AtomicUsize::new(0));
+    let mut clients = Vec::new();
+    for _ in 0..8 {
+        let (pool, inbox, ids, processed) = (
+            pool.clone(),
+            inbox.clone(),
+            ids.clone(),
+            Arc::clone(&processed),
+        );
+        clients.push(tokio::spawn(async move {
+            for (seq, id) in ids.iter().enumerate() {
+                let message = outbox_inbox::InboxMessage {
+                    id: *id,
+                    event_type: "points.added".to_owned(),
+                    aggregate_type: "Customer".to_owned(),
+                    aggregate_id: "c1".to_owned(),
+                    aggregate_seq: Some(seq as u64 + 1),
+                    headers: Vec::new(),
+                    payload: bytes::Bytes::new(),
+                };
+                let outcome = inbox
+                    .process_message(&pool, "loyalty", &message, |conn| {
+                        async move {
+                            sqlx::query("UPDATE points SET n = n + 10 WHERE customer = 'c1'")
+                                .persistent(false)
+                                .execute(conn)
+                                .await?;
+                            Ok::<_, sqlx::Error>(())
+                        }
+                        .boxed()
+                    })
+                    .await
+                    .expect("processed through pgbouncer");
+                if outcome == Outcome::Processed(()) {
+                    processed.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        }));
+    }
+    for c in clients {
+        c.await.expect("client");
+    }
+    assert_eq!(processed.load(Ordering::SeqCst), ids.len());
+    assert_eq!(points(&direct_pool).await, 10 * ids.len() as i64);
+    for id in &ids {
+        assert!(
+            inbox
+                .contains(&pool, "loyalty", *id)
+                .await
+                .expect("contains")
+        );
+    }
+    assert_eq!(
+        inbox
+            .applied_position(&pool, "loyalty", "Customer", "c1")
+            .await
+            .expect("position"),
+        ids.len() as u64
+    );
+    let purged = inbox
+        .purge_older_than(&pool, Duration::ZERO)
+        .await
+        .expect("purge through pgbouncer");
+    assert_eq!(purged, ids.len() as u64);
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM processed_events")
+        .fetch_one(&direct_pool)
+        .await
+        .expect("count");
+    assert_eq!(left, 0);
+}

@@ -8,7 +8,7 @@
 //! 500-event batch is written (not timed), so every claim finds a full batch at the head.
 //!
 //! `cargo bench -p outbox-postgres --bench claim` (add `-- --quick` for a short run).
-
+#![allow(clippy::disallowed_methods)] // tests talk to PostgreSQL directly, never through a pooler
 #![allow(missing_docs)]
 
 use std::time::{Duration, Instant};

@@ -112,8 +112,9 @@ impl PgBackend {
             retention: PgRetention::new(pool.clone(), &config),
             capture: crate::capture::PgCapture::new(pool.clone(), &config),
             producer: PgProducer {
-                pool: pool.clone(),
-                outbox: PgOutbox::new(config.qualified_table()),
+                pool: crate::db::Db::new(pool.clone(), config.transaction_pooling),
+                outbox: PgOutbox::new(config.qualified_table())
+                    .transaction_pooling(config.transaction_pooling),
             },
             pool,
             config,
@@ -550,7 +551,7 @@ impl Retention for PgRetention {
 /// The producer library on the backend's own pool (`outbox bench`).
 #[derive(Debug)]
 struct PgProducer {
-    pool: PgPool,
+    pool: crate::db::Db,
     outbox: PgOutbox,
 }
 

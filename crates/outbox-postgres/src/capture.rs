@@ -89,7 +89,7 @@ impl Record {
 /// `outbox capture`.
 #[derive(Debug, Clone)]
 pub struct PgCapture {
-    pool: PgPool,
+    pool: crate::db::Db,
     outbox: QualifiedTable,
     database: String,
 }
@@ -115,7 +115,7 @@ impl PgCapture {
     /// Captures into the outbox table of `config`, over `pool`.
     pub fn new(pool: PgPool, config: &PostgresConfig) -> Self {
         Self {
-            pool,
+            pool: crate::db::Db::new(pool, config.transaction_pooling),
             outbox: config.qualified_table(),
             database: config.url.redacted(),
         }
@@ -676,7 +676,10 @@ mod tests {
         )
         .expect("valid");
         PgCapture {
-            pool: PgPool::connect_lazy("postgres://u@127.0.0.1:1/db").expect("lazy pool"),
+            pool: crate::db::Db::new(
+                PgPool::connect_lazy("postgres://u@127.0.0.1:1/db").expect("lazy pool"),
+                false,
+            ),
             outbox: config.qualified_table(),
             database: config.url.redacted(),
         }

@@ -16,7 +16,7 @@ use crate::sql::{Queries, stmt};
 /// Dead-letter operations on one outbox table.
 #[derive(Debug, Clone)]
 pub struct PgDeadLetters {
-    pool: PgPool,
+    pool: crate::db::Db,
     queries: Arc<Queries>,
     table: String,
     cdc: bool,
@@ -27,7 +27,7 @@ impl PgDeadLetters {
     pub fn new(pool: PgPool, config: &PostgresConfig) -> Self {
         let table = config.qualified_table();
         Self {
-            pool,
+            pool: crate::db::Db::new(pool, config.transaction_pooling),
             queries: Arc::new(Queries::new(&table)),
             table: table.to_string(),
             cdc: config.mode == crate::Mode::Cdc,
@@ -136,12 +136,12 @@ impl PgDeadLetters {
         // compares with events streamed again after a restart.
         let err = |e| self.err("retrying dead letters", e);
         let mut tx = self.pool.begin().await.map_err(err)?;
-        sqlx::query(crate::cdc::queries::KEEP_SEQ)
+        crate::sql::query(crate::cdc::queries::KEEP_SEQ)
             .execute(&mut *tx)
             .await
             .map_err(err)?;
         // After the aggregates' locks: a relay parking their events commits first or waits.
-        sqlx::query(stmt(&self.queries.cdc_dead_retry_lock))
+        crate::sql::query(stmt(&self.queries.cdc_dead_retry_lock))
             .bind(ids.clone())
             .bind(event_type.clone())
             .bind(all)

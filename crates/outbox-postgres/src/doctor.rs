@@ -52,9 +52,12 @@ pub async fn doctor(
     config: &PostgresConfig,
     thresholds: DoctorThresholds,
 ) -> Vec<DoctorCheck> {
+    let session = pool;
+    let db = crate::db::Db::new(pool.clone(), config.transaction_pooling);
+    let pool = &db;
     let table = config.qualified_table();
     let mut checks = Vec::new();
-    let schema_ok = match crate::schema_version(pool, &table).await {
+    let schema_ok = match crate::schema_version(session, &table).await {
         Ok(None) => {
             checks.push(DoctorCheck::red(
                 "schema",
@@ -111,18 +114,18 @@ pub async fn doctor(
         checks.push(indexes(pool, config).await);
     }
     if config.mode == Mode::Cdc {
-        checks.extend(cdc(pool, config).await);
+        checks.extend(cdc(session, config).await);
     }
     let sql = render(include_str!("../queries/doctor_transactions.sql"), &table);
     checks.push(idle_transactions(pool, &sql, thresholds.stale_transaction).await);
     if schema_ok {
         checks.push(bloat(pool, config).await);
-        checks.extend(backlog(pool, config, thresholds.stuck_after).await);
+        checks.extend(backlog(session, config, thresholds.stuck_after).await);
     }
     checks
 }
 
-async fn indexes(pool: &PgPool, config: &PostgresConfig) -> DoctorCheck {
+async fn indexes(pool: &crate::db::Db, config: &PostgresConfig) -> DoctorCheck {
     let table = config.qualified_table();
     let sql = render(include_str!("../queries/doctor_indexes.sql"), &table);
     // Rendered by `sql::render` from validated identifiers only.
@@ -322,7 +325,7 @@ pub(crate) fn describe_transaction(t: &OpenTransaction) -> String {
     )
 }
 
-async fn idle_transactions(pool: &PgPool, sql: &str, stale: Duration) -> DoctorCheck {
+async fn idle_transactions(pool: &crate::db::Db, sql: &str, stale: Duration) -> DoctorCheck {
     let open = match open_transactions(pool, sql, stale, 20).await {
         Ok(open) => open,
         Err(e) => {
@@ -376,7 +379,7 @@ async fn idle_transactions(pool: &PgPool, sql: &str, stale: Duration) -> DoctorC
     }
 }
 
-async fn bloat(pool: &PgPool, config: &PostgresConfig) -> DoctorCheck {
+async fn bloat(pool: &crate::db::Db, config: &PostgresConfig) -> DoctorCheck {
     let table = config.qualified_table();
     let stats = crate::sql::query(include_str!("../queries/doctor_table_stats.sql"))
         .bind(config.schema.as_str())

@@ -73,7 +73,7 @@ pub struct Watchdog {
 /// Reads backlog and blockers of one outbox table.
 #[derive(Debug, Clone)]
 pub struct PgInspector {
-    pool: PgPool,
+    pool: crate::db::Db,
     queries: Arc<Queries>,
     extra: Arc<ExtraQueries>,
     table: String,
@@ -116,7 +116,7 @@ fn audited(sql: &str) -> sqlx::AssertSqlSafe<&str> {
 
 /// Reads rows of `doctor_transactions.sql`.
 pub(crate) async fn open_transactions(
-    pool: &PgPool,
+    pool: &crate::db::Db,
     sql: &str,
     min_age: std::time::Duration,
     limit: i64,
@@ -154,7 +154,7 @@ impl PgInspector {
         let table = config.qualified_table();
         Self {
             dead: PgDeadLetters::new(pool.clone(), config),
-            pool,
+            pool: crate::db::Db::new(pool, config.transaction_pooling),
             queries: Arc::new(Queries::new(&table)),
             extra: Arc::new(ExtraQueries::new(&table)),
             table: table.to_string(),

@@ -10,6 +10,7 @@ mod backend;
 mod capture;
 mod cdc;
 mod config;
+mod db;
 mod dead;
 mod doctor;
 mod error;
@@ -54,7 +55,6 @@ pub use outbox_core::admin::{
 
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, PgConnection, PgPool};
-use sqlx_core::transaction::TransactionManager;
 
 /// The URL without secret parameters the driver does not support (`sslpassword`, tokens):
 /// sqlx ignores them, but its warning prints their values. Each one dropped is logged by
@@ -85,45 +85,23 @@ fn without_unsupported_secrets(raw: &str) -> String {
 /// `idle_in_transaction_session_timeout = claim_timeout` and `application_name = outbox`.
 ///
 /// With `source.transaction_pooling` (PgBouncer in transaction mode) the process switches to
-/// unnamed statements, and every connection handed out by this pool is already inside a
-/// transaction that ends when it returns to the pool: a pooler may give the next transaction
-/// another server, so a statement must never be prepared in one and run in the next. (A
-/// `begin()` on such a connection is a savepoint.) Claims use [`connect_claims`] instead.
+/// unnamed statements. Code of this crate reaches the pool through [`db::Db`], which runs
+/// every statement in an explicit transaction committed before it reports success, and
+/// claims take their own explicit transactions ([`connect_claims`]); see `db.rs` for why.
 pub async fn connect(config: &PostgresConfig, connections: u32) -> Result<PgPool, sqlx::Error> {
     let options = connect_options(config)?;
     probe(config, &options).await?;
-    let pool = pool_options(config, connections);
-    if !config.transaction_pooling {
-        return pool.connect_with(options).await;
+    if config.transaction_pooling {
+        sql::use_unnamed_statements();
     }
-    sql::use_unnamed_statements();
-    // A new connection is handed out without `before_acquire`: it begins in `after_connect`.
-    pool.after_connect(|conn, _| Box::pin(async move { Tm::begin(conn, None).await }))
-        .before_acquire(|conn, _| {
-            Box::pin(async move {
-                Tm::begin(conn, None).await?;
-                Ok(true)
-            })
-        })
-        .after_release(|conn, _| {
-            Box::pin(async move {
-                // Ends the transaction `before_acquire` began (savepoints of the user released).
-                while conn.is_in_transaction() {
-                    Tm::commit(conn).await?;
-                }
-                Ok(true)
-            })
-        })
+    pool_options(config, connections)
         .connect_with(options)
         .await
 }
 
-/// The transaction manager the pooled-mode hooks drive.
-type Tm = sqlx::postgres::PgTransactionManager;
-
 /// The pool the polling relay claims with: `workers` connections. Without a transaction
-/// pooler it is `pool`; with one, a pool of plain connections, each claim its own explicit
-/// transaction (see [`connect`]).
+/// pooler it is `pool`; with one, a pool of its own, so that claims (held open while their
+/// batch is published) never wait for the connections the pooler lends to everything else.
 pub async fn connect_claims(
     config: &PostgresConfig,
     pool: &PgPool,

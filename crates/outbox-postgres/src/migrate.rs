@@ -207,6 +207,7 @@ pub async fn schema_version(
     pool: &PgPool,
     table: &QualifiedTable,
 ) -> Result<Option<i32>, sqlx::Error> {
+    let pool = &crate::db::Db::new(pool.clone(), !crate::sql::named());
     let exists: Option<String> = crate::sql::query_scalar("SELECT to_regclass($1)::text")
         .bind(render("{{qname:_migrations}}", table))
         .fetch_one(pool)

@@ -107,11 +107,14 @@ impl PgPollSource {
             include_str!("../queries/outbox_analyze_if_never.sql"),
             &table,
         );
+        let e = |e| source_error("collecting planner statistics", &table.to_string(), e);
+        // An explicit transaction: the statement may pass a transaction pooler (crate::db).
+        let mut tx = pool.begin().await.map_err(e)?;
         crate::sql::query(sqlx::AssertSqlSafe(sql))
-            .execute(pool)
+            .execute(&mut *tx)
             .await
-            .map_err(|e| source_error("collecting planner statistics", &table.to_string(), e))?;
-        Ok(())
+            .map_err(e)?;
+        tx.commit().await.map_err(e)
     }
 
     fn err(&self, context: &str, e: sqlx::Error) -> SourceError {

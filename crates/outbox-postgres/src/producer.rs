@@ -19,7 +19,7 @@ use crate::sql::{Queries, stmt};
 ///
 /// let outbox = PgOutbox::default();
 /// let mut tx = pool.begin().await?;
-/// sqlx::query("INSERT INTO orders (id, total_cents) VALUES ($1, $2)")
+/// crate::sql::query("INSERT INTO orders (id, total_cents) VALUES ($1, $2)")
 ///     .bind("o_91f2").bind(1250_i64)
 ///     .execute(&mut *tx).await?;
 /// let event = NewEvent::json("Order", "o_91f2", "order.placed",
@@ -77,8 +77,8 @@ impl PgOutbox {
     ) -> Result<Uuid, EnqueueError> {
         outbox_core::enqueue::validate(event)?;
         let id = event.id.unwrap_or_else(Uuid::now_v7);
-        sqlx::query(stmt(&self.queries.insert))
-            .persistent(self.named_statements)
+        crate::sql::query(stmt(&self.queries.insert))
+            .persistent(self.named_statements && crate::sql::named())
             .bind(id)
             .bind(&event.aggregate_type)
             .bind(&event.aggregate_id)
@@ -119,8 +119,8 @@ impl PgOutbox {
             payloads.push(&e.payload[..]);
             headers.push(Json(outbox_core::enqueue::headers_object(e)));
         }
-        sqlx::query(stmt(&self.queries.insert_batch))
-            .persistent(self.named_statements)
+        crate::sql::query(stmt(&self.queries.insert_batch))
+            .persistent(self.named_statements && crate::sql::named())
             .bind(&ids)
             .bind(&types)
             .bind(&agg_ids)
@@ -166,8 +166,8 @@ impl PgOutbox {
             ));
             created.push(e.created_at);
         }
-        let done = sqlx::query(stmt(&self.queries.copy_in))
-            .persistent(self.named_statements)
+        let done = crate::sql::query(stmt(&self.queries.copy_in))
+            .persistent(self.named_statements && crate::sql::named())
             .bind(&ids)
             .bind(&types)
             .bind(&agg_ids)

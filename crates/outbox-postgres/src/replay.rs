@@ -36,7 +36,7 @@ pub enum ReplayError {
 /// Replay on one outbox table.
 #[derive(Debug, Clone)]
 pub struct PgReplay {
-    pool: PgPool,
+    pool: crate::db::Db,
     table: String,
     cdc: bool,
     keeps_delivered: bool,
@@ -56,7 +56,7 @@ impl PgReplay {
             include_str!("../queries/outbox_replay_batch.sql")
         };
         Self {
-            pool,
+            pool: crate::db::Db::new(pool, config.transaction_pooling),
             table: table.to_string(),
             cdc,
             keeps_delivered: cdc || config.on_delivered == OnDelivered::Mark,

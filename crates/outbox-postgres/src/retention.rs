@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use outbox_core::admin::{KeptPartition, RetentionPreview, RetentionReport, RetentionSettings};
 use outbox_core::{Identifier, QualifiedTable};
-use sqlx::{Connection, PgPool};
+use sqlx::PgPool;
 use time::OffsetDateTime;
 
 use crate::config::{Mode, PostgresConfig};
@@ -70,7 +70,7 @@ macro_rules! query_file {
 /// Retention for one PostgreSQL outbox table.
 #[derive(Debug)]
 pub struct PgRetention {
-    pool: PgPool,
+    pool: crate::db::Db,
     table: QualifiedTable,
     mode: Mode,
     partitioning: Partitioning,
@@ -90,7 +90,7 @@ impl PgRetention {
             cdc_count: r(query_file!("retention_cdc_count")),
         };
         Self {
-            pool,
+            pool: crate::db::Db::new(pool, config.transaction_pooling),
             mode: config.mode,
             partitioning: config.partitioning,
             slot: config.slot.clone(),
@@ -109,8 +109,11 @@ impl PgRetention {
 
     /// Checks that the table's layout matches `source.partitioning`.
     async fn check_layout(&self) -> Result<Layout, RetentionError> {
-        let mut conn = self.pool.acquire().await.map_err(self.err("connecting"))?;
-        let found = partition::layout(&mut conn, &self.table)
+        let mut tx = self.pool.begin().await.map_err(self.err("connecting"))?;
+        let found = partition::layout(&mut tx, &self.table)
+            .await
+            .map_err(self.err("reading the table's layout"))?;
+        tx.commit()
             .await
             .map_err(self.err("reading the table's layout"))?;
         layout_matches(&self.table, self.partitioning, found)?;
@@ -127,9 +130,9 @@ impl PgRetention {
         let layout = self.check_layout().await?;
         let mut preview = RetentionPreview::default();
         if layout == Layout::Partitioned {
-            let mut conn = self.pool.acquire().await.map_err(self.err("connecting"))?;
-            for p in self.old_partitions(&mut conn, cutoff).await? {
-                let c = partition::contents(&mut conn, &self.table, &p.name, cutoff)
+            let mut tx = self.pool.begin().await.map_err(self.err("connecting"))?;
+            for p in self.old_partitions(&mut tx, cutoff).await? {
+                let c = partition::contents(&mut tx, &self.table, &p.name, cutoff)
                     .await
                     .map_err(self.err("counting a partition's rows"))?;
                 match keep_reason(c) {
@@ -142,6 +145,9 @@ impl PgRetention {
                         .push((p.name, u64::try_from(c.rows).unwrap_or(0))),
                 }
             }
+            tx.commit()
+                .await
+                .map_err(self.err("counting a partition's rows"))?;
         }
         let (rows, oldest): (i64, Option<OffsetDateTime>) = match self.mode {
             Mode::Poll => crate::sql::query_as(crate::sql::stmt(&self.queries.count))
@@ -322,9 +328,8 @@ impl PgRetention {
         cutoff: OffsetDateTime,
         report: &mut RetentionReport,
     ) -> Result<(), RetentionError> {
-        let mut conn = self.pool.acquire().await.map_err(self.err("connecting"))?;
         let created = async {
-            let mut tx = conn.begin().await?;
+            let mut tx = self.pool.begin().await?;
             if !partition::begin_ddl(&mut tx, &self.table).await? {
                 return Ok(None);
             }
@@ -354,9 +359,17 @@ impl PgRetention {
             )),
             Err(e) => return Err(self.err("creating partitions")(e)),
         }
-        for p in self.old_partitions(&mut conn, cutoff).await? {
+        let old = {
+            let mut tx = self.pool.begin().await.map_err(self.err("connecting"))?;
+            let old = self.old_partitions(&mut tx, cutoff).await?;
+            tx.commit()
+                .await
+                .map_err(self.err("listing old partitions"))?;
+            old
+        };
+        for p in old {
             let outcome = async {
-                let mut tx = conn.begin().await?;
+                let mut tx = self.pool.begin().await?;
                 if !partition::begin_ddl(&mut tx, &self.table).await? {
                     return Ok(Err(
                         "another retention run is rotating this table's partitions".to_owned(),

@@ -108,16 +108,18 @@ pub(crate) fn use_unnamed_statements() {
     NAMED_STATEMENTS.store(false, Ordering::Relaxed);
 }
 
-fn named() -> bool {
+pub(crate) fn named() -> bool {
     NAMED_STATEMENTS.load(Ordering::Relaxed)
 }
 
 /// `sqlx::query`, with named (cached) statements unless a transaction pooler is in between.
+#[allow(clippy::disallowed_methods)] // the one place this crate makes statements
 pub(crate) fn query<'q>(sql: impl SqlSafeStr) -> Query<'q, Postgres, PgArguments> {
     sqlx::query(sql).persistent(named())
 }
 
 /// `sqlx::query_as`, see [`query`].
+#[allow(clippy::disallowed_methods)] // the one place this crate makes statements
 pub(crate) fn query_as<'q, O>(sql: impl SqlSafeStr) -> QueryAs<'q, Postgres, O, PgArguments>
 where
     O: for<'r> FromRow<'r, PgRow>,
@@ -126,6 +128,7 @@ where
 }
 
 /// `sqlx::query_scalar`, see [`query`].
+#[allow(clippy::disallowed_methods)] // the one place this crate makes statements
 pub(crate) fn query_scalar<'q, O>(sql: impl SqlSafeStr) -> QueryScalar<'q, Postgres, O, PgArguments>
 where
     (O,): for<'r> FromRow<'r, PgRow>,

@@ -1,6 +1,7 @@
 //! The admin conformance suite (dead letters, why, status, doctor, replay, retention)
 //! against PostgreSQL, through the backend seam exactly as the `outbox` command uses it:
 //! polling (marking and deleting delivered rows), a partitioned table, and CDC.
+#![allow(clippy::disallowed_methods)] // tests talk to PostgreSQL directly, never through a pooler
 
 mod cdc_support;
 mod support;

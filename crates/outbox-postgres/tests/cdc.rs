@@ -1,6 +1,7 @@
 //! The CDC source against a real PostgreSQL with `wal_level = logical`: resume from the slot
 //! after a clean stop and after a crash, standby takeover, table-less events, dead letters,
 //! slot lag, the idle heartbeat, total order with concurrent producers, and setup errors.
+#![allow(clippy::disallowed_methods)] // tests talk to PostgreSQL directly, never through a pooler
 
 mod cdc_support;
 

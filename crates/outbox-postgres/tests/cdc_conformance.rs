@@ -1,4 +1,5 @@
 //! The source conformance suite against the CDC source (logical replication).
+#![allow(clippy::disallowed_methods)] // tests talk to PostgreSQL directly, never through a pooler
 
 mod cdc_support;
 

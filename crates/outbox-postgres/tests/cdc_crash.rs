@@ -5,6 +5,7 @@
 //! (`SIGQUIT` to the postmaster, as `pg_ctl stop -m immediate`) during steady traffic may cost
 //! no more duplicates than the batches in flight plus one second of traffic each, and lose
 //! nothing.
+#![allow(clippy::disallowed_methods)] // tests talk to PostgreSQL directly, never through a pooler
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};

@@ -6,6 +6,7 @@
 //! ```text
 //! OUTBOX_DRAIN_EVENTS=100000 cargo test --release -p outbox-postgres --test cdc_drain -- --ignored --nocapture
 //! ```
+#![allow(clippy::disallowed_methods)] // tests talk to PostgreSQL directly, never through a pooler
 
 mod cdc_support;
 

@@ -1,6 +1,7 @@
 //! Retention in CDC mode: rows stay `pending` (the stream carries the events), so retention
 //! deletes only rows whose transactions the replication slot has confirmed; never a dead
 //! letter, never an event the relay has not settled.
+#![allow(clippy::disallowed_methods)] // tests talk to PostgreSQL directly, never through a pooler
 
 mod cdc_support;
 

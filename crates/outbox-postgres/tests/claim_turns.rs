@@ -1,6 +1,7 @@
 //! Replicas taking turns at claiming (`source.claim_turns`, docs/ordering.md): an ordered claim
 //! holds the table's turn lock until its batch settles, and a turn held too long (a paused
 //! relay) never stalls the other replicas: they claim beside it.
+#![allow(clippy::disallowed_methods)] // tests talk to PostgreSQL directly, never through a pooler
 
 mod support;
 

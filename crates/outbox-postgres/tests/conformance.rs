@@ -1,4 +1,5 @@
 //! The source conformance suite against a real PostgreSQL, in both `on_delivered` modes.
+#![allow(clippy::disallowed_methods)] // tests talk to PostgreSQL directly, never through a pooler
 
 mod support;
 

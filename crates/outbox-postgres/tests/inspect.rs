@@ -1,5 +1,6 @@
 //! What `outbox status` shows: the backlog, aggregates held back, and producers waiting on an
 //! aggregate's ordering lock (with the holder's pid and transaction age).
+#![allow(clippy::disallowed_methods)] // tests talk to PostgreSQL directly, never through a pooler
 
 mod support;
 

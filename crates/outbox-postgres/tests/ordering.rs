@@ -10,6 +10,7 @@
 //! no gap (no loss) and nothing from a rolled-back transaction (no phantom). Plain-SQL
 //! producers write their own aggregates, and each one's events must arrive in its program
 //! order.
+#![allow(clippy::disallowed_methods)] // tests talk to PostgreSQL directly, never through a pooler
 
 mod support;
 

@@ -1,6 +1,7 @@
 //! The source conformance suite on a partitioned outbox table (`source.partitioning =
 //! "daily"`): claims, marks and deletes by seq, the ordering trigger and dead-lettering must
 //! behave exactly as on a plain table.
+#![allow(clippy::disallowed_methods)] // tests talk to PostgreSQL directly, never through a pooler
 
 mod support;
 

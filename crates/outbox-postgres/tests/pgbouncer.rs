@@ -4,6 +4,7 @@
 //! source conformance suite (no loss, no phantom, per-aggregate order under concurrent
 //! commits, retries, dead letters). With the producer's statements named (sqlx's default,
 //! `PgOutbox::transaction_pooling(false)`), the same suite fails at its first check.
+#![allow(clippy::disallowed_methods)] // tests talk to PostgreSQL directly, never through a pooler
 
 mod support;
 

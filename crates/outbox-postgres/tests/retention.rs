@@ -1,5 +1,6 @@
 //! Retention against a real PostgreSQL: batched deletes while a relay keeps publishing, and
 //! partition rotation that never drops an undelivered event.
+#![allow(clippy::disallowed_methods)] // tests talk to PostgreSQL directly, never through a pooler
 
 mod support;
 

@@ -1,5 +1,6 @@
 //! The schema and the producer: idempotent and concurrent `migrate`, defaults for plain-SQL
 //! producers, custom schema and table names, the optional wake-up trigger, `enqueue`.
+#![allow(clippy::disallowed_methods)] // tests talk to PostgreSQL directly, never through a pooler
 
 mod support;
 

@@ -1,5 +1,6 @@
 //! The relay's start-up `ANALYZE`: a table filled before autovacuum's first pass has no
 //! planner statistics (reltuples = -1) until someone analyzes it.
+#![allow(clippy::disallowed_methods)] // tests talk to PostgreSQL directly, never through a pooler
 
 mod support;
 

@@ -63,6 +63,19 @@ impl Workdir {
         cmd
     }
 
+    /// Runs `outbox ARGS`, which must exit 0; its stdout.
+    pub async fn run_ok(&self, args: &[&str]) -> anyhow::Result<String> {
+        let out = self.run(args).await?;
+        ensure!(
+            out.code == Some(0),
+            "`outbox {}`: {}{}",
+            args.join(" "),
+            out.stdout,
+            out.stderr
+        );
+        Ok(out.stdout)
+    }
+
     /// Starts `outbox relay --config CONFIG`, logging to `log_name` in this directory.
     pub fn spawn_relay(&self, config: &Path, log_name: &str) -> anyhow::Result<Child> {
         let log = std::fs::OpenOptions::new()
@@ -135,6 +148,34 @@ impl Output {
 
 /// The marker a chaos test appends to a relay's log before it starts a replacement.
 pub const RESTART_MARKER: &str = "=== restarted by the test ===\n";
+
+/// Chaos: SIGKILLs a random relay of `relays` (`relays[i]` logs to `relay-{i}.log`) every
+/// 150-400 ms and starts a replacement, until at least `min_kills` kills were made and
+/// `done()` holds. Returns the number of kills.
+pub async fn kill_relays_until(
+    work: &Workdir,
+    config: &Path,
+    relays: &mut [Child],
+    min_kills: usize,
+    done: impl Fn() -> bool,
+) -> anyhow::Result<usize> {
+    use rand::Rng;
+    let mut kills = 0;
+    loop {
+        let pause = rand::rng().random_range(150..400);
+        tokio::time::sleep(Duration::from_millis(pause)).await;
+        let victim = rand::rng().random_range(0..relays.len());
+        relays[victim].start_kill()?;
+        relays[victim].wait().await?;
+        let log = format!("relay-{victim}.log");
+        work.append_log(&log, RESTART_MARKER)?;
+        relays[victim] = work.spawn_relay(config, &log)?;
+        kills += 1;
+        if kills >= min_kills && done() {
+            return Ok(kills);
+        }
+    }
+}
 
 /// Stops the relays a chaos test kept restarting (`relays[i]` logs to `relay-{i}.log`): waits
 /// until each current one reached its start line (signal handlers are installed before it, so

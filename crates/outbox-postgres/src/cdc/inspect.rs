@@ -96,7 +96,7 @@ impl PgCdcInspector {
     /// The backlog at `now`.
     pub async fn backlog_at(&self, now: OffsetDateTime) -> Result<Backlog, SourceError> {
         self.check_slot().await?;
-        let dead: i64 = sqlx::query_scalar(stmt(&self.queries.backlog))
+        let dead: i64 = crate::sql::query_scalar(stmt(&self.queries.backlog))
             .fetch_one(&self.pool)
             .await
             .map_err(|e| source_error("reading the backlog", &self.table, e))?;

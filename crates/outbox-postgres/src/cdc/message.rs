@@ -185,7 +185,7 @@ pub async fn emit_message_with_prefix<'e, E: PgExecutor<'e>>(
         return Err(EnqueueError::Invalid("message prefix is empty"));
     }
     let id = event.id.unwrap_or_else(Uuid::now_v7);
-    sqlx::query(sqlx::AssertSqlSafe(EMIT))
+    crate::sql::query(sqlx::AssertSqlSafe(EMIT))
         .bind(prefix)
         .bind(encode_message(event, id))
         .execute(executor)

@@ -53,7 +53,7 @@ impl SavedOffset {
         if self.unavailable {
             return Ok(0);
         }
-        match sqlx::query_scalar::<_, i64>(stmt(&self.queries.offset_read))
+        match crate::sql::query_scalar::<i64>(stmt(&self.queries.offset_read))
             .bind(&self.slot)
             .fetch_optional(pool)
             .await
@@ -122,7 +122,7 @@ pub(crate) async fn save(
     slot: &str,
     lsn: u64,
 ) -> Result<(), sqlx::Error> {
-    sqlx::query(stmt(&queries.offset_save))
+    crate::sql::query(stmt(&queries.offset_save))
         .bind(slot)
         .bind(i64::try_from(lsn).unwrap_or(i64::MAX))
         .execute(pool)

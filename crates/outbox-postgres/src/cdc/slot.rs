@@ -110,7 +110,7 @@ struct SlotRow {
 }
 
 async fn read_slot(pool: &PgPool, slot: &str) -> Result<Option<SlotRow>, sqlx::Error> {
-    let Some(r) = sqlx::query(SLOT_STATUS)
+    let Some(r) = crate::sql::query(SLOT_STATUS)
         .bind(slot)
         .fetch_optional(pool)
         .await?
@@ -184,7 +184,7 @@ pub async fn setup_cdc(
         slot_created: false,
         slot_lsn: None,
     };
-    let existing = sqlx::query(PUBLICATION_STATUS)
+    let existing = crate::sql::query(PUBLICATION_STATUS)
         .bind(publication)
         .bind(config.schema.as_str())
         .bind(config.table.as_str())
@@ -192,7 +192,7 @@ pub async fn setup_cdc(
         .await
         .map_err(pub_err)?;
     match existing {
-        None => match sqlx::query(crate::sql::stmt(&queries.publication_create))
+        None => match crate::sql::query(crate::sql::stmt(&queries.publication_create))
             .execute(pool)
             .await
         {
@@ -204,7 +204,7 @@ pub async fn setup_cdc(
         Some(row) => {
             let has_table: bool = row.try_get("has_table").map_err(pub_err)?;
             if !has_table {
-                sqlx::query(crate::sql::stmt(&queries.publication_add_table))
+                crate::sql::query(crate::sql::stmt(&queries.publication_add_table))
                     .execute(pool)
                     .await
                     .map_err(pub_err)?;
@@ -212,19 +212,23 @@ pub async fn setup_cdc(
             }
         }
     }
-    let database: String = sqlx::query_scalar("SELECT current_database()")
+    let database: String = crate::sql::query_scalar("SELECT current_database()")
         .fetch_one(pool)
         .await
         .map_err(slot_err)?;
     if read_slot(pool, slot).await.map_err(slot_err)?.is_none() {
-        match sqlx::query(SLOT_CREATE).bind(slot).execute(pool).await {
+        match crate::sql::query(SLOT_CREATE)
+            .bind(slot)
+            .execute(pool)
+            .await
+        {
             Ok(_) => report.slot_created = true,
             Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("42710") => {}
             Err(e) => return Err(slot_err(e)),
         }
         if report.slot_created {
             // A new slot starts from its own position, not one saved for an older namesake.
-            sqlx::query(crate::sql::stmt(&queries.offset_forget))
+            crate::sql::query(crate::sql::stmt(&queries.offset_forget))
                 .bind(slot)
                 .execute(pool)
                 .await
@@ -273,7 +277,7 @@ pub(crate) async fn check(
                 "replication slot `{slot}` does not exist; run `outbox migrate` with source.mode = \"cdc\" first (if it was dropped while events were written, see docs/cdc.md#recovering-a-lost-slot)"
             ))
         })?;
-    let database: String = sqlx::query_scalar("SELECT current_database()")
+    let database: String = crate::sql::query_scalar("SELECT current_database()")
         .fetch_one(pool)
         .await
         .map_err(|e| db("reading the database name", e))?;
@@ -289,7 +293,7 @@ pub(crate) async fn check(
         )));
     }
     let publication = config.publication.as_str();
-    let p = sqlx::query(PUBLICATION_STATUS)
+    let p = crate::sql::query(PUBLICATION_STATUS)
         .bind(publication)
         .bind(config.schema.as_str())
         .bind(config.table.as_str())

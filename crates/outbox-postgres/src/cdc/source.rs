@@ -217,7 +217,7 @@ impl PgCdcSource {
         // how far the server's WAL reaches.
         let confirmed = self.read_confirmed().await?;
         let flushed: i64 =
-            sqlx::query_scalar("SELECT (pg_current_wal_flush_lsn() - '0/0'::pg_lsn)::bigint")
+            crate::sql::query_scalar("SELECT (pg_current_wal_flush_lsn() - '0/0'::pg_lsn)::bigint")
                 .fetch_one(&self.pool)
                 .await
                 .map_err(|e| self.db_err("reading the WAL position", e))?;
@@ -277,7 +277,7 @@ impl PgCdcSource {
             &self.queries.dead_aggregates,
             &self.queries.put_back_aggregates,
         ] {
-            let rows = sqlx::query(stmt(sql))
+            let rows = crate::sql::query(stmt(sql))
                 .fetch_all(&self.pool)
                 .await
                 .map_err(|e| self.db_err("reading dead-lettered aggregates", e))?;
@@ -407,12 +407,13 @@ impl PgCdcSource {
             }
         }
         for (key, positions) in groups {
-            let dead: Vec<(Uuid, i64)> = sqlx::query_as(stmt(&self.queries.dead_of_aggregate))
-                .bind(&key.0)
-                .bind(&key.1)
-                .fetch_all(&self.pool)
-                .await
-                .map_err(|e| self.db_err("reading the dead letters of an aggregate", e))?;
+            let dead: Vec<(Uuid, i64)> =
+                crate::sql::query_as(stmt(&self.queries.dead_of_aggregate))
+                    .bind(&key.0)
+                    .bind(&key.1)
+                    .fetch_all(&self.pool)
+                    .await
+                    .map_err(|e| self.db_err("reading the dead letters of an aggregate", e))?;
             if dead.is_empty() {
                 self.resolve_put_back(key, positions, true).await?;
                 continue;
@@ -488,7 +489,7 @@ impl PgCdcSource {
         may_release: bool,
     ) -> Result<(), SourceError> {
         let put_back: Vec<(Uuid, i64)> = if self.hold {
-            sqlx::query_as(stmt(&self.queries.put_back_of_aggregate))
+            crate::sql::query_as(stmt(&self.queries.put_back_of_aggregate))
                 .bind(&key.0)
                 .bind(&key.1)
                 .fetch_all(&self.pool)
@@ -560,8 +561,11 @@ impl PgCdcSource {
             .collect();
         let err = |e| source_error("streaming events again", &self.table, e);
         let mut tx = self.pool.begin().await.map_err(err)?;
-        sqlx::query(KEEP_SEQ).execute(&mut *tx).await.map_err(err)?;
-        let again: Vec<Uuid> = sqlx::query_scalar(stmt(&self.queries.restream))
+        crate::sql::query(KEEP_SEQ)
+            .execute(&mut *tx)
+            .await
+            .map_err(err)?;
+        let again: Vec<Uuid> = crate::sql::query_scalar(stmt(&self.queries.restream))
             .bind(&ids)
             .fetch_all(&mut *tx)
             .await
@@ -592,7 +596,7 @@ impl PgCdcSource {
             return;
         }
         let ids: Vec<Uuid> = self.unmarked.iter().copied().collect();
-        match sqlx::query(stmt(&self.queries.put_back_delivered))
+        match crate::sql::query(stmt(&self.queries.put_back_delivered))
             .bind(&ids)
             .execute(&self.pool)
             .await
@@ -626,7 +630,7 @@ impl PgCdcSource {
         }
         let err = |e| self.db_err("parking events behind a dead letter", e);
         let mut tx = self.pool.begin().await.map_err(err)?;
-        sqlx::query(stmt(&self.queries.aggregate_lock))
+        crate::sql::query(stmt(&self.queries.aggregate_lock))
             .bind(vec![key.0.clone()])
             .bind(vec![key.1.clone()])
             .execute(&mut *tx)
@@ -635,7 +639,7 @@ impl PgCdcSource {
         let ids: Vec<Uuid> = rows.iter().map(|(e, _, _)| e.event.id).collect();
         let attempts: Vec<i32> = rows.iter().map(|(_, a, _)| *a).collect();
         let reasons: Vec<&str> = rows.iter().map(|(_, _, r)| r.as_str()).collect();
-        let done: Vec<Uuid> = sqlx::query_scalar(stmt(&self.queries.park))
+        let done: Vec<Uuid> = crate::sql::query_scalar(stmt(&self.queries.park))
             .bind(&ids)
             .bind(&attempts)
             .bind(&reasons)
@@ -660,7 +664,7 @@ impl PgCdcSource {
         }
         let deadline = Instant::now() + VISIBILITY_TIMEOUT;
         loop {
-            let visible: bool = sqlx::query_scalar(TRANSACTION_VISIBLE)
+            let visible: bool = crate::sql::query_scalar(TRANSACTION_VISIBLE)
                 .bind(&xids)
                 .fetch_one(&self.pool)
                 .await
@@ -695,7 +699,7 @@ impl PgCdcSource {
             let ids: Vec<Uuid> = rows.iter().map(|(e, _, _)| e.event.id).collect();
             let attempts: Vec<i32> = rows.iter().map(|(_, a, _)| *a).collect();
             let reasons: Vec<&str> = rows.iter().map(|(_, _, r)| r.as_str()).collect();
-            sqlx::query(stmt(&self.queries.dead_letter))
+            crate::sql::query(stmt(&self.queries.dead_letter))
                 .bind(&ids)
                 .bind(&attempts)
                 .bind(&reasons)
@@ -726,7 +730,7 @@ impl PgCdcSource {
             let created: Vec<OffsetDateTime> = (0..n).map(|i| ev(i).created_at).collect();
             let attempts: Vec<i32> = messages.iter().map(|(_, a, _)| *a).collect();
             let reasons: Vec<&str> = messages.iter().map(|(_, _, r)| r.as_str()).collect();
-            sqlx::query(stmt(&self.queries.dead_insert))
+            crate::sql::query(stmt(&self.queries.dead_insert))
                 .bind(&ids)
                 .bind(&types)
                 .bind(&agg_ids)

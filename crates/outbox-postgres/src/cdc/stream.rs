@@ -216,7 +216,7 @@ impl Stream {
             // The server applies it when its walsender reads it; nothing announces that, so
             // read the slot until it shows the position (normally at the first read).
             loop {
-                let shown: Result<Option<i64>, sqlx::Error> = sqlx::query_scalar(
+                let shown: Result<Option<i64>, sqlx::Error> = crate::sql::query_scalar(
                     "SELECT (confirmed_flush_lsn - '0/0'::pg_lsn)::bigint FROM pg_replication_slots WHERE slot_name = $1",
                 )
                 .bind(&slot)
