@@ -316,10 +316,18 @@ fn describe(errors: Vec<figment::Error>) -> String {
                     )
                 }
                 Kind::UnknownVariant(found, expected) => {
-                    format!(
+                    let mut message = format!(
                         "unknown value `{found}` (expected one of: {})",
                         expected.join(", ")
-                    )
+                    );
+                    if e.path.last().is_some_and(|p| p == "kind")
+                        && crate::registry::OPTIONAL_KINDS.contains(&found.as_str())
+                    {
+                        message.push_str(&format!(
+                            "; `{found}` exists, but this build of outbox was made without it (cargo feature `{found}`): build with the default features, `cargo build --release -p outbox-cli`"
+                        ));
+                    }
+                    message
                 }
                 Kind::MissingField(field) => format!("missing key `{field}`"),
                 other => other.to_string(),
@@ -429,7 +437,29 @@ fn secrets_from_files(section: &str, dict: &mut figment::value::Dict) -> Result<
 
 #[cfg(test)]
 mod tests {
-    use super::Config;
+    use super::{Config, describe};
+
+    #[test]
+    fn a_kind_left_out_of_the_build_says_which_feature_brings_it_back() {
+        let mut error = figment::Error::from(figment::error::Kind::UnknownVariant(
+            "postgres".to_owned(),
+            &["sqlite"],
+        ));
+        error.path = vec!["source".to_owned(), "kind".to_owned()];
+        let message = describe(vec![error]);
+        assert!(
+            message.starts_with("source.kind: unknown value `postgres`")
+                && message.contains("cargo feature `postgres`")
+                && message.contains("cargo build --release -p outbox-cli"),
+            "{message}"
+        );
+        let mut typo = figment::Error::from(figment::error::Kind::UnknownVariant(
+            "postgre".to_owned(),
+            &["sqlite"],
+        ));
+        typo.path = vec!["source".to_owned(), "kind".to_owned()];
+        assert!(!describe(vec![typo]).contains("cargo feature"));
+    }
 
     /// What `outbox check-config` prints is a config file: read back, it is the same
     /// configuration (secrets aside, which print as `***`).

@@ -27,47 +27,49 @@ use outbox_core::{BuildSink, DynSink, Event, SinkError};
 /// ```
 #[macro_export]
 macro_rules! source_registry {
-    ($(#[$meta:meta])* $vis:vis enum $name:ident { $( #[doc = $doc:literal] $variant:ident($config:ty) ),+ $(,)? }) => {
+    ($(#[$meta:meta])* $vis:vis enum $name:ident { $( #[doc = $doc:literal] $(#[cfg($cfg:meta)])? $variant:ident($config:ty) ),+ $(,)? }) => {
         $(#[$meta])*
         #[derive(Debug, Clone, ::serde::Deserialize, ::serde::Serialize)]
         #[serde(tag = "kind", rename_all = "lowercase")]
         $vis enum $name {
-            $( #[doc = $doc] $variant($config), )+
+            $( #[doc = $doc] $(#[cfg($cfg)])? $variant($config), )+
         }
 
         impl $name {
             /// Every `kind` this registry knows, in registry order.
             pub const KINDS: &'static [&'static str] =
-                &[$(<$config as $crate::__private::BackendConfig>::KIND),+];
+                &[$( $(#[cfg($cfg)])? <$config as $crate::__private::BackendConfig>::KIND, )+];
 
             /// The `kind`.
             pub fn kind(&self) -> &'static str {
-                match self { $( Self::$variant(_) => <$config as $crate::__private::BackendConfig>::KIND, )+ }
+                match self { $( $(#[cfg($cfg)])? Self::$variant(_) => <$config as $crate::__private::BackendConfig>::KIND, )+ }
             }
             /// Checks what serde cannot, against the relay settings.
             pub fn validate(&self, relay: &$crate::__private::RelayConfig) -> Result<(), String> {
-                match self { $( Self::$variant(c) => $crate::__private::BackendConfig::validate(c, relay), )+ }
+                match self { $( $(#[cfg($cfg)])? Self::$variant(c) => $crate::__private::BackendConfig::validate(c, relay), )+ }
             }
             /// The database for messages, secrets redacted.
             pub fn describe(&self) -> String {
-                match self { $( Self::$variant(c) => $crate::__private::BackendConfig::describe(c), )+ }
+                match self { $( $(#[cfg($cfg)])? Self::$variant(c) => $crate::__private::BackendConfig::describe(c), )+ }
             }
             /// The same database with subscription `name`'s table as the outbox table;
             /// `Err` when this kind cannot keep one.
             pub fn for_subscription(&self, name: &str) -> Result<Self, String> {
-                match self { $( Self::$variant(c) => $crate::__private::BackendConfig::for_subscription(c, name).map(Self::$variant), )+ }
+                match self { $( $(#[cfg($cfg)])? Self::$variant(c) => $crate::__private::BackendConfig::for_subscription(c, name).map(Self::$variant), )+ }
             }
             /// Connects.
             pub async fn open(
                 &self,
                 options: $crate::__private::OpenOptions,
             ) -> Result<::std::sync::Arc<dyn $crate::__private::Backend>, $crate::__private::OpenError> {
-                match self { $( Self::$variant(c) => $crate::__private::BackendConfig::open(c, options).await, )+ }
+                match self { $( $(#[cfg($cfg)])? Self::$variant(c) => $crate::__private::BackendConfig::open(c, options).await, )+ }
             }
             /// The `kind` a `--database-url` without `[source] kind` means, if any.
             pub fn kind_of_url(url: &str) -> Option<&'static str> {
-                $( if <$config as $crate::__private::BackendConfig>::claims_url(url) {
-                    return Some(<$config as $crate::__private::BackendConfig>::KIND);
+                $( $(#[cfg($cfg)])? {
+                    if <$config as $crate::__private::BackendConfig>::claims_url(url) {
+                        return Some(<$config as $crate::__private::BackendConfig>::KIND);
+                    }
                 } )+
                 None
             }
@@ -77,8 +79,10 @@ macro_rules! source_registry {
                 kind: &str,
                 section: &$crate::__private::Figment,
             ) -> Option<$crate::__private::FigmentError> {
-                $( if kind == <$config as $crate::__private::BackendConfig>::KIND {
-                    return section.extract::<$config>().err();
+                $( $(#[cfg($cfg)])? {
+                    if kind == <$config as $crate::__private::BackendConfig>::KIND {
+                        return section.extract::<$config>().err();
+                    }
                 } )+
                 None
             }
@@ -142,12 +146,15 @@ source_registry! {
     /// `[source]`: the database holding the outbox, chosen by `kind`.
     pub enum SourceConfig {
         /// PostgreSQL: polling (`FOR UPDATE SKIP LOCKED`) or CDC (logical replication).
+        #[cfg(feature = "postgres")]
         Postgres(outbox_postgres::PostgresConfig),
         /// SQLite, the embedded default.
         Sqlite(outbox_sqlite::SqliteConfig),
         /// MySQL 8 / MariaDB 10.6+: polling (`FOR UPDATE SKIP LOCKED`).
+        #[cfg(feature = "mysql")]
         Mysql(outbox_mysql::MySqlConfig),
         /// DynamoDB (single-table design), relayed from the table's stream.
+        #[cfg(feature = "dynamodb")]
         Dynamodb(outbox_dynamodb::DynamoDbConfig),
     }
 }
@@ -185,6 +192,13 @@ sinks! {
     #[cfg(feature = "pubsub")]
     Pubsub(outbox_sinks::PubSubConfig),
 }
+
+/// The kinds a build can leave out, each with a cargo feature of its own name (the default
+/// features have them all): a config naming one that this build lacks gets that said.
+pub(crate) const OPTIONAL_KINDS: &[&str] = &[
+    "postgres", "mysql", "dynamodb", "nats", "http", "kafka", "redis", "rabbitmq", "sqs", "sns",
+    "kinesis", "pubsub",
+];
 
 impl Default for SourceConfig {
     /// The embedded default: SQLite `outbox.db`.
