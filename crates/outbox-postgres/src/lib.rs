@@ -85,7 +85,7 @@ fn without_unsupported_secrets(raw: &str) -> String {
 /// `idle_in_transaction_session_timeout = claim_timeout` and `application_name = outbox`.
 ///
 /// With `source.transaction_pooling` (PgBouncer in transaction mode) the process switches to
-/// unnamed statements. Code of this crate reaches the pool through [`db::Db`], which runs
+/// unnamed statements. Code of this crate reaches the pool through `Db` (src/db.rs), which runs
 /// every statement in an explicit transaction committed before it reports success, and
 /// claims take their own explicit transactions ([`connect_claims`]); see `db.rs` for why.
 pub async fn connect(config: &PostgresConfig, connections: u32) -> Result<PgPool, sqlx::Error> {

@@ -19,7 +19,7 @@ use crate::sql::{Queries, stmt};
 ///
 /// let outbox = PgOutbox::default();
 /// let mut tx = pool.begin().await?;
-/// crate::sql::query("INSERT INTO orders (id, total_cents) VALUES ($1, $2)")
+/// sqlx::query("INSERT INTO orders (id, total_cents) VALUES ($1, $2)")
 ///     .bind("o_91f2").bind(1250_i64)
 ///     .execute(&mut *tx).await?;
 /// let event = NewEvent::json("Order", "o_91f2", "order.placed",
