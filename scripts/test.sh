@@ -7,7 +7,8 @@
 #    when they are missing (and tansu, a Kafka-protocol broker, with `cargo install` when no
 #    binary is found: see services.sh), and moto's server (PyPI `moto[server]`) for the AWS
 #    sinks, which the tests start themselves;
-# 2. checks formatting and runs clippy with warnings as errors;
+# 2. checks formatting, runs clippy with warnings as errors, and builds the API docs
+#    (`cargo doc --no-deps`, rustdoc warnings as errors);
 # 3. starts ONE PostgreSQL, ONE nats-server and ONE tansu for the run on free ports of 127.0.0.1
 #    (data and logs in a temporary directory, stopped and removed on exit) and passes them to the
 #    tests as OUTBOX_TEST_DATABASE_URL, OUTBOX_TEST_NATS_URL and OUTBOX_TEST_KAFKA_BROKERS;
@@ -46,6 +47,9 @@ if [ "${OUTBOX_SKIP_LINT:-0}" != 1 ]; then
 
     step "cargo clippy --workspace --all-targets -- -D warnings"
     cargo clippy --workspace --all-targets -- -D warnings
+
+    step "cargo doc --no-deps --workspace (rustdoc warnings are errors)"
+    RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace
 
     step "outbox-inbox: a PostgreSQL-only consumer builds no SQLite"
     if cargo tree -p outbox-inbox --no-default-features --features postgres,nats -e normal |

@@ -3,7 +3,7 @@
 //! (a span per attempt when the runtime exports traces; `docs/observability.md`, "Traces").
 //!
 //! The headers are ordinary row headers: every sink sends them like any other, so a producer in
-//! any language only sets them. With the `otel` feature, [`NewEvent::with_trace_context`] fills
+//! any language only sets them. With the `otel` feature, `NewEvent::with_trace_context` fills
 //! them from the current OpenTelemetry context, and [`remote_context`] reads them back.
 //!
 //! The relay calls a [`PublishTracer`] only when one is set ([`crate::Relay::with_tracer`]):

@@ -26,14 +26,14 @@
 //! | feature | loop | dead letters |
 //! | --- | --- | --- |
 //! | `nats` (default) | [`nats::JetStreamConsumer`]: durable pull consumer | `+TERM` (advisory) |
-//! | `redis` | [`redis::StreamConsumer`]: consumer group, `XAUTOCLAIM` recovery | `<stream>.dead` |
-//! | `rabbitmq` | [`rabbitmq::QueueConsumer`]: manual acks, prefetch | the queue's dead-letter exchange |
-//! | `kafka` | [`kafka::KafkaConsumer`]: consumer group, contiguous offset commits | `<topic>.dead` |
+//! | `redis` | `redis::StreamConsumer`: consumer group, `XAUTOCLAIM` recovery | `<stream>.dead` |
+//! | `rabbitmq` | `rabbitmq::QueueConsumer`: manual acks, prefetch | the queue's dead-letter exchange |
+//! | `kafka` | `kafka::KafkaConsumer`: consumer group, contiguous offset commits | `<topic>.dead` |
 //! | `http` | [`http::WebhookReceiver`]: Standard Webhooks verification (401), 500 on error | the sender's |
 //!
 //! With the `otel` feature every loop runs each handler attempt in an OpenTelemetry span of
 //! kind CONSUMER, a child of the message's `traceparent` (`docs/observability.md`, "Traces"),
-//! and [`InboxMessage::trace_context`] reads that parent for loops of your own.
+//! and `InboxMessage::trace_context` reads that parent for loops of your own.
 
 mod error;
 pub mod lane;

@@ -254,7 +254,7 @@ impl Tracing {
         self.tracer.clone()
     }
 
-    /// Sends the spans still queued (at most [`SHUTDOWN_FLUSH`]), then stops. Call after the
+    /// Sends the spans still queued (at most `SHUTDOWN_FLUSH`), then stops. Call after the
     /// relay stopped.
     pub async fn shutdown(self) {
         self.stop.cancel();

@@ -9,7 +9,7 @@ use figment::Figment;
 use outbox_core::{BuildSink, DynSink, Event, SinkError};
 
 /// Generates a `[source]` registry: an enum tagged by `kind` with one variant per
-/// [`BackendConfig`], and the methods the runtime calls on it (`kind`, `validate`,
+/// [`BackendConfig`](outbox_core::BackendConfig), and the methods the runtime calls on it (`kind`, `validate`,
 /// `describe`, `open`, `kind_of_url`). The runtime's own registry is [`SourceConfig`] below;
 /// a test or an application with a database of its own can build another one (the caller
 /// depends on `serde`):

@@ -37,7 +37,7 @@ pub mod postgres {
     };
 }
 
-/// SQLite (the embedded default): the same shape as [`postgres`](crate::postgres).
+/// SQLite (the embedded default): the same shape as [`postgres`].
 #[cfg(feature = "sqlite")]
 pub mod sqlite {
     pub use outbox_sqlite::*;

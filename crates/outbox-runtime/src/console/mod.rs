@@ -5,8 +5,8 @@
 //!
 //! Server-rendered HTML with a small vanilla script that polls `/ui/api/overview` and draws
 //! the charts as inline SVG; the assets are compiled into the binary (no CDN, no build step,
-//! works offline). Who may do what: [`guard`]. The charts' data: [`history`]. The JSON
-//! endpoints: [`api`]. `docs/observability.md` is the operator's guide.
+//! works offline). Who may do what: `guard`. The charts' data: `history`. The JSON
+//! endpoints: `api`. `docs/observability.md` is the operator's guide.
 
 mod api;
 mod guard;
