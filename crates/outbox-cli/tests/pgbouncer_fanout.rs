@@ -55,27 +55,18 @@ async fn produce(pool: sqlx::PgPool, producer: usize) -> anyhow::Result<Written>
             (status, rng.random_bool(0.1))
         };
         let mut tx = pool.begin().await?;
-        if exists.contains(&customer) {
-            sqlx::query(
-                "UPDATE bookings SET status = $2, token = $3, version = version + 1 WHERE customer_id = $1",
-            )
-            .persistent(false)
-            .bind(&customer)
-            .bind(status)
-            .bind(&token)
-            .execute(&mut *tx)
-            .await?;
+        let write = if exists.contains(&customer) {
+            "UPDATE bookings SET status = $2, token = $3, version = version + 1 WHERE customer_id = $1"
         } else {
-            sqlx::query(
-                "INSERT INTO bookings (customer_id, status, token, version) VALUES ($1, $2, $3, 1)",
-            )
+            "INSERT INTO bookings (customer_id, status, token, version) VALUES ($1, $2, $3, 1)"
+        };
+        sqlx::query(write)
             .persistent(false)
             .bind(&customer)
             .bind(status)
             .bind(&token)
             .execute(&mut *tx)
             .await?;
-        }
         if rollback {
             tx.rollback().await?;
             written.rolled_back.insert(token);
