@@ -153,8 +153,7 @@ impl<'d> Executor<'d> for &'_ Db {
         })
     }
 
-    // Required while sqlx's `offline` feature is on, which the workspace's `sqlx/macros`
-    // turns on.
+    // Required by sqlx's `offline` feature, which this crate turns on (Cargo.toml).
     fn describe<'e>(
         self,
         sql: SqlStr,

@@ -22,7 +22,6 @@ use opentelemetry::trace::{
     Span as _, SpanKind, Status, TraceContextExt as _, Tracer as _, TracerProvider as _,
 };
 use opentelemetry::{Context, KeyValue};
-use opentelemetry_otlp::{WithExportConfig as _, WithHttpConfig as _};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{
@@ -183,6 +182,58 @@ impl std::fmt::Debug for Tracing {
     }
 }
 
+/// The OTLP/HTTP (protobuf) exporter to `url`.
+#[cfg(feature = "otlp")]
+fn exporter(
+    url: &str,
+    config: &TracingConfig,
+) -> Result<opentelemetry_otlp::SpanExporter, RuntimeError> {
+    use opentelemetry_otlp::{WithExportConfig as _, WithHttpConfig as _};
+    // reqwest is built without a crypto provider of its own (no aws-lc in a lean build): an
+    // https endpoint uses ring, the provider the rest of the process uses.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    opentelemetry_otlp::SpanExporter::builder()
+        .with_http()
+        .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+        .with_endpoint(url.to_owned())
+        .with_timeout(config.export_timeout)
+        .with_headers(config.headers.clone().into_iter().collect())
+        .build()
+        .map_err(|e| {
+            RuntimeError::Tracing(format!(
+                "tracing: cannot export to {}: {e}",
+                outbox_core::redact::redact_url(url)
+            ))
+        })
+}
+
+/// A build without the `otlp` feature has no exporter: an endpoint is refused, saying so.
+#[cfg(not(feature = "otlp"))]
+fn exporter(url: &str, _config: &TracingConfig) -> Result<NoExporter, RuntimeError> {
+    Err(RuntimeError::Tracing(format!(
+        "tracing: spans are to be exported to {} ([tracing] otlp_endpoint or \
+         OTEL_EXPORTER_OTLP_*), but this build has no OTLP exporter; build with the `otlp` \
+         feature (on by default)",
+        outbox_core::redact::redact_url(url)
+    )))
+}
+
+/// The exporter of a build without one: never constructed.
+#[cfg(not(feature = "otlp"))]
+#[derive(Debug)]
+enum NoExporter {}
+
+#[cfg(not(feature = "otlp"))]
+impl SpanExporter for NoExporter {
+    async fn export(&self, _batch: Vec<SpanData>) -> OTelSdkResult {
+        match *self {}
+    }
+
+    fn set_resource(&mut self, _resource: &Resource) {
+        match *self {}
+    }
+}
+
 impl Tracing {
     /// Starts exporting when `config` (or the environment) names an endpoint; `Ok(None)`
     /// otherwise. Call inside the tokio runtime, after the metrics recorder is installed.
@@ -191,19 +242,7 @@ impl Tracing {
         let Some(url) = config.traces_url().map_err(RuntimeError::Tracing)? else {
             return Ok(None);
         };
-        let mut exporter = opentelemetry_otlp::SpanExporter::builder()
-            .with_http()
-            .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
-            .with_endpoint(url.clone())
-            .with_timeout(config.export_timeout)
-            .with_headers(config.headers.clone().into_iter().collect())
-            .build()
-            .map_err(|e| {
-                RuntimeError::Tracing(format!(
-                    "tracing: cannot export to {}: {e}",
-                    outbox_core::redact::redact_url(&url)
-                ))
-            })?;
+        let mut exporter = exporter(&url, config)?;
         let mut resource = Resource::builder();
         match &config.service_name {
             Some(name) => resource = resource.with_service_name(name.clone()),
