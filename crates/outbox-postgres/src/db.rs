@@ -153,7 +153,7 @@ impl<'d> Executor<'d> for &'_ Db {
         })
     }
 
-    // Required by sqlx's `offline` feature, which this crate turns on (Cargo.toml).
+    // Required by sqlx's `offline` feature, which this crate turns on (`macros`, Cargo.toml).
     fn describe<'e>(
         self,
         sql: SqlStr,
