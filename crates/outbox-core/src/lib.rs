@@ -26,6 +26,7 @@ pub mod redact;
 pub mod relay;
 pub mod sink;
 pub mod source;
+pub mod spill;
 pub mod stream_ledger;
 pub mod trace;
 

@@ -13,6 +13,11 @@
 //! reused within a source (also across reconnects), so a stale settlement can never hit a
 //! new event. Each event carries the source's own metadata `M` (where it came from, its
 //! transaction id) for dead-lettering.
+//!
+//! A transaction too large to hold ([`crate::spill`]) is committed from its scratch file
+//! ([`Ledger::commit_spilled`]) and loaded in batches as room frees up ([`Ledger::refill`]). It
+//! is confirmed only once every one of its events is loaded and settled; while it is loading,
+//! the source reads nothing more from its stream ([`Ledger::draining`]), so commit order holds.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{self, AtomicBool, AtomicI64, AtomicU64};
@@ -20,7 +25,8 @@ use std::sync::atomic::{self, AtomicBool, AtomicI64, AtomicU64};
 use time::OffsetDateTime;
 
 use crate::source::Backlog;
-use crate::{Event, Ordering, Position};
+use crate::spill::{Spillable, SpilledTxn};
+use crate::{Event, Ordering, Position, SourceError};
 
 /// Counters a running stream source shares with its inspector (metrics, the watchdog and
 /// `status` run on other tasks).
@@ -32,6 +38,8 @@ pub struct LedgerStats {
     oldest_micros: AtomicI64,
     /// True while the source holds its stream.
     pub streaming: AtomicBool,
+    spilled_transactions: AtomicU64,
+    spilled_events: AtomicU64,
 }
 
 impl Default for LedgerStats {
@@ -41,6 +49,8 @@ impl Default for LedgerStats {
             retrying: AtomicU64::new(0),
             oldest_micros: AtomicI64::new(i64::MIN),
             streaming: AtomicBool::new(false),
+            spilled_transactions: AtomicU64::new(0),
+            spilled_events: AtomicU64::new(0),
         }
     }
 }
@@ -49,12 +59,27 @@ impl LedgerStats {
     /// Copies the ledger's counts.
     pub fn publish<M: Clone>(&self, ledger: &Ledger<M>) {
         let relaxed = atomic::Ordering::Relaxed;
-        self.unsettled.store(ledger.unsettled() as u64, relaxed);
+        let on_disk = ledger.drain.as_ref().map_or(0, SpilledTxn::remaining);
+        self.unsettled
+            .store((ledger.unsettled() + on_disk) as u64, relaxed);
+        let spilled = ledger.spilled();
+        self.spilled_transactions
+            .store(spilled.transactions, relaxed);
+        self.spilled_events.store(spilled.events, relaxed);
         self.retrying.store(ledger.retrying() as u64, relaxed);
         let oldest = ledger
             .oldest()
             .map_or(i64::MIN, |t| (t.unix_timestamp_nanos() / 1_000) as i64);
         self.oldest_micros.store(oldest, relaxed);
+    }
+
+    /// What the ledger has committed from scratch files, as last published.
+    pub fn spilled(&self) -> Spilled {
+        let relaxed = atomic::Ordering::Relaxed;
+        Spilled {
+            transactions: self.spilled_transactions.load(relaxed),
+            events: self.spilled_events.load(relaxed),
+        }
     }
 
     /// Sets the backlog's pending and retrying counts and the oldest pending age at `now`
@@ -100,6 +125,17 @@ impl<M> Entry<M> {
 struct Txn {
     end_lsn: u64,
     remaining: usize,
+    /// Some of its events are still in the scratch file (`Ledger::drain`).
+    loading: bool,
+}
+
+/// Transactions committed from scratch files since the ledger was made, and their events.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Spilled {
+    /// Transactions.
+    pub transactions: u64,
+    /// Their events.
+    pub events: u64,
 }
 
 /// See the module docs.
@@ -112,6 +148,9 @@ pub struct Ledger<M> {
     queue: BTreeMap<i64, Entry<M>>,
     in_flight: HashMap<i64, Entry<M>>,
     confirmed: u64,
+    /// The last transaction's events still in its scratch file.
+    drain: Option<SpilledTxn<(Event, M)>>,
+    spilled: Spilled,
 }
 
 impl<M: Clone> Ledger<M> {
@@ -124,6 +163,8 @@ impl<M: Clone> Ledger<M> {
             queue: BTreeMap::new(),
             in_flight: HashMap::new(),
             confirmed,
+            drain: None,
+            spilled: Spilled::default(),
         }
     }
 
@@ -134,6 +175,7 @@ impl<M: Clone> Ledger<M> {
         self.txns.clear();
         self.queue.clear();
         self.in_flight.clear();
+        self.drain = None;
         self.confirmed = confirmed;
     }
 
@@ -145,11 +187,22 @@ impl<M: Clone> Ledger<M> {
     /// Records a committed transaction; returns the new confirmed LSN if it moved (a
     /// transaction without events confirms at once when nothing precedes it).
     pub fn commit(&mut self, events: Vec<(Event, M)>, end_lsn: u64) -> Option<u64> {
-        let txn = self.first_txn + self.txns.len() as u64;
         self.txns.push_back(Txn {
             end_lsn,
-            remaining: events.len(),
+            remaining: 0,
+            loading: false,
         });
+        self.enqueue(events);
+        self.advance()
+    }
+
+    /// Adds `events` to the last transaction.
+    fn enqueue(&mut self, events: Vec<(Event, M)>) {
+        let Some(last) = self.txns.back_mut() else {
+            return;
+        };
+        last.remaining += events.len();
+        let txn = self.first_txn + self.txns.len() as u64 - 1;
         for (mut event, meta) in events {
             let position = self.next_position;
             self.next_position += 1;
@@ -165,7 +218,6 @@ impl<M: Clone> Ledger<M> {
                 },
             );
         }
-        self.advance()
     }
 
     /// Confirms the server's position when nothing is outstanding; returns it if it moved.
@@ -180,13 +232,28 @@ impl<M: Clone> Ledger<M> {
 
     fn advance(&mut self) -> Option<u64> {
         let before = self.confirmed;
-        while self.txns.front().is_some_and(|t| t.remaining == 0) {
+        while self
+            .txns
+            .front()
+            .is_some_and(|t| t.remaining == 0 && !t.loading)
+        {
             if let Some(t) = self.txns.pop_front() {
                 self.confirmed = self.confirmed.max(t.end_lsn);
                 self.first_txn += 1;
             }
         }
         (self.confirmed != before).then_some(self.confirmed)
+    }
+
+    /// True while a transaction committed from its scratch file is not loaded whole: the
+    /// source must not read its stream (the next transaction would overtake it).
+    pub fn draining(&self) -> bool {
+        self.drain.is_some()
+    }
+
+    /// What was committed from scratch files so far.
+    pub fn spilled(&self) -> Spilled {
+        self.spilled
     }
 
     /// Marks an event settled for good (delivered, dead-lettered, or found already dead);
@@ -359,6 +426,74 @@ impl<M: Clone> Ledger<M> {
     }
 }
 
+impl<M: Clone + Spillable> Ledger<M> {
+    /// Records a committed transaction whose events are in a scratch file; they are loaded
+    /// by [`Ledger::refill`]. The source reads no more of its stream until
+    /// [`Ledger::draining`] is false.
+    pub fn commit_spilled(&mut self, events: SpilledTxn<(Event, M)>, end_lsn: u64) {
+        debug_assert!(
+            self.drain.is_none(),
+            "one spilled transaction loads at a time"
+        );
+        self.spilled.transactions += 1;
+        self.spilled.events += events.len() as u64;
+        tracing::info!(
+            events = events.len(),
+            "a large transaction committed; loading it from its scratch file in batches"
+        );
+        self.txns.push_back(Txn {
+            end_lsn,
+            remaining: 0,
+            loading: true,
+        });
+        self.drain = Some(events);
+    }
+
+    /// Loads events of the spilled transaction, if any, until `max_unsettled` are held.
+    pub fn refill(&mut self, max_unsettled: usize) -> Result<(), SourceError> {
+        let room = max_unsettled.saturating_sub(self.unsettled());
+        let Some(drain) = self.drain.as_mut() else {
+            return Ok(());
+        };
+        let batch = drain.next_batch(room).map_err(|e| {
+            SourceError::unavailable("reading a large transaction back from its scratch file")
+                .with_source(e)
+        })?;
+        let done = drain.remaining() == 0;
+        self.enqueue(batch);
+        if done {
+            self.drain = None;
+            if let Some(last) = self.txns.back_mut() {
+                last.loading = false;
+            }
+            self.advance();
+        }
+        Ok(())
+    }
+
+    /// While a spilled transaction loads, `wait_for_events` reads no stream: it loads what
+    /// fits and, when nothing is selectable at `now` (all in flight or backing off), waits
+    /// until `deadline`. Returns false (and does nothing) when nothing is loading.
+    pub async fn wait_draining(
+        &mut self,
+        max_unsettled: usize,
+        ordering: Ordering,
+        deadline: tokio::time::Instant,
+    ) -> Result<bool, SourceError> {
+        if !self.draining() {
+            return Ok(false);
+        }
+        self.refill(max_unsettled)?;
+        if self
+            .selectable(1, OffsetDateTime::now_utc(), ordering)
+            .is_empty()
+        {
+            tokio::time::sleep_until(deadline).await;
+        }
+        Ok(true)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -435,6 +570,69 @@ mod tests {
         assert_eq!(l.selectable(10, now, Ordering::None), vec![2, 3, 4]);
         assert_eq!(l.retrying(), 1);
         assert_eq!(l.next_due(now), Some(now + Duration::from_secs(5)));
+    }
+
+    fn spilled(events: Vec<(Event, ())>) -> SpilledTxn<(Event, ())> {
+        let settings = std::sync::Arc::new(crate::spill::SpillSettings {
+            after_events: 3,
+            ..Default::default()
+        });
+        let mut buffer = crate::spill::TxnBuffer::new(settings, None);
+        for e in events {
+            buffer.push(e).expect("push");
+        }
+        match buffer.take().expect("take") {
+            crate::spill::Buffered::Spilled(s) => s,
+            crate::spill::Buffered::Memory(_) => panic!("not spilled"),
+        }
+    }
+
+    #[test]
+    fn a_spilled_transaction_loads_in_bounded_batches_and_confirms_only_once_all_settled() {
+        let now = OffsetDateTime::now_utc();
+        let mut l = Ledger::<()>::new(0);
+        l.commit(vec![ev("a")], 10);
+        let big: Vec<_> = (0..10).map(|i| ev(&format!("b{i}"))).collect();
+        let ids: Vec<_> = big.iter().map(|(e, _)| e.id).collect();
+        l.commit_spilled(spilled(big), 20);
+        assert!(l.draining());
+        assert_eq!(
+            l.spilled(),
+            Spilled {
+                transactions: 1,
+                events: 10
+            }
+        );
+        let mut seen = Vec::new();
+        while l.unsettled() > 0 || l.draining() {
+            l.refill(4).expect("refill");
+            assert!(l.unsettled() <= 4, "bounded: {}", l.unsettled());
+            for e in l.take(2, now, Ordering::Total) {
+                seen.push(e.id);
+                settle_delivered(&mut l, e.position.0);
+            }
+            if l.draining() {
+                assert_eq!(l.confirmed(), 10, "not confirmed while loading");
+            }
+        }
+        assert_eq!(
+            seen[1..],
+            ids[..],
+            "commit order, then the spilled one in order"
+        );
+        assert_eq!(l.confirmed(), 20);
+        assert_eq!(l.open_transactions(), 0);
+    }
+
+    #[test]
+    fn a_reset_drops_a_spilled_transaction_being_loaded() {
+        let mut l = Ledger::<()>::new(0);
+        l.commit_spilled(spilled((0..5).map(|_| ev("a")).collect()), 10);
+        l.refill(2).expect("refill");
+        l.reset(0);
+        assert!(!l.draining());
+        assert_eq!(l.unsettled(), 0);
+        assert_eq!(l.confirmed(), 0);
     }
 
     #[test]
