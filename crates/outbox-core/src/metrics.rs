@@ -41,6 +41,14 @@ pub const REPLICATION_SLOT_RETAINED_WAL_BYTES: &str = "outbox_replication_slot_r
 /// `export_failed` (the endpoint refused or did not answer) or `shutdown` (still queued when
 /// the relay stopped). Delivery never waits for the export.
 pub const TRACE_SPANS_DROPPED: &str = "outbox_trace_spans_dropped_total";
+/// Counter: CDC slot recoveries begun (the slot was gone: a failover, a drop; docs/cdc.md,
+/// "Failover").
+pub const CDC_SLOT_RECOVERIES: &str = "outbox_cdc_slot_recoveries_total";
+/// Counter: events a CDC slot recovery published from the table.
+pub const CDC_RECOVERED_EVENTS: &str = "outbox_cdc_recovered_events_total";
+/// Counter: slot recoveries whose lost window may have held table-less events
+/// (`pg_logical_emit_message`), which no table keeps; the log names the LSN range.
+pub const CDC_MESSAGE_LOSS_WINDOWS: &str = "outbox_cdc_message_loss_windows_total";
 
 /// Registers descriptions with the installed recorder (call once after installing it).
 pub fn describe() {
@@ -94,6 +102,18 @@ pub fn describe() {
         REPLICATION_SLOT_RETAINED_WAL_BYTES,
         Unit::Bytes,
         "WAL the CDC replication slot retains: current WAL position minus confirmed flush"
+    );
+    describe_counter!(
+        CDC_SLOT_RECOVERIES,
+        "CDC slot recoveries begun: the slot was gone and the relay created it again"
+    );
+    describe_counter!(
+        CDC_RECOVERED_EVENTS,
+        "Events a CDC slot recovery published from the outbox table"
+    );
+    describe_counter!(
+        CDC_MESSAGE_LOSS_WINDOWS,
+        "CDC slot recoveries whose lost WAL window may have held table-less events (see the log)"
     );
     describe_counter!(
         TRACE_SPANS_DROPPED,

@@ -1,7 +1,23 @@
 -- Saves the CDC relay's acknowledged position for slot $1: $2 = LSN as a number. Never moves
 -- it back (a stale writer, e.g. a relay that lost the slot, cannot undo a newer save).
-INSERT INTO {{qname:_cdc_offsets}} AS o (slot, confirmed_lsn, updated_at)
-VALUES ($1, $2, now())
+--
+-- It also rotates the acknowledged snapshot (migration 0007): the statement's snapshot and
+-- the WAL insert position read after it become the pending pair; a pending pair whose
+-- position the confirmed position has reached is promoted to `acked_snapshot` (every
+-- transaction it sees ended at or before that position, so all were settled). The snapshot
+-- is the statement's, taken before any function here runs: that order is what makes
+-- "visible in the snapshot => ended at or before pending_lsn" hold.
+INSERT INTO {{qname:_cdc_offsets}} AS o
+    (slot, confirmed_lsn, updated_at, pending_snapshot, pending_lsn)
+VALUES ($1, $2, now(), pg_current_snapshot()::text,
+        (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint)
 ON CONFLICT (slot) DO UPDATE
 SET confirmed_lsn = GREATEST(o.confirmed_lsn, excluded.confirmed_lsn),
-    updated_at = excluded.updated_at
+    updated_at = excluded.updated_at,
+    acked_snapshot = CASE WHEN o.pending_lsn <= excluded.confirmed_lsn
+                          THEN o.pending_snapshot ELSE o.acked_snapshot END,
+    pending_snapshot = CASE WHEN o.pending_lsn IS NULL OR o.pending_lsn <= excluded.confirmed_lsn
+                            THEN excluded.pending_snapshot ELSE o.pending_snapshot END,
+    pending_lsn = CASE WHEN o.pending_lsn IS NULL OR o.pending_lsn <= excluded.confirmed_lsn
+                       THEN excluded.pending_lsn ELSE o.pending_lsn END
+RETURNING o.pending_lsn

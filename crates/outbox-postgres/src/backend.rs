@@ -172,7 +172,9 @@ impl PgBackend {
             lines.push(format!(
                 "CDC replication slot `{}` (pgoutput): {}, streams from {}",
                 self.config.slot,
-                if cdc.slot_created {
+                if cdc.slot_recovery {
+                    "created again after it was lost; the relay publishes what the lost slot had not acknowledged from the table first (docs/cdc.md#failover)"
+                } else if cdc.slot_created {
                     "created"
                 } else {
                     "exists"
@@ -297,9 +299,20 @@ impl PgBackend {
         match &slot {
             Some(slot) => status.head_lines.extend(slot_lines(slot)),
             None => status.head_lines.push(format!(
-                "replication slot   `{}` does not exist: run `outbox migrate` (docs/cdc.md)",
+                "replication slot   `{}` does not exist: a relay with source.on_slot_loss = \"recover\" creates it again and recovers from the table; on a first set-up run `outbox migrate` (docs/cdc.md#failover)",
                 self.config.slot
             )),
+        }
+        let recovery = crate::cdc::recovery_status(&self.pool, &self.config)
+            .await
+            .map_err(|e| {
+                crate::error::source_error("reading the slot recovery", &self.table(), e)
+            })?;
+        if let Some(r) = &recovery {
+            status
+                .head_lines
+                .push(format!("slot recovery      {}", r.describe()));
+            status.sections.insert("slot_recovery".into(), r.to_json());
         }
         status.head_lines.push(
             "(CDC: undelivered events are WAL held by the slot, not row state; `pending` counts only a running relay's memory)".to_owned(),
@@ -680,8 +693,7 @@ fn slot_lines(slot: &SlotStatus) -> Vec<String> {
     ];
     if slot.is_lost() {
         lines.push(
-            "SLOT LOST          the server invalidated it: see docs/cdc.md#recovering-a-lost-slot"
-                .to_owned(),
+            "SLOT LOST          the server invalidated it: see docs/cdc.md#failover".to_owned(),
         );
     }
     lines

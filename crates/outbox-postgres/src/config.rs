@@ -96,6 +96,22 @@ pub struct PostgresConfig {
     /// the slot retain WAL).
     #[serde(default = "default_heartbeat_interval", with = "humantime_serde")]
     pub heartbeat_interval: Duration,
+    /// CDC: what the relay does when its slot is gone (a failover to a standby before
+    /// PostgreSQL 17, a dropped or invalidated slot): recover by itself, or stop.
+    #[serde(default)]
+    pub on_slot_loss: OnSlotLoss,
+}
+
+/// `source.on_slot_loss` (docs/cdc.md, "Failover").
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnSlotLoss {
+    /// Create the slot again and publish from the table every event committed after the
+    /// last acknowledged snapshot, then stream from the new slot.
+    #[default]
+    Recover,
+    /// Exit with an error naming the lost slot; an operator recovers by hand.
+    Stop,
 }
 
 fn default_schema() -> Identifier {
@@ -150,6 +166,7 @@ impl PostgresConfig {
             message_prefix: default_message_prefix(),
             slot_lag_warn_bytes: default_slot_lag_warn_bytes(),
             heartbeat_interval: default_heartbeat_interval(),
+            on_slot_loss: OnSlotLoss::Recover,
         }
     }
 

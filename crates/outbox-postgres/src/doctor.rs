@@ -206,7 +206,7 @@ async fn cdc(pool: &PgPool, config: &PostgresConfig) -> Vec<DoctorCheck> {
                 DoctorCheck::warn(
                     "max_slot_wal_keep_size",
                     "unlimited (-1): a replication slot nobody reads keeps WAL until the disk is full",
-                    "ALTER SYSTEM SET max_slot_wal_keep_size = '10GB'; SELECT pg_reload_conf(); (a slot past it is invalidated: docs/cdc.md#recovering-a-lost-slot)",
+                    "ALTER SYSTEM SET max_slot_wal_keep_size = '10GB'; SELECT pg_reload_conf(); (a slot past it is invalidated: docs/cdc.md#failover)",
                 )
             } else {
                 DoctorCheck::ok("max_slot_wal_keep_size", keep)
@@ -222,13 +222,13 @@ async fn cdc(pool: &PgPool, config: &PostgresConfig) -> Vec<DoctorCheck> {
     checks.push(match crate::slot_status(pool, slot).await {
         Ok(None) => DoctorCheck::red(
             "replication_slot",
-            format!("slot `{slot}` does not exist: the CDC relay cannot start"),
-            "run `outbox migrate` (it creates the slot and the publication); events written while no slot existed are not streamed: see docs/cdc.md",
+            format!("slot `{slot}` does not exist"),
+            "on a first set-up run `outbox migrate` (it creates the slot and the publication); after a failover or a drop, a relay with source.on_slot_loss = \"recover\" creates it again and publishes from the table what was not acknowledged (docs/cdc.md#failover)",
         ),
         Ok(Some(s)) if s.is_lost() => DoctorCheck::red(
             "replication_slot",
             format!("slot `{slot}` was invalidated by the server (wal_status lost)"),
-            "see docs/cdc.md#recovering-a-lost-slot",
+            "a relay with source.on_slot_loss = \"recover\" drops it and recovers from the table (docs/cdc.md#failover)",
         ),
         Ok(Some(s)) if !s.active => DoctorCheck::warn(
             "replication_slot",
@@ -253,6 +253,20 @@ async fn cdc(pool: &PgPool, config: &PostgresConfig) -> Vec<DoctorCheck> {
         ),
     });
     checks.push(publication(pool, config).await);
+    match crate::cdc::recovery_status(pool, config).await {
+        Ok(Some(r)) if r.in_progress() => checks.push(DoctorCheck::warn(
+            "slot_recovery",
+            r.describe(),
+            "let a relay run: it finishes the recovery before streaming (docs/cdc.md#failover)",
+        )),
+        Ok(Some(r)) => checks.push(DoctorCheck::ok("slot_recovery", r.describe())),
+        Ok(None) => {}
+        Err(e) => checks.push(DoctorCheck::warn(
+            "slot_recovery",
+            format!("cannot read the slot recovery record: {e}"),
+            "run `outbox migrate`",
+        )),
+    }
     checks
 }
 

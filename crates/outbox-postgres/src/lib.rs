@@ -29,10 +29,11 @@ pub use backend::PgBackend;
 pub use capture::PgCapture;
 pub use cdc::{
     CdcClosed, CdcSetupError, CdcSetupReport, DEFAULT_MESSAGE_PREFIX, DecodedMessage,
-    MESSAGE_VERSION, MessageDecodeError, PgCdcInspector, PgCdcSource, STANDBY_RETRY, SlotStatus,
-    decode_message, emit_message, emit_message_with_prefix, encode_message, setup_cdc, slot_status,
+    MESSAGE_VERSION, MessageDecodeError, PgCdcInspector, PgCdcSource, RecoveryStatus,
+    STANDBY_RETRY, SlotStatus, decode_message, emit_message, emit_message_with_prefix,
+    encode_message, recovery_status, setup_cdc, slot_status,
 };
-pub use config::{DatabaseUrl, Mode, OnDelivered, PostgresConfig, redact};
+pub use config::{DatabaseUrl, Mode, OnDelivered, OnSlotLoss, PostgresConfig, redact};
 pub use dead::PgDeadLetters;
 pub use doctor::doctor;
 pub use error::EnqueueError;

@@ -46,10 +46,15 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         name: "positions_fillfactor",
         sql: include_str!("../migrations/0006_positions_fillfactor.sql"),
     },
+    Migration {
+        version: 7,
+        name: "cdc_snapshots",
+        sql: include_str!("../migrations/0007_cdc_snapshots.sql"),
+    },
 ];
 
 /// The schema version this build of the library expects.
-pub const SCHEMA_VERSION: i32 = 6;
+pub const SCHEMA_VERSION: i32 = 7;
 
 const BOOKKEEPING: &str = "CREATE TABLE IF NOT EXISTS {{qname:_migrations}} (
     version    integer     PRIMARY KEY,

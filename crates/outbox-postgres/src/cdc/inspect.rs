@@ -68,12 +68,12 @@ impl PgCdcInspector {
         match &status {
             None => tracing::error!(
                 slot = %self.slot,
-                "the replication slot does not exist: CDC cannot stream; see docs/cdc.md#recovering-a-lost-slot"
+                "the replication slot does not exist: CDC cannot stream; see docs/cdc.md#failover"
             ),
             Some(s) if s.is_lost() => tracing::error!(
                 slot = %self.slot,
                 confirmed_flush_lsn = s.confirmed_flush_lsn.as_deref().unwrap_or("?"),
-                "the replication slot was invalidated (wal_status = lost); see docs/cdc.md#recovering-a-lost-slot"
+                "the replication slot was invalidated (wal_status = lost); see docs/cdc.md#failover"
             ),
             Some(s) => {
                 let retained = s.retained_wal_bytes.unwrap_or(0).max(0);

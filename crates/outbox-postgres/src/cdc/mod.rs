@@ -22,6 +22,7 @@ mod ledger;
 mod message;
 mod offset;
 pub(crate) mod queries;
+mod recovery;
 mod slot;
 mod source;
 mod stream;
@@ -31,5 +32,6 @@ pub use message::{
     DEFAULT_MESSAGE_PREFIX, DecodedMessage, MESSAGE_VERSION, MessageDecodeError, decode_message,
     emit_message, emit_message_with_prefix, encode_message,
 };
+pub use recovery::{RecoveryStatus, recovery_status};
 pub use slot::{CdcSetupError, CdcSetupReport, SlotStatus, setup_cdc, slot_status};
 pub use source::{CdcClosed, PgCdcSource, STANDBY_RETRY};

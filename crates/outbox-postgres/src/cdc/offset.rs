@@ -16,6 +16,7 @@ use sqlx::PgPool;
 use tokio::time::Instant;
 
 use super::queries::CdcQueries;
+use super::recovery::OffsetState;
 use crate::sql::stmt;
 
 /// Longest time between two saves while events are settled: the bound on what a database
@@ -32,6 +33,10 @@ pub(crate) struct SavedOffset {
     /// Position reached through settled events, to be written.
     due: u64,
     last_save: Option<Instant>,
+    /// The pending snapshot's position after the last save (migration 0007).
+    pending_lsn: Option<u64>,
+    /// Events were settled since the last save that could promote the pending snapshot.
+    unpromoted: bool,
     /// The table is missing (schema from before version 3): warned once, not tried again.
     unavailable: bool,
 }
@@ -44,29 +49,30 @@ impl SavedOffset {
             saved: 0,
             due: 0,
             last_save: None,
+            pending_lsn: None,
+            unpromoted: false,
             unavailable: false,
         }
     }
 
-    /// Reads the saved position (0: none).
-    pub(crate) async fn load(&mut self, pool: &PgPool) -> Result<u64, SourceError> {
+    /// Reads what is saved for the slot (the default: nothing).
+    pub(crate) async fn load(&mut self, pool: &PgPool) -> Result<OffsetState, SourceError> {
         if self.unavailable {
-            return Ok(0);
+            return Ok(OffsetState::default());
         }
-        match crate::sql::query_scalar::<i64>(stmt(&self.queries.offset_read))
-            .bind(&self.slot)
-            .fetch_optional(pool)
-            .await
-        {
-            Ok(lsn) => {
-                let lsn = lsn.unwrap_or(0).max(0) as u64;
-                self.saved = self.saved.max(lsn);
-                self.due = self.due.max(lsn);
-                Ok(lsn)
+        match super::recovery::read_state(pool, &self.queries, &self.slot).await {
+            Ok(state) => {
+                // The table is authoritative (read with the slot held): after a slot recovery
+                // it is lower than what this process saved for the lost slot.
+                let state = state.unwrap_or_default();
+                self.saved = state.confirmed_lsn;
+                self.due = state.confirmed_lsn;
+                self.last_save = None;
+                Ok(state)
             }
             Err(e) if undefined_table(&e) => {
                 self.missing();
-                Ok(0)
+                Ok(OffsetState::default())
             }
             Err(e) => Err(crate::error::source_error(
                 "reading the saved CDC position",
@@ -76,9 +82,34 @@ impl SavedOffset {
         }
     }
 
+    /// Forgets the positions in memory: they belong to a slot that is gone, and the new
+    /// slot's positions may be lower.
+    pub(crate) fn reset(&mut self) {
+        self.saved = 0;
+        self.due = 0;
+        self.last_save = None;
+        self.pending_lsn = None;
+        self.unpromoted = false;
+    }
+
     /// The confirmed position moved to `lsn` through settled events.
     pub(crate) fn reached(&mut self, lsn: u64) {
-        self.due = self.due.max(lsn);
+        if lsn > self.due {
+            self.due = lsn;
+            self.unpromoted = true;
+        }
+    }
+
+    /// Nothing is outstanding and the stream is confirmed up to `lsn`: once that passes the
+    /// pending snapshot of the last save, one more save promotes it, so that the
+    /// acknowledged snapshot covers the last events settled before a quiet spell (what a
+    /// slot recovery would otherwise publish again). Once per burst of events: a save
+    /// writes WAL, which moves the stream again.
+    pub(crate) fn idle(&mut self, lsn: u64) {
+        if self.unpromoted && self.pending_lsn.is_some_and(|p| lsn >= p) && lsn > self.due {
+            self.due = lsn;
+            self.unpromoted = false;
+        }
     }
 
     /// Writes the due position when it moved and `SAVE_EVERY` has passed (or `force`).
@@ -92,7 +123,10 @@ impl SavedOffset {
         self.last_save = Some(Instant::now());
         let due = self.due;
         match save(pool, &self.queries, &self.slot, due).await {
-            Ok(()) => self.saved = due,
+            Ok(pending) => {
+                self.saved = due;
+                self.pending_lsn = pending;
+            }
             Err(e) if undefined_table(&e) => self.missing(),
             Err(e) => tracing::warn!(
                 error = %e,
@@ -121,13 +155,13 @@ pub(crate) async fn save(
     queries: &CdcQueries,
     slot: &str,
     lsn: u64,
-) -> Result<(), sqlx::Error> {
-    crate::sql::query(stmt(&queries.offset_save))
+) -> Result<Option<u64>, sqlx::Error> {
+    let pending: Option<i64> = crate::sql::query_scalar(stmt(&queries.offset_save))
         .bind(slot)
         .bind(i64::try_from(lsn).unwrap_or(i64::MAX))
-        .execute(pool)
-        .await
-        .map(drop)
+        .fetch_one(pool)
+        .await?;
+    Ok(pending.map(|p| p.max(0) as u64))
 }
 
 fn undefined_table(e: &sqlx::Error) -> bool {

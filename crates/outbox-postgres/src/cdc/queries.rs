@@ -44,7 +44,11 @@ pub(crate) struct CdcQueries {
     pub(crate) publication_add_table: Arc<str>,
     pub(crate) offset_read: Arc<str>,
     pub(crate) offset_save: Arc<str>,
-    pub(crate) offset_forget: Arc<str>,
+    pub(crate) offset_init: Arc<str>,
+    pub(crate) recovery_begin: Arc<str>,
+    pub(crate) recovery_after: Arc<str>,
+    pub(crate) recovery_rows: Arc<str>,
+    pub(crate) recovery_done: Arc<str>,
 }
 
 impl CdcQueries {
@@ -67,7 +71,11 @@ impl CdcQueries {
             publication_add_table: r(query_file!("outbox_publication_add_table")),
             offset_read: r(query_file!("outbox_cdc_offset_read")),
             offset_save: r(query_file!("outbox_cdc_offset_save")),
-            offset_forget: r(query_file!("outbox_cdc_offset_forget")),
+            offset_init: r(query_file!("outbox_cdc_offset_init")),
+            recovery_begin: r(query_file!("outbox_cdc_recovery_begin")),
+            recovery_after: r(query_file!("outbox_cdc_recovery_after")),
+            recovery_rows: r(query_file!("outbox_cdc_recovery_rows")),
+            recovery_done: r(query_file!("outbox_cdc_recovery_done")),
         }
     }
 }
@@ -99,7 +107,11 @@ mod tests {
             &q.publication_add_table,
             &q.offset_read,
             &q.offset_save,
-            &q.offset_forget,
+            &q.offset_init,
+            &q.recovery_begin,
+            &q.recovery_after,
+            &q.recovery_rows,
+            &q.recovery_done,
         ] {
             assert!(!sql.contains("{{"), "{sql}");
         }

@@ -5,8 +5,8 @@
 //! Why `migrate` and not the relay's first start: a slot sees only what commits after it
 //! exists. Events written between `migrate` and a relay's first start would never be streamed
 //! if the relay created the slot. So the slot exists from the moment the table can receive
-//! events, and a relay that finds it missing stops with an error instead of quietly creating
-//! a new one past a gap (docs/cdc.md#recovering-a-lost-slot).
+//! events, and a relay that finds it missing never quietly creates a new one past a gap: it
+//! recovers the gap from the table first (`recovery.rs`, docs/cdc.md#failover) or stops.
 
 use outbox_core::{SourceError, SourceErrorKind};
 use sqlx::{PgPool, Row};
@@ -26,6 +26,10 @@ pub struct CdcSetupReport {
     pub slot_created: bool,
     /// The slot's confirmed flush LSN (where streaming resumes).
     pub slot_lsn: Option<String>,
+    /// The slot was gone while events had been acknowledged from it (a failover, a drop):
+    /// it was created again with a recovery recorded, which the next relay to stream runs
+    /// (docs/cdc.md, "Failover").
+    pub slot_recovery: bool,
 }
 
 /// Why setting up CDC failed.
@@ -183,6 +187,7 @@ pub async fn setup_cdc(
         publication_table_added: false,
         slot_created: false,
         slot_lsn: None,
+        slot_recovery: false,
     };
     let existing = crate::sql::query(PUBLICATION_STATUS)
         .bind(publication)
@@ -217,6 +222,22 @@ pub async fn setup_cdc(
         .await
         .map_err(slot_err)?;
     if read_slot(pool, slot).await.map_err(slot_err)?.is_none() {
+        let known = super::recovery::read_state(pool, &queries, slot)
+            .await
+            .map_err(slot_err)?;
+        if known.is_some_and(|s| s.has_snapshot) {
+            // Events were acknowledged from a slot of this name that is gone: recorded as a
+            // recovery first, so that the relay publishes from the table what it had not.
+            report.slot_recovery = super::recovery::begin(pool, &queries, slot)
+                .await
+                .map_err(slot_err)?
+                .is_some();
+        }
+        // Taken before the slot exists: everything it sees is older than the slot.
+        let before: String = crate::sql::query_scalar("SELECT pg_current_snapshot()::text")
+            .fetch_one(pool)
+            .await
+            .map_err(slot_err)?;
         match crate::sql::query(SLOT_CREATE)
             .bind(slot)
             .execute(pool)
@@ -226,10 +247,12 @@ pub async fn setup_cdc(
             Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("42710") => {}
             Err(e) => return Err(slot_err(e)),
         }
-        if report.slot_created {
-            // A new slot starts from its own position, not one saved for an older namesake.
-            crate::sql::query(crate::sql::stmt(&queries.offset_forget))
+        if report.slot_created && !report.slot_recovery {
+            // A new slot starts from its own position, not one saved for an older namesake;
+            // what committed before it counts as handled.
+            crate::sql::query(crate::sql::stmt(&queries.offset_init))
                 .bind(slot)
+                .bind(&before)
                 .execute(pool)
                 .await
                 .map_err(slot_err)?;
@@ -257,10 +280,15 @@ pub async fn setup_cdc(
 pub(crate) struct Readiness {
     /// Another session streams from the slot.
     pub(crate) busy: bool,
+    /// The slot does not exist (the publication does).
+    pub(crate) missing: bool,
+    /// The server invalidated the slot (`wal_status = lost`) and `source.on_slot_loss` is
+    /// `recover`: it must be dropped and recovered.
+    pub(crate) invalidated: bool,
 }
 
-/// Checks that the slot and the publication can serve this outbox; a missing or invalidated
-/// slot is a fatal error with the recovery in its message.
+/// Checks that the slot and the publication can serve this outbox; an invalidated slot is a
+/// fatal error with the recovery in its message, a missing one is reported.
 pub(crate) async fn check(
     pool: &PgPool,
     config: &PostgresConfig,
@@ -271,25 +299,25 @@ pub(crate) async fn check(
     };
     let row = read_slot(pool, slot)
         .await
-        .map_err(|e| db("reading the replication slot", e))?
-        .ok_or_else(|| {
-            SourceError::fatal(format!(
-                "replication slot `{slot}` does not exist; run `outbox migrate` with source.mode = \"cdc\" first (if it was dropped while events were written, see docs/cdc.md#recovering-a-lost-slot)"
-            ))
-        })?;
+        .map_err(|e| db("reading the replication slot", e))?;
     let database: String = crate::sql::query_scalar("SELECT current_database()")
         .fetch_one(pool)
         .await
         .map_err(|e| db("reading the database name", e))?;
-    if let Some(reason) = mismatch(&row, &database) {
+    if let Some(row) = &row
+        && let Some(reason) = mismatch(row, &database)
+    {
         return Err(SourceError::fatal(format!(
             "replication slot `{slot}` {reason}; pick another source.slot"
         )));
     }
-    if row.status.is_lost() {
+    let invalidated = row.as_ref().is_some_and(|r| r.status.is_lost());
+    if invalidated && config.on_slot_loss == crate::config::OnSlotLoss::Stop {
         return Err(SourceError::fatal(format!(
-            "replication slot `{slot}` was invalidated by the server (wal_status = lost: it retained more WAL than max_slot_wal_keep_size); events committed since its confirmed position {} may not have been delivered; recover as in docs/cdc.md#recovering-a-lost-slot",
-            row.status.confirmed_flush_lsn.as_deref().unwrap_or("?")
+            "replication slot `{slot}` was invalidated by the server (wal_status = lost: it retained more WAL than max_slot_wal_keep_size); events committed since its confirmed position {} may not have been delivered; with source.on_slot_loss = \"recover\" the relay recovers them from the table (docs/cdc.md#failover)",
+            row.as_ref()
+                .and_then(|r| r.status.confirmed_flush_lsn.as_deref())
+                .unwrap_or("?")
         )));
     }
     let publication = config.publication.as_str();
@@ -314,6 +342,8 @@ pub(crate) async fn check(
         )));
     }
     Ok(Readiness {
-        busy: row.status.active,
+        busy: row.as_ref().is_some_and(|r| r.status.active),
+        missing: row.is_none(),
+        invalidated,
     })
 }

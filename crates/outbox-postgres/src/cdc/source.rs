@@ -25,10 +25,11 @@ use super::decode::{Decoder, Step};
 use super::inspect::{CdcStats, PgCdcInspector};
 use super::ledger::{Entry, Ledger, Origin, with_meta};
 use super::offset::SavedOffset;
-use super::queries::{CdcQueries, KEEP_SEQ, TRANSACTION_VISIBLE};
+use super::queries::{CdcQueries, KEEP_SEQ, SLOT_CREATE, TRANSACTION_VISIBLE};
+use super::recovery::{self, RecoveryStatus, Snapshot};
 use super::slot;
 use super::stream::{Endpoint, OpenError, Stream, wire_error};
-use crate::config::PostgresConfig;
+use crate::config::{OnSlotLoss, PostgresConfig};
 use crate::error::source_error;
 use crate::sql::stmt;
 
@@ -92,8 +93,23 @@ pub struct PgCdcSource {
     skip_through: u64,
     /// Events dropped that way since the stream started.
     skipped: u64,
+    /// A recovery of a lost slot under way (see `recovery.rs`).
+    recovery: Option<Recovering>,
     closed_tx: Option<watch::Sender<()>>,
     closed_rx: watch::Receiver<()>,
+}
+
+/// A slot recovery this source runs: the events it published from the table, and the
+/// snapshot whose transactions the new slot's stream must not publish again.
+#[derive(Debug)]
+struct Recovering {
+    after: Snapshot,
+    after_lsn: u64,
+    /// The ledger position of the last event published from the table (0: none).
+    last_position: i64,
+    published: u64,
+    /// Rows the stream carried that the table had already given.
+    covered: u64,
 }
 
 impl std::fmt::Debug for PgCdcSource {
@@ -139,6 +155,7 @@ impl PgCdcSource {
             offset: SavedOffset::new(queries.clone(), config.slot.as_str()),
             skip_through: 0,
             skipped: 0,
+            recovery: None,
             queries,
             table: table.to_string(),
             ordering,
@@ -200,7 +217,17 @@ impl PgCdcSource {
             return Ok(false);
         }
         self.next_attempt = Instant::now() + STANDBY_RETRY;
-        let readiness = slot::check(&self.pool, &self.config).await?;
+        let mut readiness = slot::check(&self.pool, &self.config).await?;
+        if readiness.missing || readiness.invalidated {
+            self.recreate_slot(readiness.invalidated).await?;
+            readiness = slot::check(&self.pool, &self.config).await?;
+            if readiness.missing || readiness.invalidated {
+                return Err(SourceError::unavailable(format!(
+                    "replication slot `{}` is still missing right after it was created",
+                    self.config.slot
+                )));
+            }
+        }
         if readiness.busy {
             self.note_standby();
             return Ok(false);
@@ -222,11 +249,16 @@ impl PgCdcSource {
                 .await
                 .map_err(|e| self.db_err("reading the WAL position", e))?;
         self.catch_up = Some(flushed.max(0) as u64);
-        let saved = self.offset.load(&self.pool).await?;
+        let state = self.offset.load(&self.pool).await?;
+        let saved = state.confirmed_lsn;
         self.skip_through = saved;
         self.skipped = 0;
         self.ledger.reset(confirmed);
         self.reported = confirmed;
+        self.recovery = None;
+        if let Some(lost) = state.recovery.filter(RecoveryStatus::in_progress) {
+            self.start_recovery(lost, confirmed).await?;
+        }
         self.decoder = Decoder::new(
             self.config.schema.as_str(),
             self.config.table.as_str(),
@@ -245,6 +277,166 @@ impl PgCdcSource {
         self.stream = Some(stream);
         self.stats.streaming.store(true, AtomicOrdering::Relaxed);
         Ok(true)
+    }
+
+    /// The slot is gone (or invalidated): with `on_slot_loss = "recover"`, records the
+    /// recovery and creates the slot again. Another relay doing the same at the same moment
+    /// is fine: one creates the slot, the other then finds it.
+    async fn recreate_slot(&mut self, invalidated: bool) -> Result<(), SourceError> {
+        let slot = self.config.slot.as_str();
+        if self.config.on_slot_loss == OnSlotLoss::Stop {
+            return Err(SourceError::fatal(format!(
+                "replication slot `{slot}` does not exist and source.on_slot_loss = \"stop\"; on a first set-up run `outbox migrate` with source.mode = \"cdc\"; if it was lost (a failover, a drop), `outbox migrate` creates it again and records the recovery, which the next relay runs (docs/cdc.md#failover)"
+            )));
+        }
+        let state = recovery::read_state(&self.pool, &self.queries, slot)
+            .await
+            .map_err(|e| self.db_err("reading the saved CDC position", e))?;
+        if !state.is_some_and(|s| s.has_snapshot) {
+            return Err(SourceError::fatal(format!(
+                "replication slot `{slot}` does not exist, and {}_cdc_offsets holds no acknowledged snapshot of it, so what it had not delivered cannot be known exactly; on a first set-up run `outbox migrate` with source.mode = \"cdc\"; otherwise see docs/cdc.md#failover",
+                self.table
+            )));
+        }
+        if invalidated {
+            tracing::warn!(
+                slot,
+                "the server invalidated the replication slot (wal_status = lost); dropping it to recover from the table"
+            );
+            match crate::sql::query("SELECT pg_drop_replication_slot($1)")
+                .bind(slot)
+                .execute(&self.pool)
+                .await
+            {
+                Ok(_) => {}
+                Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("42704") => {}
+                Err(e) => return Err(self.db_err("dropping the invalidated replication slot", e)),
+            }
+        }
+        let Some(lost_from) = recovery::begin(&self.pool, &self.queries, slot)
+            .await
+            .map_err(|e| self.db_err("recording the slot recovery", e))?
+        else {
+            return Ok(()); // created meanwhile by another relay (or `migrate`)
+        };
+        self.offset.reset();
+        let created: Option<String> = match crate::sql::query_scalar(SLOT_CREATE)
+            .bind(slot)
+            .fetch_one(&self.pool)
+            .await
+        {
+            Ok(lsn) => Some(lsn),
+            Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("42710") => None,
+            Err(e) => return Err(self.db_err("creating the replication slot again", e)),
+        };
+        if let Some(start) = created {
+            metrics::counter!(outbox_core::metrics::CDC_SLOT_RECOVERIES).increment(1);
+            metrics::counter!(outbox_core::metrics::CDC_MESSAGE_LOSS_WINDOWS).increment(1);
+            tracing::warn!(
+                slot,
+                lost_from = %pgwire_replication::Lsn::from_u64(lost_from),
+                new_slot_from = %start,
+                "replication slot `{slot}` was gone (a failover to a standby, or a drop); created it again. Every outbox row it had not acknowledged is published from the table before streaming resumes. Table-less events (pg_logical_emit_message) committed after {} and before {start} exist in no table: they may have been lost",
+                pgwire_replication::Lsn::from_u64(lost_from)
+            );
+        }
+        Ok(())
+    }
+
+    /// Publishes first, from the table, what the lost slot had not acknowledged.
+    async fn start_recovery(
+        &mut self,
+        mut lost: RecoveryStatus,
+        confirmed: u64,
+    ) -> Result<(), SourceError> {
+        let slot = self.config.slot.as_str().to_owned();
+        let err = |context: &str, e| source_error(context, &self.table, e);
+        if lost.after_snapshot.is_none() {
+            recovery::take_after(&self.pool, &self.queries, &slot)
+                .await
+                .map_err(|e| err("starting the slot recovery", e))?;
+            lost = recovery::read_state(&self.pool, &self.queries, &slot)
+                .await
+                .map_err(|e| err("starting the slot recovery", e))?
+                .and_then(|s| s.recovery)
+                .filter(RecoveryStatus::in_progress)
+                .ok_or_else(|| {
+                    SourceError::unavailable("the slot recovery record changed under this relay")
+                })?;
+        }
+        let after_text = lost.after_snapshot.clone().ok_or_else(|| {
+            SourceError::unavailable("the slot recovery has no upper snapshot yet")
+        })?;
+        let after = Snapshot::parse(&after_text)?;
+        let events = recovery::events(&self.pool, &self.queries, &lost.from_snapshot, &after_text)
+            .await
+            .map_err(|e| err("reading the events of the slot recovery", e))?;
+        let published = events.len() as u64;
+        let events = events
+            .into_iter()
+            .map(|(event, origin, xid)| (event, super::ledger::Meta { origin, xid }))
+            .collect();
+        self.ledger.commit(events, confirmed);
+        let last_position = self
+            .ledger
+            .entries()
+            .map(|e| e.event.position.0)
+            .max()
+            .unwrap_or(0);
+        tracing::warn!(
+            slot,
+            events = published,
+            lost_from = %pgwire_replication::Lsn::from_u64(lost.lost_from_lsn.unwrap_or(0)),
+            "recovering a lost replication slot: publishing from the table the events it had not acknowledged, in commit order per aggregate, before streaming"
+        );
+        self.recovery = Some(Recovering {
+            after,
+            after_lsn: lost.after_lsn.unwrap_or(0),
+            last_position,
+            published,
+            covered: 0,
+        });
+        Ok(())
+    }
+
+    /// Marks the recovery done once its events are settled and the stream has passed the
+    /// point after which the table gave nothing the stream would repeat.
+    async fn finish_recovery(&mut self) {
+        let Some(r) = &self.recovery else {
+            return;
+        };
+        if self.ledger.confirmed() < r.after_lsn
+            || self
+                .ledger
+                .entries()
+                .any(|e| e.event.position.0 <= r.last_position)
+        {
+            return;
+        }
+        match recovery::finish(
+            &self.pool,
+            &self.queries,
+            self.config.slot.as_str(),
+            r.published,
+        )
+        .await
+        {
+            Ok(()) => {
+                metrics::counter!(outbox_core::metrics::CDC_RECOVERED_EVENTS)
+                    .increment(r.published);
+                tracing::info!(
+                    slot = self.config.slot.as_str(),
+                    published = r.published,
+                    streamed_rows_skipped = r.covered,
+                    "slot recovery finished"
+                );
+                self.recovery = None;
+            }
+            Err(e) => tracing::warn!(
+                error = %self.db_err("recording the end of the slot recovery", e),
+                "will try again"
+            ),
+        }
     }
 
     fn note_standby(&mut self) {
@@ -311,6 +503,28 @@ impl PgCdcSource {
             ))
             .with_source(e)
         })?;
+        let step = match (step, self.recovery.as_mut()) {
+            (
+                Step::Committed {
+                    mut events,
+                    end_lsn,
+                    xid,
+                },
+                Some(r),
+            ) if r.after.sees(xid) => {
+                // Committed before the recovery's snapshot: its rows were published from the
+                // table. Table-less events are in no table: they stay.
+                let before = events.len();
+                events.retain(|(_, origin)| matches!(origin, Origin::Message));
+                r.covered += (before - events.len()) as u64;
+                Step::Committed {
+                    events,
+                    end_lsn,
+                    xid,
+                }
+            }
+            (step, _) => step,
+        };
         let (committed, reached) = match step {
             Step::Nothing => (false, None),
             Step::Committed {
@@ -818,7 +1032,12 @@ impl Source for PgCdcSource {
         if self.catch_up.is_some() {
             self.wait_for_catch_up(limit).await?;
         }
+        if self.ledger.unsettled() == 0 {
+            self.offset.idle(self.ledger.confirmed());
+            self.offset.save(&self.pool, false).await;
+        }
         self.resolve_dead(now).await?;
+        self.finish_recovery().await;
         let events = self.ledger.take(limit, now, self.ordering);
         self.publish_stats();
         // One slot, one reader: the claim cannot pass to another relay mid-batch.
@@ -891,6 +1110,7 @@ impl Source for PgCdcSource {
         self.report_confirmed();
         self.offset.reached(self.ledger.confirmed());
         self.offset.save(&self.pool, false).await;
+        self.finish_recovery().await;
         self.publish_stats();
         Ok(())
     }

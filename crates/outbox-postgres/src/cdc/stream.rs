@@ -284,7 +284,7 @@ pub(crate) fn wire_error(context: &str, e: &PgWireError) -> SourceError {
         ))
         .with_source(error),
         (_, Some("55000")) => SourceError::fatal(format!(
-            "{context}: the replication slot cannot stream (invalidated after exceeding max_slot_wal_keep_size?); see docs/cdc.md#recovering-a-lost-slot"
+            "{context}: the replication slot cannot stream (invalidated after exceeding max_slot_wal_keep_size?); see docs/cdc.md#failover"
         ))
         .with_source(error),
         (_, Some(code)) if code.starts_with("42") || code.starts_with("28") => {
