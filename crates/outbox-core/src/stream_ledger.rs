@@ -96,6 +96,10 @@ impl LedgerStats {
     }
 }
 
+/// Events [`Ledger::refill`] reads from a scratch file at most per call: a few milliseconds of
+/// reading on the async thread, and still ten of the relay's default batches.
+pub const REFILL_BATCH: usize = 5_000;
+
 /// One unsettled event.
 #[derive(Debug, Clone)]
 pub struct Entry<M> {
@@ -449,9 +453,12 @@ impl<M: Clone + Spillable> Ledger<M> {
         self.drain = Some(events);
     }
 
-    /// Loads events of the spilled transaction, if any, until `max_unsettled` are held.
+    /// Loads events of the spilled transaction, if any, until `max_unsettled` are held, at
+    /// most [`REFILL_BATCH`] per call (the file is read on the caller's thread).
     pub fn refill(&mut self, max_unsettled: usize) -> Result<(), SourceError> {
-        let room = max_unsettled.saturating_sub(self.unsettled());
+        let room = max_unsettled
+            .saturating_sub(self.unsettled())
+            .min(REFILL_BATCH);
         let Some(drain) = self.drain.as_mut() else {
             return Ok(());
         };
@@ -471,18 +478,14 @@ impl<M: Clone + Spillable> Ledger<M> {
         Ok(())
     }
 
-    /// While a spilled transaction loads, `wait_for_events` reads no stream: it loads what
-    /// fits and, when nothing is selectable at `now` (all in flight or backing off), waits
-    /// until `deadline`. Returns false (and does nothing) when nothing is loading.
+    /// `wait_for_events` while [`Ledger::draining`]: it reads no stream but loads what fits
+    /// and, when nothing is selectable (all in flight or backing off), waits until `deadline`.
     pub async fn wait_draining(
         &mut self,
         max_unsettled: usize,
         ordering: Ordering,
         deadline: tokio::time::Instant,
-    ) -> Result<bool, SourceError> {
-        if !self.draining() {
-            return Ok(false);
-        }
+    ) -> Result<(), SourceError> {
         self.refill(max_unsettled)?;
         if self
             .selectable(1, OffsetDateTime::now_utc(), ordering)
@@ -490,7 +493,7 @@ impl<M: Clone + Spillable> Ledger<M> {
         {
             tokio::time::sleep_until(deadline).await;
         }
-        Ok(true)
+        Ok(())
     }
 }
 

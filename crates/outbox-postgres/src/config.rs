@@ -1,5 +1,6 @@
 //! `[source]` settings for PostgreSQL (`kind = "postgres"`).
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use outbox_core::{Identifier, QualifiedTable};
@@ -88,6 +89,16 @@ pub struct PostgresConfig {
     /// delivers; messages with other prefixes are ignored.
     #[serde(default = "default_message_prefix")]
     pub message_prefix: String,
+    /// CDC: events of one open transaction held in memory; at this many the transaction goes
+    /// to a scratch file, read back in batches after its commit (docs/cdc.md).
+    #[serde(default = "default_spill_after_events")]
+    pub spill_after_events: usize,
+    /// CDC: the same, as an estimate of those events' size in memory, in bytes.
+    #[serde(default = "default_spill_after_bytes")]
+    pub spill_after_bytes: u64,
+    /// CDC: the directory of the scratch files; default the OS temporary directory.
+    #[serde(default)]
+    pub spill_dir: Option<PathBuf>,
     /// CDC: warn when the slot holds more WAL than this (bytes not yet confirmed).
     #[serde(default = "default_slot_lag_warn_bytes")]
     pub slot_lag_warn_bytes: u64,
@@ -138,6 +149,12 @@ fn default_publication() -> Identifier {
 fn default_message_prefix() -> String {
     "outbox".to_owned()
 }
+fn default_spill_after_events() -> usize {
+    outbox_core::spill::DEFAULT_AFTER_EVENTS
+}
+fn default_spill_after_bytes() -> u64 {
+    outbox_core::spill::DEFAULT_AFTER_BYTES
+}
 fn default_slot_lag_warn_bytes() -> u64 {
     1 << 30
 }
@@ -164,6 +181,9 @@ impl PostgresConfig {
             slot: default_slot(),
             publication: default_publication(),
             message_prefix: default_message_prefix(),
+            spill_after_events: default_spill_after_events(),
+            spill_after_bytes: default_spill_after_bytes(),
+            spill_dir: None,
             slot_lag_warn_bytes: default_slot_lag_warn_bytes(),
             heartbeat_interval: default_heartbeat_interval(),
             on_slot_loss: OnSlotLoss::Recover,
@@ -173,6 +193,15 @@ impl PostgresConfig {
     /// The qualified outbox table.
     pub fn qualified_table(&self) -> QualifiedTable {
         QualifiedTable::new(Some(self.schema.clone()), self.table.clone())
+    }
+
+    /// CDC: when a large open transaction goes to a scratch file.
+    pub fn spill_settings(&self) -> outbox_core::spill::SpillSettings {
+        outbox_core::spill::SpillSettings {
+            after_events: self.spill_after_events,
+            after_bytes: self.spill_after_bytes,
+            dir: self.spill_dir.clone(),
+        }
     }
 
     /// Checks what serde cannot; the error names the key.
@@ -227,6 +256,7 @@ impl PostgresConfig {
         if self.message_prefix.is_empty() || self.message_prefix.contains('\0') {
             return Err("source.message_prefix: must be a non-empty string without NUL".into());
         }
+        self.spill_settings().validate()?;
         if self.heartbeat_interval < Duration::from_millis(100)
             || self.heartbeat_interval > Duration::from_secs(3600)
         {
@@ -293,5 +323,25 @@ mod tests {
         .expect("valid");
         assert_eq!(c.slot.as_str(), "s1");
         assert_eq!(c.heartbeat_interval, Duration::from_secs(2));
+    }
+
+    #[test]
+    fn spill_keys_have_defaults_and_bad_values_name_the_key() {
+        let cdc = "url = \"postgres://x\"\nmode = \"cdc\"\n";
+        let c: PostgresConfig = toml::from_str(cdc).expect("valid");
+        assert_eq!(
+            c.spill_settings(),
+            outbox_core::spill::SpillSettings::default()
+        );
+        let c: PostgresConfig =
+            toml::from_str(&format!("{cdc}spill_after_events = 0")).expect("parses");
+        assert!(
+            c.validate()
+                .unwrap_err()
+                .starts_with("source.spill_after_events:")
+        );
+        let c: PostgresConfig =
+            toml::from_str(&format!("{cdc}spill_dir = \"/nonexistent/spill\"")).expect("parses");
+        assert!(c.validate().unwrap_err().starts_with("source.spill_dir:"));
     }
 }

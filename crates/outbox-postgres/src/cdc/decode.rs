@@ -3,20 +3,25 @@
 //! over only at `Commit` (an aborted transaction never reaches pgoutput's stream, so nothing
 //! phantom can be emitted).
 //!
+//! A transaction larger than `source.spill_after_events` / `spill_after_bytes` is buffered in a
+//! scratch file ([`outbox_core::spill`]) and handed over as [`Step::Spilled`].
+//!
 //! Values arrive in pgoutput's text format. The replication session pins `DateStyle=ISO`,
 //! `TimeZone=UTC` and `bytea_output=hex` (see `stream.rs`), so `created_at` reads as
 //! `2026-11-22 10:00:00.123456+00` and `payload` as `\x` followed by hex digits.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use bytes::Bytes;
-use outbox_core::{Event, Position};
+use outbox_core::spill::{Buffered, SpillSettings, SpilledTxn, TxnBuffer};
+use outbox_core::{Event, Position, SourceError};
 use pg_walstream::{LogicalReplicationMessage, LogicalReplicationParser, TupleData};
 use pgwire_replication::ReplicationEvent;
 use time::{Date, Month, OffsetDateTime, PrimitiveDateTime, Time, UtcOffset};
 use uuid::Uuid;
 
-use super::ledger::Origin;
+use super::ledger::{Meta, Origin};
 use super::message::decode_message;
 
 /// Why the stream could not be turned into events. Each is fatal for the stream: the data is
@@ -43,6 +48,24 @@ pub(crate) enum DecodeError {
     /// A pgoutput message outside a transaction that must be inside one.
     #[error("{0} outside a transaction")]
     OutOfTransaction(&'static str),
+    /// A large transaction could not be written to its scratch file.
+    #[error("buffering a large transaction in a scratch file failed")]
+    Spill(#[source] std::io::Error),
+}
+
+impl DecodeError {
+    /// The error for the relay: a scratch file that cannot be written (a full disk) is worth
+    /// retrying (the stream starts over from the slot); anything else is fatal.
+    pub(crate) fn into_source_error(self, table: &str) -> SourceError {
+        match self {
+            DecodeError::Spill(e) => SourceError::unavailable(format!(
+                "buffering a large transaction of {table} in a scratch file (source.spill_dir) failed"
+            ))
+            .with_source(e),
+            e => SourceError::fatal(format!("decoding the replication stream of {table} failed"))
+                .with_source(e),
+        }
+    }
 }
 
 /// What one replication event meant.
@@ -59,6 +82,14 @@ pub(crate) enum Step {
         end_lsn: u64,
         /// The transaction id (to wait until it is visible before querying its rows).
         xid: u32,
+    },
+    /// A transaction committed whose events went to a scratch file (past the spill
+    /// thresholds); read back in batches by the ledger.
+    Spilled {
+        /// The transaction's events, positions unassigned.
+        events: SpilledTxn<(Event, Meta)>,
+        /// As for [`Step::Committed`].
+        end_lsn: u64,
     },
     /// The server's position while nothing is in flight on the stream.
     KeepAlive {
@@ -87,7 +118,17 @@ struct Layout {
 struct OpenTxn {
     xid: u32,
     commit_time: OffsetDateTime,
-    events: Vec<(Event, Origin)>,
+    events: TxnBuffer<(Event, Meta)>,
+}
+
+impl OpenTxn {
+    fn push(&mut self, event: Event, origin: Origin) -> Result<(), DecodeError> {
+        let meta = Meta {
+            origin,
+            xid: self.xid,
+        };
+        self.events.push((event, meta)).map_err(DecodeError::Spill)
+    }
 }
 
 /// Stateful decoder of one replication session.
@@ -129,8 +170,13 @@ impl Decoder {
         self.open.is_some()
     }
 
-    /// Interprets one replication event.
-    pub(crate) fn apply(&mut self, event: ReplicationEvent) -> Result<Step, DecodeError> {
+    /// Interprets one replication event; an open transaction past `spill`'s thresholds goes
+    /// to a scratch file.
+    pub(crate) fn apply(
+        &mut self,
+        event: ReplicationEvent,
+        spill: &Arc<SpillSettings>,
+    ) -> Result<Step, DecodeError> {
         match event {
             ReplicationEvent::Begin {
                 commit_time_micros,
@@ -140,19 +186,23 @@ impl Decoder {
                 self.open = Some(OpenTxn {
                     xid,
                     commit_time: pg_timestamp(commit_time_micros),
-                    events: Vec::new(),
+                    events: TxnBuffer::new(spill.clone(), None),
                 });
                 Ok(Step::Nothing)
             }
             ReplicationEvent::Commit { end_lsn, .. } => {
-                let txn = self
+                let mut txn = self
                     .open
                     .take()
                     .ok_or(DecodeError::OutOfTransaction("commit"))?;
-                Ok(Step::Committed {
-                    events: txn.events,
-                    end_lsn: end_lsn.as_u64(),
-                    xid: txn.xid,
+                let end_lsn = end_lsn.as_u64();
+                Ok(match txn.events.take().map_err(DecodeError::Spill)? {
+                    Buffered::Memory(events) => Step::Committed {
+                        events: events.into_iter().map(|(e, m)| (e, m.origin)).collect(),
+                        end_lsn,
+                        xid: txn.xid,
+                    },
+                    Buffered::Spilled(events) => Step::Spilled { events, end_lsn },
                 })
             }
             ReplicationEvent::XLogData { data, .. } => {
@@ -177,20 +227,23 @@ impl Decoder {
                     .as_mut()
                     .ok_or(DecodeError::OutOfTransaction("logical message"))?;
                 match decode_message(&content) {
-                    Ok(m) => txn.events.push((
-                        Event {
-                            id: m.id,
-                            position: Position(0),
-                            aggregate_type: m.aggregate_type,
-                            aggregate_id: m.aggregate_id,
-                            event_type: m.event_type,
-                            payload: m.payload,
-                            headers: m.headers,
-                            created_at: txn.commit_time,
-                            attempts: 0,
-                        },
-                        Origin::Message,
-                    )),
+                    Ok(m) => {
+                        let commit_time = txn.commit_time;
+                        txn.push(
+                            Event {
+                                id: m.id,
+                                position: Position(0),
+                                aggregate_type: m.aggregate_type,
+                                aggregate_id: m.aggregate_id,
+                                event_type: m.event_type,
+                                payload: m.payload,
+                                headers: m.headers,
+                                created_at: commit_time,
+                                attempts: 0,
+                            },
+                            Origin::Message,
+                        )?
+                    }
                     Err(e) => {
                         // Not an event this build can deliver with the contract (no id, no
                         // aggregate): skipping it is the only move that does not stop every
@@ -263,8 +316,8 @@ impl Decoder {
                     .open
                     .as_mut()
                     .ok_or(DecodeError::OutOfTransaction("insert"))?;
-                if let Some(row) = decode_row(&layout, &tuple)? {
-                    txn.events.push(row);
+                if let Some((event, origin)) = decode_row(&layout, &tuple)? {
+                    txn.push(event, origin)?;
                 }
             }
             // The publication publishes inserts only; anything else (a publication someone

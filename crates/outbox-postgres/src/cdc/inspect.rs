@@ -54,6 +54,12 @@ impl PgCdcInspector {
         }
     }
 
+    /// Large transactions the running source took from scratch files (`source.spill_*`), as
+    /// of its last fetch or settle; `None` without a running source.
+    pub fn spilled(&self) -> Option<outbox_core::stream_ledger::Spilled> {
+        self.stats.as_ref().map(|s| s.spilled())
+    }
+
     /// The slot's status; `None` when it does not exist.
     pub async fn slot(&self) -> Result<Option<SlotStatus>, SourceError> {
         slot_status(&self.pool, &self.slot)

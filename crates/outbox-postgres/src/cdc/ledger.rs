@@ -2,6 +2,7 @@
 //! each event remembers for dead-lettering.
 
 use outbox_core::Event;
+use outbox_core::spill::{self, Spillable};
 
 /// Where an event came from, which decides how it is dead-lettered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,10 +44,80 @@ impl Meta {
     }
 }
 
+/// How a large transaction's events are kept in its scratch file.
+impl Spillable for Meta {
+    fn memory_size(&self) -> usize {
+        std::mem::size_of::<Self>()
+    }
+
+    fn encode(&self, out: &mut Vec<u8>) {
+        let (tag, seq) = match self.origin {
+            Origin::Row {
+                seq,
+                put_back: false,
+            } => (0, seq),
+            Origin::Row {
+                seq,
+                put_back: true,
+            } => (1, seq),
+            Origin::Message => (2, 0),
+        };
+        spill::put_u64(out, tag);
+        spill::put_u64(out, seq as u64);
+        spill::put_u64(out, u64::from(self.xid));
+    }
+
+    fn decode(input: &mut &[u8]) -> std::io::Result<Self> {
+        let tag = spill::take_u64(input)?;
+        let seq = spill::take_u64(input)? as i64;
+        let origin = match tag {
+            0 | 1 => Origin::Row {
+                seq,
+                put_back: tag == 1,
+            },
+            _ => Origin::Message,
+        };
+        let xid = u32::try_from(spill::take_u64(input)?)
+            .map_err(|_| std::io::Error::other("spill file: corrupt xid"))?;
+        Ok(Self { origin, xid })
+    }
+}
+
 /// A committed transaction's events with their metadata.
 pub(crate) fn with_meta(events: Vec<(Event, Origin)>, xid: u32) -> Vec<(Event, Meta)> {
     events
         .into_iter()
         .map(|(event, origin)| (event, Meta { origin, xid }))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metadata_round_trips_through_a_scratch_file() {
+        for origin in [
+            Origin::Row {
+                seq: 42,
+                put_back: false,
+            },
+            Origin::Row {
+                seq: -1,
+                put_back: true,
+            },
+            Origin::Message,
+        ] {
+            let meta = Meta {
+                origin,
+                xid: 4_000_000_000,
+            };
+            let mut out = Vec::new();
+            meta.encode(&mut out);
+            let mut input = &out[..];
+            let back = Meta::decode(&mut input).expect("decode");
+            assert_eq!((back.origin, back.xid), (meta.origin, meta.xid));
+            assert!(input.is_empty());
+        }
+    }
 }

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use futures::FutureExt;
 use outbox_core::source::{Fetched, Outcome, Settlement};
+use outbox_core::spill::SpillSettings;
 use outbox_core::{DeadLetterPolicy, Ordering, Source, SourceError};
 use sqlx::types::Json;
 use sqlx::{PgPool, Row};
@@ -37,8 +38,9 @@ use crate::sql::stmt;
 pub const STANDBY_RETRY: Duration = Duration::from_secs(1);
 
 /// Events kept in memory (received, not yet settled for good) before the source stops reading
-/// the stream; the server then waits (TCP backpressure). A single transaction is always read
-/// whole, since its events exist only at its commit.
+/// the stream; the server then waits (TCP backpressure). An open transaction is always read to
+/// its commit (its events exist only then): past `source.spill_after_*` it goes to a scratch
+/// file, and after its commit it is loaded from there in batches up to this bound.
 const MAX_BUFFERED: usize = 50_000;
 
 /// Longest wait for a streamed transaction to become visible to queries.
@@ -67,6 +69,8 @@ pub struct PgCdcSource {
     hold: bool,
     stream: Option<Stream>,
     decoder: Decoder,
+    /// When an open transaction goes to a scratch file (`source.spill_*`).
+    spill: Arc<SpillSettings>,
     ledger: Ledger,
     /// Confirmed LSN last handed to the stream.
     reported: u64,
@@ -166,6 +170,7 @@ impl PgCdcSource {
                 config.table.as_str(),
                 &config.message_prefix,
             ),
+            spill: Arc::new(config.spill_settings()),
             ledger: Ledger::new(0),
             reported: 0,
             dead: HashSet::new(),
@@ -496,13 +501,10 @@ impl PgCdcSource {
 
     /// Interprets one replication event. Returns true when a transaction committed.
     fn apply(&mut self, event: pgwire_replication::ReplicationEvent) -> Result<bool, SourceError> {
-        let step = self.decoder.apply(event).map_err(|e| {
-            SourceError::fatal(format!(
-                "decoding the replication stream of {} failed",
-                self.table
-            ))
-            .with_source(e)
-        })?;
+        let step = self
+            .decoder
+            .apply(event, &self.spill)
+            .map_err(|e| e.into_source_error(&self.table))?;
         let step = match (step, self.recovery.as_mut()) {
             (
                 Step::Committed {
@@ -551,6 +553,16 @@ impl PgCdcSource {
                 self.ledger.commit(with_meta(events, xid), end_lsn);
                 (true, Some(end_lsn))
             }
+            Step::Spilled { events, end_lsn } if end_lsn <= self.skip_through => {
+                self.skipped += events.len() as u64;
+                self.ledger.commit(Vec::new(), end_lsn);
+                (false, Some(end_lsn))
+            }
+            Step::Spilled { events, end_lsn } => {
+                // Loaded in batches by `pump`; the stream waits until all of it is loaded.
+                self.ledger.commit_spilled(events, end_lsn);
+                (true, Some(end_lsn))
+            }
             Step::KeepAlive { wal_end } => {
                 if !self.decoder.in_transaction() {
                     self.ledger.idle_confirm(wal_end);
@@ -580,6 +592,10 @@ impl PgCdcSource {
     /// Reads what the stream has ready without waiting.
     fn pump(&mut self) -> Result<(), SourceError> {
         loop {
+            if self.ledger.draining() {
+                // A large transaction loads from its scratch file first (commit order).
+                return self.ledger.refill(MAX_BUFFERED).map_err(|e| self.lost(e));
+            }
             if self.ledger.unsettled() >= MAX_BUFFERED && !self.decoder.in_transaction() {
                 return Ok(());
             }
@@ -971,6 +987,7 @@ impl PgCdcSource {
         let deadline = Instant::now() + self.config.connect_timeout;
         while self.catch_up.is_some()
             && self.ledger.unsettled() < MAX_BUFFERED
+            && !self.ledger.draining()
             && self
                 .ledger
                 .selectable(limit, OffsetDateTime::now_utc(), self.ordering)
@@ -1133,6 +1150,15 @@ impl Source for PgCdcSource {
             return;
         }
         loop {
+            if self.ledger.draining() {
+                let waited = self
+                    .ledger
+                    .wait_draining(MAX_BUFFERED, self.ordering, deadline);
+                if let Err(e) = waited.await {
+                    self.failure = Some(self.lost(e));
+                }
+                return;
+            }
             let Some(stream) = self.stream.as_mut() else {
                 return;
             };
