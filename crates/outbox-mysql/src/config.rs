@@ -69,6 +69,16 @@ pub struct MySqlConfig {
     /// replicas and binlog readers). Default: a random one per start.
     #[serde(default)]
     pub server_id: Option<u32>,
+    /// CDC mode: events of one open transaction held in memory; at this many the transaction
+    /// goes to a scratch file, read back in batches after its commit (docs/mysql.md).
+    #[serde(default = "default_spill_after_events")]
+    pub spill_after_events: usize,
+    /// CDC mode: the same, as an estimate of those events' size in memory, in bytes.
+    #[serde(default = "default_spill_after_bytes")]
+    pub spill_after_bytes: u64,
+    /// CDC mode: the directory of the scratch files; default the OS temporary directory.
+    #[serde(default)]
+    pub spill_dir: Option<std::path::PathBuf>,
 }
 
 fn default_table() -> Identifier {
@@ -79,6 +89,12 @@ fn default_claim_timeout() -> Duration {
 }
 fn default_connect_timeout() -> Duration {
     Duration::from_secs(10)
+}
+fn default_spill_after_events() -> usize {
+    outbox_core::spill::DEFAULT_AFTER_EVENTS
+}
+fn default_spill_after_bytes() -> u64 {
+    outbox_core::spill::DEFAULT_AFTER_BYTES
 }
 
 impl MySqlConfig {
@@ -94,6 +110,18 @@ impl MySqlConfig {
             claim_timeout: default_claim_timeout(),
             connect_timeout: default_connect_timeout(),
             server_id: None,
+            spill_after_events: default_spill_after_events(),
+            spill_after_bytes: default_spill_after_bytes(),
+            spill_dir: None,
+        }
+    }
+
+    /// CDC mode: when a large open transaction goes to a scratch file.
+    pub fn spill_settings(&self) -> outbox_core::spill::SpillSettings {
+        outbox_core::spill::SpillSettings {
+            after_events: self.spill_after_events,
+            after_bytes: self.spill_after_bytes,
+            dir: self.spill_dir.clone(),
         }
     }
 
@@ -122,6 +150,9 @@ impl MySqlConfig {
         }
         if self.claim_timeout < Duration::from_secs(1) {
             return Err("source.claim_timeout: must be at least 1s".into());
+        }
+        if self.mode == Mode::Cdc {
+            self.spill_settings().validate()?;
         }
         Ok(())
     }
@@ -189,5 +220,14 @@ mod tests {
                 .expect_err("server id")
                 .starts_with("source.server_id")
         );
+        c.server_id = None;
+        c.spill_after_bytes = 0;
+        assert!(
+            c.validate()
+                .expect_err("spill")
+                .starts_with("source.spill_after_bytes:")
+        );
+        c.mode = Mode::Poll;
+        assert!(c.validate().is_ok(), "spill keys matter in CDC mode only");
     }
 }

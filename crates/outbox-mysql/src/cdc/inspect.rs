@@ -53,6 +53,12 @@ impl MySqlCdcInspector {
         }
     }
 
+    /// Large transactions the running source took from scratch files (`source.spill_*`), as
+    /// of its last fetch or settle; `None` without a running source.
+    pub fn spilled(&self) -> Option<outbox_core::stream_ledger::Spilled> {
+        self.stats.as_ref().map(|s| s.spilled())
+    }
+
     /// The backlog at `now`: dead letters from the table, the rest from a running source.
     pub async fn backlog_at(&self, now: OffsetDateTime) -> Result<Backlog, SourceError> {
         let dead: i64 = sqlx::query_scalar(stmt(&self.queries.dead_count))

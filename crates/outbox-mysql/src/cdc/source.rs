@@ -18,6 +18,7 @@ use futures::{FutureExt as _, StreamExt as _};
 use mysql_async::binlog::events::{EventData, RowsEventData};
 use mysql_async::{BinlogStream, BinlogStreamRequest};
 use outbox_core::source::{Fetched, Outcome, Settlement};
+use outbox_core::spill::{self, Buffered, SpillSettings, Spillable, TxnBuffer};
 use outbox_core::stream_ledger::{self, LedgerStats};
 use outbox_core::{DeadLetterPolicy, Event, Ordering, Source, SourceError};
 use sqlx::mysql::MySqlConnectOptions;
@@ -39,7 +40,9 @@ use crate::sql::stmt;
 pub(crate) const STANDBY_RETRY: Duration = Duration::from_secs(1);
 
 /// Events kept in memory (received, not settled for good) before the source stops reading
-/// the binlog; the server then waits (TCP backpressure).
+/// the binlog; the server then waits (TCP backpressure). An open transaction is always read to
+/// its commit: past `source.spill_after_*` it goes to a scratch file, and after its commit it is
+/// loaded from there in batches up to this bound.
 const MAX_BUFFERED: usize = 50_000;
 
 /// How often the kept position is saved when only transactions without outbox events moved
@@ -65,6 +68,52 @@ struct Meta {
 type Ledger = stream_ledger::Ledger<Meta>;
 type Entry = stream_ledger::Entry<Meta>;
 
+/// How a large transaction's events are kept in its scratch file.
+impl Spillable for Meta {
+    fn memory_size(&self) -> usize {
+        std::mem::size_of::<Self>() + self.invalid.as_ref().map_or(0, String::len)
+    }
+
+    fn encode(&self, out: &mut Vec<u8>) {
+        spill::put_u64(out, self.row as u64);
+        spill::put_u64(out, self.seq as u64);
+        spill::put_u64(out, u64::from(self.put_back));
+        match &self.invalid {
+            None => spill::put_u64(out, 0),
+            Some(why) => {
+                spill::put_u64(out, 1);
+                spill::put_bytes(out, why.as_bytes());
+            }
+        }
+    }
+
+    fn decode(input: &mut &[u8]) -> std::io::Result<Self> {
+        let row = spill::take_u64(input)? as i64;
+        let seq = spill::take_u64(input)? as i64;
+        let put_back = spill::take_u64(input)? == 1;
+        let invalid = match spill::take_u64(input)? {
+            0 => None,
+            _ => Some(spill::take_string(input)?),
+        };
+        Ok(Self {
+            row,
+            seq,
+            invalid,
+            put_back,
+        })
+    }
+}
+
+/// The order a transaction's events go out in: rows put back to pending in one statement come
+/// in table order, so each aggregate's are sorted by `seq` (a stable sort).
+fn by_aggregate_seq(a: &(Event, Meta), b: &(Event, Meta)) -> std::cmp::Ordering {
+    (&a.0.aggregate_type, &a.0.aggregate_id, a.1.seq).cmp(&(
+        &b.0.aggregate_type,
+        &b.0.aggregate_id,
+        b.1.seq,
+    ))
+}
+
 /// An open binlog session with the lock that makes it this relay's alone.
 struct Live {
     stream: BinlogStream,
@@ -75,8 +124,9 @@ struct Live {
     file: Option<String>,
     /// A format description was read: later events' checksums are stripped by the reader.
     described: bool,
-    /// Events of the transaction being read, released at its commit.
-    pending: Vec<(Event, Meta)>,
+    /// Events of the transaction being read, released at its commit (in a scratch file past
+    /// `source.spill_after_*`).
+    pending: TxnBuffer<(Event, Meta)>,
     /// MariaDB: the GTID position after the last transaction read, and the GTID of the one
     /// being read (domain, server, seq, standalone).
     gtid: Option<GtidState>,
@@ -105,6 +155,8 @@ pub struct MySqlCdcSource {
     hold: bool,
     server_id: u32,
     live: Option<Live>,
+    /// When an open transaction goes to a scratch file (`source.spill_*`).
+    spill: Arc<SpillSettings>,
     columns: Option<Columns>,
     files: FileNames,
     ledger: Ledger,
@@ -160,6 +212,7 @@ impl MySqlCdcSource {
             hold: dead_letter == DeadLetterPolicy::HoldAggregate && ordering != Ordering::None,
             server_id: config.server_id.unwrap_or_else(random_server_id),
             live: None,
+            spill: Arc::new(config.spill_settings()),
             columns: None,
             files: FileNames::default(),
             ledger: Ledger::new(0),
@@ -300,7 +353,7 @@ impl MySqlCdcSource {
             lock_seen: Instant::now(),
             file: Some(start.file),
             described: false,
-            pending: Vec::new(),
+            pending: TxnBuffer::new(self.spill.clone(), Some(by_aggregate_seq)),
             gtid: mariadb.then(|| gtid.unwrap_or_default()),
             txn_gtid: None,
         });
@@ -503,7 +556,7 @@ impl MySqlCdcSource {
                         continue;
                     }
                     let row = columns.row_position(&after).unwrap_or(0);
-                    live.pending.push(match columns.event(&after) {
+                    let item = match columns.event(&after) {
                         Ok(event) => {
                             let seq = aggregate_seq(&event);
                             (
@@ -525,7 +578,8 @@ impl MySqlCdcSource {
                                 put_back: update,
                             },
                         ),
-                    });
+                    };
+                    live.pending.push(item).map_err(spill_error)?;
                 }
                 false
             }
@@ -553,24 +607,28 @@ impl MySqlCdcSource {
             state.apply(domain, server, seq);
             self.gtids.insert(token, state.to_string());
         }
-        let mut events = std::mem::take(&mut live.pending);
-        let any = !events.is_empty();
-        // Rows put back to pending in one statement come in table order: each aggregate's
-        // go out in `seq` order.
-        events.sort_by(|(a, ma), (b, mb)| {
-            (&a.aggregate_type, &a.aggregate_id, ma.seq).cmp(&(
-                &b.aggregate_type,
-                &b.aggregate_id,
-                mb.seq,
-            ))
-        });
-        self.ledger.commit(events, token);
-        Ok(any)
+        // Sorted by `by_aggregate_seq`, in memory or merged from the scratch file's runs.
+        match live.pending.take().map_err(spill_error)? {
+            Buffered::Memory(events) => {
+                let any = !events.is_empty();
+                self.ledger.commit(events, token);
+                Ok(any)
+            }
+            Buffered::Spilled(events) => {
+                // Loaded in batches by `pump`; the binlog waits until all of it is loaded.
+                self.ledger.commit_spilled(events, token);
+                Ok(true)
+            }
+        }
     }
 
     /// Reads what the stream has ready without waiting.
     fn pump(&mut self) -> Result<(), SourceError> {
         loop {
+            if self.ledger.draining() {
+                // A large transaction loads from its scratch file first (commit order).
+                return self.ledger.refill(MAX_BUFFERED).map_err(|e| self.lost(e));
+            }
             let pending = self.live.as_ref().map_or(0, |l| l.pending.len());
             if self.ledger.unsettled() >= MAX_BUFFERED && pending == 0 {
                 return Ok(());
@@ -594,6 +652,7 @@ impl MySqlCdcSource {
         let deadline = Instant::now() + self.config.connect_timeout;
         while self.catch_up.is_some()
             && self.ledger.unsettled() < MAX_BUFFERED
+            && !self.ledger.draining()
             && self
                 .ledger
                 .selectable(limit, OffsetDateTime::now_utc(), self.ordering)
@@ -905,6 +964,15 @@ fn placeholder() -> Event {
     }
 }
 
+/// A scratch file of a large transaction that cannot be written (a full disk): worth retrying,
+/// the binlog sends the transaction again.
+fn spill_error(e: std::io::Error) -> SourceError {
+    SourceError::unavailable(
+        "buffering a large transaction in a scratch file (source.spill_dir) failed",
+    )
+    .with_source(e)
+}
+
 /// A binlog session error: a position the server no longer has is fatal, with what to do.
 fn binlog_error(context: &str, at: &BinlogPos, e: mysql_async::Error) -> SourceError {
     if let mysql_async::Error::Server(server) = &e
@@ -1033,6 +1101,15 @@ impl Source for MySqlCdcSource {
             return;
         }
         loop {
+            if self.ledger.draining() {
+                let waited = self
+                    .ledger
+                    .wait_draining(MAX_BUFFERED, self.ordering, deadline);
+                if let Err(e) = waited.await {
+                    self.failure = Some(self.lost(e));
+                }
+                return;
+            }
             let Some(live) = self.live.as_mut() else {
                 return;
             };
