@@ -24,11 +24,16 @@ services_install() {
     services_install_browser || return 1
     local missing=()
     services_pg_bindir >/dev/null 2>&1 || missing+=(postgresql)
+    # The failover tests make a standby with pg_basebackup (Debian: postgresql-client, which
+    # the server package depends on) and promote it with pg_ctl.
+    [ -x "$(services_pg_bindir 2>/dev/null)/pg_basebackup" ] || missing+=(postgresql)
     services_nats_bin >/dev/null 2>&1 || missing+=(nats-server)
     services_redis_bin >/dev/null 2>&1 || missing+=(redis-server)
     services_rabbitmq_bin >/dev/null 2>&1 || missing+=(rabbitmq-server)
     services_pgbouncer_bin >/dev/null 2>&1 || missing+=(pgbouncer)
     command -v mariadbd >/dev/null 2>&1 || [ -x /usr/sbin/mariadbd ] || missing+=(mariadb-server)
+    # Each test server (and the failover tests' primary and replica) gets its own data directory.
+    command -v mariadb-install-db >/dev/null 2>&1 || missing+=(mariadb-server)
     # The TLS tests make their certificates with the openssl command line tool.
     command -v openssl >/dev/null 2>&1 || missing+=(openssl)
     # The build: librdkafka's TLS and SASL/SCRAM link the system's OpenSSL (rdkafka's `ssl`).

@@ -1,7 +1,7 @@
 //! Test support for `outbox`: real servers on 127.0.0.1 ([`services`]), a fault-injecting sink
-//! ([`faults`]), the source and sink conformance suites ([`conformance`],
-//! [`sink_conformance`]), an OTLP trace receiver ([`otlp`]), waiting helpers ([`wait`]) and
-//! test logging ([`init_tracing`]).
+//! ([`faults`]), a switchable TCP forwarder for failover tests ([`forwarder`]), the source and
+//! sink conformance suites ([`conformance`], [`sink_conformance`]), an OTLP trace receiver
+//! ([`otlp`]), waiting helpers ([`wait`]) and test logging ([`init_tracing`]).
 //!
 //! Typical integration test:
 //!
@@ -25,6 +25,7 @@
 pub mod admin_conformance;
 pub mod conformance;
 pub mod faults;
+pub mod forwarder;
 pub mod nats_auth;
 pub mod oracle;
 pub mod otlp;

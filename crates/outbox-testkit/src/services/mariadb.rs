@@ -39,6 +39,10 @@ pub struct MariaDb(Server<MariaDbServer>);
 struct MariaDbServer {
     bin: PathBuf,
     root: PathBuf,
+    /// `--server-id` (1 unless a replication set chooses).
+    server_id: u32,
+    /// Options after the defaults (`--log-slave-updates`, `--read-only`, ...).
+    extra: Vec<String>,
 }
 
 launcher_methods! {
@@ -130,6 +134,30 @@ impl MariaDb {
     }
 }
 
+impl MariaDb {
+    /// A private server with `server_id` and the options `extra` after the defaults (a
+    /// replication set's members), started like [`MariaDb::start`].
+    pub(crate) async fn start_with(server_id: u32, extra: Vec<String>) -> anyhow::Result<MariaDb> {
+        Server::launch(true, |root| {
+            let mut server = MariaDbServer::setup(root)?;
+            server.server_id = server_id;
+            server.extra = extra;
+            Ok(server)
+        })
+        .await
+        .map(MariaDb)
+    }
+
+    /// Kills a private server with SIGKILL, as a power cut or the OOM killer would (InnoDB
+    /// recovers at the next start), and waits until it is gone. Refused for the shared
+    /// server.
+    pub async fn kill(&self) -> anyhow::Result<()> {
+        let pid = process::pid_in(&self.0.private_root("kill")?.join("mariadb.pid"))?;
+        process::signal("KILL", &[pid])?;
+        self.0.wait_exited("SIGKILL").await
+    }
+}
+
 /// Where [`MariaDb::enable_tls`] puts the certificate and key, under the server's root.
 const TLS_DIR: &str = "tls";
 const TLS_CERT: &str = "server.pem";
@@ -173,6 +201,8 @@ impl ServerSpec for MariaDbServer {
         Ok(Self {
             bin,
             root: root.to_owned(),
+            server_id: 1,
+            extra: Vec::new(),
         })
     }
 
@@ -213,7 +243,7 @@ impl ServerSpec for MariaDbServer {
             "--max-connections=500".into(),
             // A row-based binlog, as scripts/services.sh starts it: the CDC source reads it.
             "--binlog-format=ROW".into(),
-            "--server-id=1".into(),
+            format!("--server-id={}", self.server_id).into(),
         ];
         for (flag, name) in [
             ("--log-bin=", "data/binlog"),
@@ -234,6 +264,7 @@ impl ServerSpec for MariaDbServer {
                 args.push(arg);
             }
         }
+        args.extend(self.extra.iter().map(OsString::from));
         args
     }
 }

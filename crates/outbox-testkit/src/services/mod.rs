@@ -1,6 +1,8 @@
 //! Real servers for integration tests, on 127.0.0.1: [`Postgres`], [`Nats`] (JetStream),
 //! [`Redis`], [`RabbitMq`], `Kafka` (tansu; feature `kafka`) and [`HttpReceiver`] (a recording
-//! webhook endpoint).
+//! webhook endpoint). For failover tests, [`PostgresPair`] (a primary and a streaming standby)
+//! and [`MariaDbPair`] (a primary and a GTID replica), with `crate::forwarder::Forwarder` as
+//! the stable address in front of them.
 //!
 //! Servers are started from the installed binaries (no Docker). Each has a *shared* instance
 //! per test process, which honours an environment variable naming an existing server
@@ -14,11 +16,13 @@ mod http;
 #[cfg(feature = "kafka")]
 mod kafka;
 mod mariadb;
+mod mariadb_pair;
 mod methods;
 mod moto;
 mod nats;
 mod pgbouncer;
 mod postgres;
+mod postgres_pair;
 mod process;
 mod pubsub;
 mod rabbitmq;
@@ -31,10 +35,12 @@ pub use kafka::{
     KAFKA_BROKERS_ENV, Kafka, KafkaSecurity, KafkaUser, Scram, TANSU_BIN_ENV, find_tansu,
 };
 pub use mariadb::{MYSQL_URL_ENV, MariaDb};
+pub use mariadb_pair::MariaDbPair;
 pub use moto::{MOTO_BIN_ENV, MOTO_URL_ENV, Moto};
 pub use nats::{NATS_URL_ENV, Nats};
 pub use pgbouncer::PgBouncer;
 pub use postgres::{DATABASE_URL_ENV, Postgres};
+pub use postgres_pair::{PostgresPair, STANDBY_NAME};
 pub use pubsub::{
     PUBSUB_EMULATOR_ENV, PUBSUB_HOST_ENV, PubSubEmulator, PulledMessage, find_emulator,
 };

@@ -38,13 +38,17 @@ pub struct Postgres(Server<PostgresServer>);
 
 /// A PostgreSQL server this process starts: its binary and directories.
 #[derive(Debug)]
-struct PostgresServer {
+pub(crate) struct PostgresServer {
+    /// The directory of `postgres`, `initdb`, `pg_ctl`, `pg_basebackup`.
+    bin_dir: PathBuf,
     /// The `postgres` binary.
     bin: PathBuf,
     /// The server's directory, holding `data/`, the socket and `postgres.log`.
     root: PathBuf,
     /// `postgres` when we run as root (PostgreSQL refuses to run as root).
     run_as: Option<&'static str>,
+    /// Settings (`name=value`) after the defaults of [`ServerSpec::args`], which they override.
+    settings: Vec<String>,
 }
 
 launcher_methods! {
@@ -102,20 +106,24 @@ impl Postgres {
     /// (replication slots come back at their last checkpointed position). Waits until the
     /// server is gone; [`Postgres::restart`] starts it again. Refused for the shared server.
     pub async fn crash(&self) -> anyhow::Result<()> {
-        let pid_file = self.0.private_root("crash")?.join("data/postmaster.pid");
-        let pid = std::fs::read_to_string(&pid_file)
-            .with_context(|| format!("reading {}", pid_file.display()))?;
-        let pid = pid.lines().next().unwrap_or_default().trim().to_owned();
-        let status = std::process::Command::new("kill")
-            .args(["-QUIT", &pid])
-            .status()
-            .context("running kill")?;
-        anyhow::ensure!(status.success(), "kill -QUIT {pid} failed");
-        crate::wait::eventually(std::time::Duration::from_secs(30), || async {
-            !self.is_running()
-        })
-        .await
-        .context("PostgreSQL did not exit after SIGQUIT")
+        let pid = process::pid_in(&self.0.private_root("crash")?.join("data/postmaster.pid"))?;
+        process::signal("QUIT", &[pid])?;
+        self.0.wait_exited("SIGQUIT").await
+    }
+
+    /// Kills a private server as a machine that dies would: SIGKILL to the postmaster and to
+    /// every one of its processes at once, so no process finishes anything (no shutdown, no
+    /// WAL sent to a standby, clients cut off). Waits until the postmaster is gone. Refused
+    /// for the shared server.
+    pub async fn kill(&self) -> anyhow::Result<()> {
+        let pid = process::pid_in(&self.0.private_root("kill")?.join("data/postmaster.pid"))?;
+        // Stopped first, the postmaster starts no backend between the listing of its
+        // children and the kill (an orphan would live on, serving its client).
+        process::signal("STOP", &[pid])?;
+        let mut victims = vec![pid];
+        victims.extend(process::children(pid));
+        process::signal("KILL", &victims)?;
+        self.0.wait_exited("SIGKILL").await
     }
 
     /// Turns TLS on for a private server with this certificate and key (copied into the data
@@ -163,6 +171,21 @@ impl Postgres {
     pub fn log_path(&self) -> Option<PathBuf> {
         self.0.log_path()
     }
+
+    /// A private server whose directory `prepare` makes (from [`PostgresServer::new`]: an
+    /// `initdb`, a `pg_basebackup`), started on a free port like [`Postgres::start_private`].
+    pub(crate) async fn launch_with(
+        prepare: impl FnOnce(&Path) -> anyhow::Result<PostgresServer>,
+    ) -> anyhow::Result<Postgres> {
+        Server::launch(true, prepare).await.map(Postgres)
+    }
+
+    /// What the launcher made of a private server: its binaries and user.
+    pub(crate) fn server(&self) -> anyhow::Result<&PostgresServer> {
+        self.0
+            .spec()
+            .context("an external PostgreSQL server has no local binaries")
+    }
 }
 
 impl ServerSpec for PostgresServer {
@@ -178,34 +201,8 @@ impl ServerSpec for PostgresServer {
     /// Finds the binaries and runs `initdb` into `root/data`, as the `postgres` user when we
     /// are root.
     fn setup(root: &Path) -> anyhow::Result<Self> {
-        let bin_dir = bin_dir()?;
-        let run_as = process::running_as_root().then_some("postgres");
-        if let Some(user) = run_as {
-            run(
-                std::process::Command::new("chown")
-                    .arg(format!("{user}:"))
-                    .arg(root),
-                root,
-            )
-            .context("giving the data directory to the `postgres` user")?;
-        }
-        let server = PostgresServer {
-            bin: bin_dir.join("postgres"),
-            root: root.to_owned(),
-            run_as,
-        };
-        let mut initdb = server.command(&bin_dir.join("initdb"));
-        initdb.arg("-D").arg(server.data()).args([
-            "-U",
-            "postgres",
-            "-A",
-            "trust",
-            "--no-sync",
-            "-E",
-            "UTF8",
-            "--locale=C",
-        ]);
-        run(&mut initdb, root).context("initdb failed")?;
+        let server = PostgresServer::new(root, Vec::new())?;
+        server.initdb()?;
         Ok(server)
     }
 
@@ -240,6 +237,9 @@ impl ServerSpec for PostgresServer {
             "max_connections=200",
             "shared_buffers=128MB",
         ];
+        let settings = settings
+            .into_iter()
+            .chain(self.settings.iter().map(String::as_str));
         let mut args = vec![
             "-D".into(),
             self.data().into_os_string(),
@@ -259,8 +259,61 @@ impl ServerSpec for PostgresServer {
 }
 
 impl PostgresServer {
-    fn data(&self) -> PathBuf {
+    /// Finds the binaries and gives `root` to the server's user (when we are root); the data
+    /// directory `root/data` is still to be made. `settings` (`name=value`) are passed to every
+    /// start after the defaults.
+    pub(crate) fn new(root: &Path, settings: Vec<String>) -> anyhow::Result<Self> {
+        let bin_dir = bin_dir()?;
+        let run_as = process::running_as_root().then_some("postgres");
+        if let Some(user) = run_as {
+            run(
+                std::process::Command::new("chown")
+                    .arg(format!("{user}:"))
+                    .arg(root),
+                root,
+            )
+            .context("giving the data directory to the `postgres` user")?;
+        }
+        Ok(PostgresServer {
+            bin: bin_dir.join("postgres"),
+            bin_dir,
+            root: root.to_owned(),
+            run_as,
+            settings,
+        })
+    }
+
+    /// `initdb` into the data directory (superuser `postgres`, trust authentication).
+    pub(crate) fn initdb(&self) -> anyhow::Result<()> {
+        let mut initdb = self.tool("initdb");
+        initdb.arg("-D").arg(self.data()).args([
+            "-U",
+            "postgres",
+            "-A",
+            "trust",
+            "--no-sync",
+            "-E",
+            "UTF8",
+            "--locale=C",
+        ]);
+        self.run(&mut initdb).context("initdb failed")
+    }
+
+    /// The data directory.
+    pub(crate) fn data(&self) -> PathBuf {
         self.root.join("data")
+    }
+
+    /// A command running the PostgreSQL program `name` (`pg_ctl`, `pg_basebackup`) of the
+    /// server's installation as the server's user.
+    pub(crate) fn tool(&self, name: &str) -> std::process::Command {
+        self.command(&self.bin_dir.join(name))
+    }
+
+    /// Runs a short command in the server's directory; on failure the error carries its
+    /// output.
+    pub(crate) fn run(&self, cmd: &mut std::process::Command) -> anyhow::Result<()> {
+        run(cmd, &self.root)
     }
 
     /// A command running `program` as the server's user.

@@ -201,6 +201,53 @@ pub(crate) fn free_port() -> anyhow::Result<u16> {
     Ok(listener.local_addr()?.port())
 }
 
+/// The process id on the first line of `file` (a server's pid file).
+pub(crate) fn pid_in(file: &Path) -> anyhow::Result<u32> {
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    text.lines()
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .parse()
+        .with_context(|| format!("no process id in {}", file.display()))
+}
+
+/// Sends `signal` (`KILL`, `QUIT`, `STOP`) to `pids` with one `kill`.
+pub(crate) fn signal(signal: &str, pids: &[u32]) -> anyhow::Result<()> {
+    let status = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .args(pids.iter().map(u32::to_string))
+        .stdin(Stdio::null())
+        .status()
+        .context("running `kill`")?;
+    anyhow::ensure!(status.success(), "kill -{signal} {pids:?} failed");
+    Ok(())
+}
+
+/// The processes whose parent is `pid` (read from `/proc/*/stat`).
+pub(crate) fn children(pid: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| {
+            let child: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+            // `pid (comm) state ppid ...`: comm may hold spaces and parentheses.
+            let ppid: u32 = stat
+                .rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()?;
+            (ppid == pid).then_some(child)
+        })
+        .collect()
+}
+
 /// True when we run as root (some servers, PostgreSQL, refuse to).
 pub(crate) fn running_as_root() -> bool {
     use std::os::unix::fs::MetadataExt;

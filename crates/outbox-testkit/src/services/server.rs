@@ -246,6 +246,14 @@ impl<S: ServerSpec> Server<S> {
         }
     }
 
+    /// Waits until a server this process started has exited (after a signal sent by the
+    /// launcher: `after` names it for the error).
+    pub(crate) async fn wait_exited(&self, after: &str) -> anyhow::Result<()> {
+        crate::wait::eventually(Duration::from_secs(30), || async { !self.is_running() })
+            .await
+            .with_context(|| format!("{} did not exit after {after}", S::LABEL))
+    }
+
     fn private_local(&self, what: &str) -> anyhow::Result<&Local<S>> {
         match &self.local {
             Some(local) if local.private => Ok(local),
