@@ -369,6 +369,7 @@ impl<T: Spillable> TxnBuffer<T> {
         let file = writing.out.into_inner().map_err(|e| e.into_error())?;
         Ok(Buffered::Spilled(SpilledTxn::new(
             file,
+            writing.written,
             writing.runs,
             writing.count,
             self.order,
@@ -380,6 +381,8 @@ impl<T: Spillable> TxnBuffer<T> {
 /// closes (and so removes) the file.
 pub struct SpilledTxn<T> {
     file: File,
+    /// The file's size.
+    bytes: u64,
     total: usize,
     remaining: usize,
     /// One cursor over the whole file, or one per run to merge.
@@ -495,13 +498,24 @@ impl<T> SpilledTxn<T> {
     pub fn remaining(&self) -> usize {
         self.remaining
     }
+
+    /// The scratch file's size in bytes.
+    pub fn file_bytes(&self) -> u64 {
+        self.bytes
+    }
 }
 
 /// Read-ahead of all the runs together, at most.
 const READ_AHEAD: usize = 8 << 20;
 
 impl<T: Spillable> SpilledTxn<T> {
-    fn new(file: File, runs: Vec<(u64, usize)>, total: usize, order: Option<Order<T>>) -> Self {
+    fn new(
+        file: File,
+        bytes: u64,
+        runs: Vec<(u64, usize)>,
+        total: usize,
+        order: Option<Order<T>>,
+    ) -> Self {
         let cursor = |offset, left, chunk| Cursor {
             offset,
             left,
@@ -519,6 +533,7 @@ impl<T: Spillable> SpilledTxn<T> {
         };
         Self {
             file,
+            bytes,
             total,
             remaining: total,
             cursors,

@@ -443,6 +443,7 @@ impl<M: Clone + Spillable> Ledger<M> {
         self.spilled.events += events.len() as u64;
         tracing::info!(
             events = events.len(),
+            file_bytes = events.file_bytes(),
             "a large transaction committed; loading it from its scratch file in batches"
         );
         self.txns.push_back(Txn {

@@ -11,12 +11,9 @@ use std::time::Duration;
 
 use anyhow::{Context, ensure};
 use cdc_support::CdcHarness;
-use outbox_core::source::{Outcome, Settlement};
 use outbox_core::stream_ledger::Spilled;
-use outbox_core::{DeadLetterPolicy, Event, NewEvent, Ordering, Source};
+use outbox_core::{DeadLetterPolicy, NewEvent, Ordering};
 use outbox_postgres::{PgCdcInspector, PgCdcSource};
-use time::OffsetDateTime;
-use tokio::time::Instant;
 use uuid::Uuid;
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -72,38 +69,12 @@ async fn write_one(h: &CdcHarness, n: usize) -> anyhow::Result<Uuid> {
     ids.into_iter().next().context("one id")
 }
 
-/// Fetches and settles as delivered, `batch` at a time, until `until` arrived or, with
-/// `stop_after`, that many events were settled.
 async fn drain(
     source: &mut PgCdcSource,
     until: Uuid,
     stop_after: Option<usize>,
 ) -> anyhow::Result<Vec<Uuid>> {
-    let deadline = Instant::now() + WAIT;
-    let mut got = Vec::new();
-    while !got.contains(&until) && stop_after.is_none_or(|n| got.len() < n) {
-        ensure!(
-            Instant::now() < deadline,
-            "only {} events arrived, not the last one",
-            got.len()
-        );
-        let fetched = source.fetch(500, OffsetDateTime::now_utc()).await?;
-        if fetched.events.is_empty() {
-            source.wait_for_events(Duration::from_millis(200)).await;
-            continue;
-        }
-        let settle: Vec<Settlement> = fetched
-            .events
-            .iter()
-            .map(|e: &Event| Settlement {
-                position: e.position,
-                outcome: Outcome::Delivered,
-            })
-            .collect();
-        source.settle(&settle, OffsetDateTime::now_utc()).await?;
-        got.extend(fetched.events.iter().map(|e| e.id));
-    }
-    Ok(got)
+    outbox_testkit::wait::settle_until(source, until, stop_after, 500, WAIT).await
 }
 
 fn spilled(inspector: &PgCdcInspector) -> Spilled {
@@ -250,5 +221,65 @@ async fn a_source_killed_while_loading_a_spilled_transaction_loses_nothing() -> 
     );
     ensure!(std::fs::read_dir(&dir)?.next().is_none());
     std::fs::remove_dir(&dir)?;
+    Ok(())
+}
+
+/// Reads a positive number from the environment variable `name`.
+fn env_number<T: std::str::FromStr>(name: &str) -> Option<T> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
+}
+
+/// A memory benchmark, not a correctness test (docs/benchmarks.md, "CDC: one huge
+/// transaction"): one transaction of `OUTBOX_SPILL_BENCH_EVENTS` (default 1,000,000) outbox rows
+/// with 200-byte payloads, written by the server itself, then streamed by the CDC source with
+/// the default spill settings, fetched and settled 500 at a time as the relay does; prints
+/// this process's peak RSS (`VmHWM`, reset after the write). `OUTBOX_SPILL_AFTER_EVENTS=0`
+/// turns spilling off (the whole transaction in memory, as before issue 36).
+///
+/// ```text
+/// cargo test --release -p outbox-postgres --test cdc_spill -- --ignored --nocapture
+/// ```
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a benchmark: run with --release --ignored --nocapture"]
+async fn cdc_spill_rss() -> anyhow::Result<()> {
+    let events: usize = env_number("OUTBOX_SPILL_BENCH_EVENTS").unwrap_or(1_000_000);
+    let mut h = CdcHarness::new().await?;
+    if env_number::<usize>("OUTBOX_SPILL_AFTER_EVENTS") == Some(0) {
+        h.config.spill_after_events = usize::MAX;
+        h.config.spill_after_bytes = u64::MAX;
+    }
+    let started = std::time::Instant::now();
+    sqlx::query(
+        "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) \
+         SELECT 'Order', 'o-' || (g % 1000), 'order.placed', convert_to(lpad(g::text, 200, 'x'), 'UTF8') \
+         FROM generate_series(1, $1) g",
+    )
+    .bind(i64::try_from(events)?)
+    .execute(&h.pool)
+    .await?;
+    eprintln!(
+        "wrote {events} events in one transaction in {:.1?}",
+        started.elapsed()
+    );
+    let mut source = h.cdc_source(Ordering::PerAggregate, DeadLetterPolicy::HoldAggregate)?;
+    let inspector = source.inspector();
+    let run = outbox_testkit::memory::measure(outbox_testkit::wait::settle_count(
+        &mut source,
+        events,
+        500,
+        Duration::from_secs(1800),
+    ))
+    .await;
+    run.output?;
+    eprintln!(
+        "spill_after_events = {}: {events} events streamed and settled in {:.1?} ({:.0} events/s); \
+         RSS before {:.1} MiB, peak (VmHWM) {:.1} MiB; spilled {:?}",
+        h.config.spill_after_events,
+        run.took,
+        events as f64 / run.took.as_secs_f64(),
+        run.rss_before_mib,
+        run.peak_rss_mib,
+        inspector.spilled().unwrap_or_default()
+    );
     Ok(())
 }

@@ -1,7 +1,8 @@
 //! Test support for `outbox`: real servers on 127.0.0.1 ([`services`]), a fault-injecting sink
 //! ([`faults`]), a switchable TCP forwarder for failover tests ([`forwarder`]), the source and
 //! sink conformance suites ([`conformance`], [`sink_conformance`]), an OTLP trace receiver
-//! ([`otlp`]), waiting helpers ([`wait`]) and test logging ([`init_tracing`]).
+//! ([`otlp`]), waiting and settling helpers ([`wait`]), this process's memory for benchmarks
+//! ([`memory`]) and test logging ([`init_tracing`]).
 //!
 //! Typical integration test:
 //!
@@ -26,6 +27,7 @@ pub mod admin_conformance;
 pub mod conformance;
 pub mod faults;
 pub mod forwarder;
+pub mod memory;
 pub mod nats_auth;
 pub mod oracle;
 pub mod otlp;

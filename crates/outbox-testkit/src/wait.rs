@@ -47,6 +47,76 @@ where
     }
 }
 
+/// Fetches from `source` and settles every event as delivered, `batch` at a time, until the
+/// event `until` arrived or, with `stop_after`, at least that many were settled; returns the
+/// ids in the order fetched. Fails after `timeout`. For sources driven directly, without a
+/// relay (an empty fetch waits with [`outbox_core::Source::wait_for_events`]).
+pub async fn settle_until<S: outbox_core::Source>(
+    source: &mut S,
+    until: uuid::Uuid,
+    stop_after: Option<usize>,
+    batch: usize,
+    timeout: Duration,
+) -> anyhow::Result<Vec<uuid::Uuid>> {
+    let mut got = Vec::new();
+    settle_while(source, batch, timeout, |events| {
+        got.extend(events.iter().map(|e| e.id));
+        !got.contains(&until) && stop_after.is_none_or(|n| got.len() < n)
+    })
+    .await?;
+    Ok(got)
+}
+
+/// As [`settle_until`], until `count` events were settled, remembering nothing else (for
+/// memory benchmarks).
+pub async fn settle_count<S: outbox_core::Source>(
+    source: &mut S,
+    count: usize,
+    batch: usize,
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    let mut settled = 0;
+    settle_while(source, batch, timeout, |events| {
+        settled += events.len();
+        settled < count
+    })
+    .await
+}
+
+/// Fetches and settles as delivered while `more` (given each batch) says so.
+async fn settle_while<S: outbox_core::Source>(
+    source: &mut S,
+    batch: usize,
+    timeout: Duration,
+    mut more: impl FnMut(&[outbox_core::Event]) -> bool,
+) -> anyhow::Result<()> {
+    use outbox_core::source::{Outcome, Settlement};
+    let deadline = Instant::now() + timeout;
+    loop {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the source did not deliver what was expected within {timeout:?}"
+        );
+        let fetched = source.fetch(batch, time::OffsetDateTime::now_utc()).await?;
+        if fetched.events.is_empty() {
+            source.wait_for_events(Duration::from_millis(200)).await;
+            continue;
+        }
+        let settle: Vec<Settlement> = fetched
+            .events
+            .iter()
+            .map(|e| Settlement {
+                position: e.position,
+                outcome: Outcome::Delivered,
+            })
+            .collect();
+        source.settle(&settle, time::OffsetDateTime::now_utc()).await?;
+        if !more(&fetched.events) {
+            return Ok(());
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
