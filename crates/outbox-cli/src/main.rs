@@ -12,6 +12,7 @@ mod demo;
 mod doctor;
 mod replay;
 mod retention;
+mod verify;
 mod why;
 
 use std::path::PathBuf;
@@ -88,6 +89,10 @@ enum Command {
     /// inserts (and updates) into outbox events in the same transaction (`[[capture]]`).
     #[command(subcommand)]
     Capture(capture::CaptureCommand),
+    /// Prove delivery: reconcile the events the table says were delivered in a window with
+    /// what the destination holds (lost, phantom, duplicates, order breaks). Exit 0 all
+    /// good, 1 something lost, phantom or out of order, 2 cannot verify.
+    Verify(verify::VerifyArgs),
 }
 
 fn main() -> ExitCode {
@@ -114,7 +119,7 @@ fn main() -> ExitCode {
         }
     };
     match runtime.block_on(run(cli)) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) => {
             eprintln!("error: {}", chain(e.as_ref()));
             ExitCode::FAILURE
@@ -122,7 +127,7 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(cli: Cli) -> anyhow::Result<()> {
+async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let load = || -> anyhow::Result<(outbox_runtime::Config, outbox_runtime::Origin)> {
         let (config, origin) =
             outbox_runtime::config::load(cli.config.as_deref(), cli.database_url.as_deref())?;
@@ -135,7 +140,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             None => Ok((config, origin)),
         }
     };
-    match cli.command {
+    let done = match cli.command {
+        // Its own exit codes: 0 proven, 1 a finding, 2 cannot verify.
+        Command::Verify(args) => return Ok(verify::run(load(), args).await),
         Command::Demo(args) => demo::run(args).await.map(|_| ()),
         Command::Migrate => admin::migrate(&load()?.0).await,
         Command::Relay => {
@@ -166,7 +173,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             );
             Ok(())
         }
-    }
+    };
+    done.map(|()| ExitCode::SUCCESS)
 }
 
 fn init_tracing(format: LogFormat, default_level: &str) {

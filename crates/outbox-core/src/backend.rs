@@ -331,6 +331,10 @@ pub trait Backend: Send + Sync + 'static {
     fn producer(&self) -> Result<&dyn Producer, Unsupported> {
         Err(Unsupported::new(self.kind(), "bench"))
     }
+    /// What the table says was delivered, for `outbox verify`.
+    fn delivery_ledger(&self) -> Result<&dyn crate::verify::DeliveryLedger, Unsupported> {
+        Err(Unsupported::new(self.kind(), "verify"))
+    }
 }
 
 /// The table of subscription `name` beside outbox table `table`: `<table>_sub_<name>`.

@@ -98,14 +98,68 @@ impl Destination {
 
     /// The destination of one event.
     pub fn render(&self, event: &Event) -> String {
+        self.render_parts(
+            &event.aggregate_type,
+            &event.aggregate_id,
+            &event.event_type,
+        )
+    }
+
+    /// The destination of an event with these fields (for records other than [`Event`],
+    /// such as the rows `outbox verify` reads).
+    pub fn render_parts(
+        &self,
+        aggregate_type: &str,
+        aggregate_id: &str,
+        event_type: &str,
+    ) -> String {
         let mut out = String::with_capacity(self.template.len() + 16);
         for part in &self.parts {
             out.push_str(match part {
                 Part::Literal(s) => s,
-                Part::AggregateType => &event.aggregate_type,
-                Part::EventType => &event.event_type,
-                Part::AggregateId => &event.aggregate_id,
+                Part::AggregateType => aggregate_type,
+                Part::EventType => event_type,
+                Part::AggregateId => aggregate_id,
             });
+        }
+        out
+    }
+
+    /// Whether `name` could be this template rendered for some event: the literal parts in
+    /// order, each placeholder standing for any non-empty text (`outbox.event.Order` matches
+    /// `outbox.event.{aggregate_type}`). Used to find the destinations to read back.
+    pub fn could_render(&self, name: &str) -> bool {
+        fn rest_matches(parts: &[Part], text: &str) -> bool {
+            match parts.split_first() {
+                None => text.is_empty(),
+                Some((Part::Literal(lit), tail)) => text
+                    .strip_prefix(lit.as_str())
+                    .is_some_and(|after| rest_matches(tail, after)),
+                Some((_, tail)) => (1..=text.len())
+                    .filter(|&i| text.is_char_boundary(i))
+                    .any(|i| rest_matches(tail, &text[i..])),
+            }
+        }
+        rest_matches(&self.parts, name)
+    }
+
+    /// The template as a glob (Redis `SCAN MATCH`): each placeholder as `*`, and the glob
+    /// characters of the literal parts (`*`, `?`, `[`, `]`, backslash) escaped with a
+    /// backslash.
+    pub fn glob(&self) -> String {
+        let mut out = String::with_capacity(self.template.len());
+        for part in &self.parts {
+            match part {
+                Part::Literal(s) => {
+                    for c in s.chars() {
+                        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+                            out.push('\\');
+                        }
+                        out.push(c);
+                    }
+                }
+                _ => out.push('*'),
+            }
         }
         out
     }
@@ -165,6 +219,23 @@ mod tests {
             "outbox.event.Order"
         );
         assert!(Destination::parse("fixed").unwrap().is_fixed());
+    }
+
+    #[test]
+    fn recognises_its_own_renderings() {
+        let d = Destination::default();
+        assert!(d.could_render("outbox.event.Order"));
+        assert!(d.could_render("outbox.event.a.b"));
+        assert!(!d.could_render("outbox.event."));
+        assert!(!d.could_render("other.event.Order"));
+        let d = Destination::parse("{aggregate_type}-x-{event_type}").unwrap();
+        assert!(d.could_render("Order-x-placed"));
+        assert!(!d.could_render("Order-y-placed"));
+        assert!(Destination::parse("fixed").unwrap().could_render("fixed"));
+        assert_eq!(
+            Destination::parse("a*.{aggregate_id}").unwrap().glob(),
+            "a\\*.*"
+        );
     }
 
     #[test]

@@ -29,6 +29,7 @@ pub mod source;
 pub mod spill;
 pub mod stream_ledger;
 pub mod trace;
+pub mod verify;
 
 pub use backend::{
     Backend, BackendConfig, BoxedSource, DynSource, OpenError, OpenOptions, Pipelines, Unsupported,

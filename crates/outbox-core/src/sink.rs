@@ -215,4 +215,16 @@ pub trait BuildSink:
             Ok(format!("{} sink reachable", Self::KIND))
         })
     }
+    /// Connects a reader of the destination for `outbox verify`, which reads it back without
+    /// taking messages from its consumers. The default refuses: the destination is one that
+    /// consumers take messages from (a queue, a webhook).
+    fn read_back(
+        &self,
+    ) -> BoxFuture<'_, Result<Box<dyn crate::verify::ReadBack>, crate::verify::ReadBackError>> {
+        Box::pin(async move {
+            Err(crate::verify::ReadBackError::consumed_destination(
+                Self::KIND,
+            ))
+        })
+    }
 }

@@ -79,6 +79,7 @@ pub struct MySqlBackend {
     config: MySqlConfig,
     admin: MySqlAdmin,
     producer: MySqlProducer,
+    ledger: crate::verify::MySqlLedger,
 }
 
 fn fatal(context: &str, e: &(dyn std::error::Error + 'static)) -> SourceError {
@@ -172,6 +173,7 @@ impl MySqlBackend {
     pub fn new(pool: MySqlPool, config: MySqlConfig) -> Self {
         Self {
             admin: MySqlAdmin::new(pool.clone(), &config),
+            ledger: crate::verify::MySqlLedger::new(pool.clone(), &config),
             producer: MySqlProducer {
                 pool: pool.clone(),
                 outbox: MySqlOutbox::new(config.table.clone()),
@@ -562,6 +564,9 @@ impl Backend for MySqlBackend {
     }
     fn producer(&self) -> Result<&dyn Producer, Unsupported> {
         Ok(&self.producer)
+    }
+    fn delivery_ledger(&self) -> Result<&dyn outbox_core::verify::DeliveryLedger, Unsupported> {
+        Ok(&self.ledger)
     }
 }
 

@@ -25,6 +25,7 @@ mod poll;
 mod producer;
 mod server;
 mod sql;
+mod verify;
 
 pub use admin::MySqlAdmin;
 pub use backend::MySqlBackend;
@@ -37,3 +38,4 @@ pub use migrate::{MigrateError, MigrationReport, SCHEMA_VERSION, migrate, schema
 pub use poll::MySqlPollSource;
 pub use producer::{BATCH_ROWS, MySqlOutbox, enqueue, enqueue_batch};
 pub use server::{ServerVersion, server_version};
+pub use verify::{CDC_SETTLE, MySqlLedger};

@@ -100,6 +100,7 @@ pub struct PgBackend {
     retention: PgRetention,
     producer: PgProducer,
     capture: crate::capture::PgCapture,
+    ledger: crate::verify::PgLedger,
 }
 
 impl PgBackend {
@@ -111,6 +112,7 @@ impl PgBackend {
             replay: PgReplay::new(pool.clone(), &config),
             retention: PgRetention::new(pool.clone(), &config),
             capture: crate::capture::PgCapture::new(pool.clone(), &config),
+            ledger: crate::verify::PgLedger::new(pool.clone(), &config),
             producer: PgProducer {
                 pool: crate::db::Db::new(pool.clone(), config.transaction_pooling),
                 outbox: PgOutbox::new(config.qualified_table())
@@ -451,6 +453,11 @@ impl Backend for PgBackend {
     }
     fn forward(&self) -> Result<&dyn Forward, outbox_core::Unsupported> {
         Ok(&self.producer)
+    }
+    fn delivery_ledger(
+        &self,
+    ) -> Result<&dyn outbox_core::verify::DeliveryLedger, outbox_core::Unsupported> {
+        Ok(&self.ledger)
     }
 }
 

@@ -22,6 +22,7 @@ mod producer;
 mod replay;
 mod retention;
 mod sql;
+mod verify;
 
 use std::time::Duration;
 
@@ -47,6 +48,7 @@ pub use poll::PgPollSource;
 pub use producer::{PgOutbox, enqueue, enqueue_batch};
 pub use replay::{PgReplay, ReplayError};
 pub use retention::{PgRetention, RetentionError};
+pub use verify::{CDC_CONFIRM_WAIT, PgLedger};
 // The database-neutral admin records, re-exported under their old paths.
 pub use outbox_core::admin::{
     AttemptError, Blocker, DeadLetter, DoctorCheck, DoctorThresholds, EventStory, Health,

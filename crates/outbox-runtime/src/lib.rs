@@ -8,7 +8,8 @@
 //!   watchdog, the metrics endpoint and the retention schedule, and drains on shutdown;
 //! - [`console`]: the web console at `/ui` on the metrics listener;
 //! - [`story`]: what `outbox why` and `outbox dead show` tell, for the CLI and the console;
-//! - [`otlp`]: `[tracing]`, a span per publish attempt exported over OTLP/HTTP.
+//! - [`otlp`]: `[tracing]`, a span per publish attempt exported over OTLP/HTTP;
+//! - [`verify`]: `outbox verify`, the table's deliveries reconciled with the destination.
 //!
 //! ```no_run
 //! use tokio_util::sync::CancellationToken;
@@ -41,6 +42,7 @@ pub mod relay;
 pub mod retention;
 pub mod story;
 pub mod subscription;
+pub mod verify;
 
 pub use config::{Config, ConfigError, MetricsConfig, Origin, SinkConfig, SourceConfig};
 pub use console::UiConfig;

@@ -113,6 +113,11 @@ macro_rules! sinks {
             pub async fn build(&self) -> Result<Box<dyn DynSink>, SinkError> {
                 match self { $( $(#[cfg($cfg)])? Self::$variant(c) => BuildSink::build(c).await, )+ }
             }
+            /// Connects a reader of the destination for `outbox verify` (see
+            /// [`BuildSink::read_back`]).
+            pub async fn read_back(&self) -> Result<Box<dyn outbox_core::verify::ReadBack>, outbox_core::verify::ReadBackError> {
+                match self { $( $(#[cfg($cfg)])? Self::$variant(c) => BuildSink::read_back(c).await, )+ }
+            }
             /// Checks the broker without changing anything (see [`BuildSink::check`]).
             pub async fn check(&self) -> Result<String, SinkError> {
                 match self { $( $(#[cfg($cfg)])? Self::$variant(c) => BuildSink::check(c).await, )+ }

@@ -34,43 +34,18 @@
 
 /// Implements [`outbox_core::BuildSink`] for a sink's config type: its `kind`, and how to
 /// describe where an event goes (`|config, event| ...`). `validate` and `build` are the
-/// config's own inherent methods.
+/// config's own inherent methods. Optional, in this order: `destination: field` (the
+/// template a subscription may replace), `check: path` (`outbox doctor` without changing
+/// anything), `read_back: path` (`outbox verify`'s reader of the destination) or
+/// `cannot_read_back: message` (why `outbox verify` cannot read it; without either, the
+/// default refusal of a destination that consumers take messages from).
 macro_rules! build_sink {
-    ($config:ty, $kind:literal, |$c:ident, $event:ident| $describe:expr) => {
-        $crate::build_sink!($config, $kind, |$c, $event| $describe, check: default);
-    };
-    ($config:ty, $kind:literal, |$c:ident, $event:ident| $describe:expr, check: default) => {
-        $crate::build_sink!(@impl $config, $kind, |$c, $event| $describe, {});
-    };
-    ($config:ty, $kind:literal, |$c:ident, $event:ident| $describe:expr, check: $check:path) => {
-        $crate::build_sink!(@impl $config, $kind, |$c, $event| $describe, {
-            fn check(
-                &self,
-            ) -> outbox_core::sink::BoxFuture<'_, Result<String, outbox_core::SinkError>> {
-                Box::pin($check(self))
-            }
-        });
-    };
-    ($config:ty, $kind:literal, |$c:ident, $event:ident| $describe:expr, destination: $field:ident) => {
-        $crate::build_sink!(@impl $config, $kind, |$c, $event| $describe, {
-            fn destination_mut(&mut self) -> Option<&mut outbox_core::Destination> {
-                Some(&mut self.$field)
-            }
-        });
-    };
-    ($config:ty, $kind:literal, |$c:ident, $event:ident| $describe:expr, destination: $field:ident, check: $check:path) => {
-        $crate::build_sink!(@impl $config, $kind, |$c, $event| $describe, {
-            fn destination_mut(&mut self) -> Option<&mut outbox_core::Destination> {
-                Some(&mut self.$field)
-            }
-            fn check(
-                &self,
-            ) -> outbox_core::sink::BoxFuture<'_, Result<String, outbox_core::SinkError>> {
-                Box::pin($check(self))
-            }
-        });
-    };
-    (@impl $config:ty, $kind:literal, |$c:ident, $event:ident| $describe:expr, { $($check:tt)* }) => {
+    ($config:ty, $kind:literal, |$c:ident, $event:ident| $describe:expr
+        $(, destination: $field:ident)?
+        $(, check: $check:path)?
+        $(, read_back: $read_back:path)?
+        $(, cannot_read_back: $why:expr)?
+    ) => {
         impl outbox_core::BuildSink for $config {
             const KIND: &'static str = $kind;
             fn validate(&self) -> Result<(), String> {
@@ -92,7 +67,50 @@ macro_rules! build_sink {
                 let $c = self;
                 $describe
             }
-            $($check)*
+            $(
+                fn destination_mut(&mut self) -> Option<&mut outbox_core::Destination> {
+                    Some(&mut self.$field)
+                }
+            )?
+            $(
+                fn check(
+                    &self,
+                ) -> outbox_core::sink::BoxFuture<'_, Result<String, outbox_core::SinkError>> {
+                    Box::pin($check(self))
+                }
+            )?
+            $(
+                fn read_back(
+                    &self,
+                ) -> outbox_core::sink::BoxFuture<
+                    '_,
+                    Result<
+                        Box<dyn outbox_core::verify::ReadBack>,
+                        outbox_core::verify::ReadBackError,
+                    >,
+                > {
+                    Box::pin(async move {
+                        $read_back(self)
+                            .await
+                            .map(|r| Box::new(r) as Box<dyn outbox_core::verify::ReadBack>)
+                    })
+                }
+            )?
+            $(
+                fn read_back(
+                    &self,
+                ) -> outbox_core::sink::BoxFuture<
+                    '_,
+                    Result<
+                        Box<dyn outbox_core::verify::ReadBack>,
+                        outbox_core::verify::ReadBackError,
+                    >,
+                > {
+                    Box::pin(async move {
+                        Err(outbox_core::verify::ReadBackError::unsupported($why))
+                    })
+                }
+            )?
         }
     };
 }

@@ -87,6 +87,7 @@ pub struct SqliteBackend {
     inspector: SqliteInspector,
     retention: SqliteRetention,
     producer: SqliteProducer,
+    ledger: crate::verify::SqliteLedger,
 }
 
 impl SqliteBackend {
@@ -96,6 +97,7 @@ impl SqliteBackend {
             dead: SqliteDeadLetters::new(pool.clone(), &config.table),
             inspector: SqliteInspector::new(pool.clone(), &config),
             retention: SqliteRetention::new(pool.clone(), &config.table),
+            ledger: crate::verify::SqliteLedger::new(pool.clone(), &config),
             producer: SqliteProducer {
                 pool: pool.clone(),
                 outbox: SqliteOutbox::new(config.table.clone()),
@@ -323,6 +325,9 @@ impl Backend for SqliteBackend {
     }
     fn producer(&self) -> Result<&dyn Producer, Unsupported> {
         Ok(&self.producer)
+    }
+    fn delivery_ledger(&self) -> Result<&dyn outbox_core::verify::DeliveryLedger, Unsupported> {
+        Ok(&self.ledger)
     }
     fn forward(&self) -> Result<&dyn Forward, Unsupported> {
         Ok(&self.producer)

@@ -37,6 +37,7 @@ mod producer;
 mod retention;
 mod sql;
 mod timestamp;
+mod verify;
 mod writer;
 
 use std::time::Duration;
@@ -50,6 +51,7 @@ pub use migrate::{MigrateError, MigrationReport, SCHEMA_VERSION, migrate, schema
 pub use poll::SqlitePollSource;
 pub use producer::{SqliteOutbox, enqueue, enqueue_batch};
 pub use retention::{SqliteRetention, SqliteRetentionError};
+pub use verify::SqliteLedger;
 
 use sqlx::SqlitePool;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};

@@ -40,6 +40,7 @@
 
 mod client;
 mod config;
+mod readback;
 mod topic;
 
 use std::collections::BTreeSet;
@@ -60,6 +61,7 @@ use rdkafka::types::RDKafkaErrorCode;
 
 use client::{KafkaContext, LastErrors, Producer};
 pub use config::KafkaConfig;
+pub use readback::KafkaReadBack;
 use topic::Topics;
 
 /// The CloudEvents Kafka protocol binding: every attribute in a header prefixed `ce_`,
@@ -585,7 +587,7 @@ impl Sink for KafkaSink {
 crate::build_sink!(KafkaConfig, "kafka", |config, event| format!(
     "Kafka topic {}",
     config.destination.render(event)
-), destination: destination);
+), destination: destination, read_back: readback::read_back);
 
 #[cfg(test)]
 mod tests {

@@ -31,6 +31,7 @@
 //! | no stream captures the subject, any other JetStream error | `Transient` |
 
 mod config;
+mod readback;
 mod subject;
 
 use std::fmt;
@@ -52,6 +53,7 @@ use outbox_core::sink::Delivery;
 use outbox_core::{Destination, Event, Sink, SinkError};
 
 pub use config::NatsConfig;
+pub use readback::NatsReadBack;
 
 /// The CloudEvents NATS protocol binding (version 1.0.3; 1.0.2 and older knew only the
 /// structured mode, from before NATS 2.2 had headers): every attribute, `datacontenttype`
@@ -503,5 +505,6 @@ crate::build_sink!(
     "nats",
     |config, event| format!("NATS subject {}", config.destination.render(event)),
     destination: destination,
-    check: check
+    check: check,
+    read_back: readback::read_back
 );

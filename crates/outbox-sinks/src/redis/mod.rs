@@ -41,6 +41,7 @@
 //! | payload or header over the size limit, empty stream key | `Rejected`, before sending |
 
 mod config;
+mod readback;
 
 use std::fmt;
 
@@ -51,6 +52,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{RedisError, Value};
 
 pub use config::RedisConfig;
+pub use readback::RedisReadBack;
 
 use crate::secret::redact_url;
 
@@ -104,14 +106,7 @@ impl RedisSink {
         format: MessageFormat,
     ) -> Result<Self, SinkError> {
         let url = redact_url(config.url.trim());
-        // One retry inside the client: an outage should surface quickly as `Unavailable` so
-        // the relay backs off itself; the next command reconnects.
-        let manager_config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(config.connect_timeout))
-            .set_response_timeout(Some(config.response_timeout))
-            .set_number_of_retries(1)
-            .set_max_delay(std::time::Duration::from_millis(500));
-        let mut connection = ConnectionManager::new_with_config(client, manager_config)
+        let mut connection = manage(&config, client)
             .await
             .map_err(|e| connect_error(&url, e))?;
 
@@ -230,6 +225,21 @@ impl RedisSink {
 }
 
 /// The kind of a failure to reach the server at all.
+/// A managed connection with `config`'s timeouts and one retry inside the client: an outage
+/// should surface quickly as `Unavailable` so the relay backs off itself; the next command
+/// reconnects.
+async fn manage(
+    config: &RedisConfig,
+    client: redis::Client,
+) -> Result<ConnectionManager, RedisError> {
+    let manager_config = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(config.connect_timeout))
+        .set_response_timeout(Some(config.response_timeout))
+        .set_number_of_retries(1)
+        .set_max_delay(std::time::Duration::from_millis(500));
+    ConnectionManager::new_with_config(client, manager_config).await
+}
+
 fn is_unavailable(e: &RedisError) -> bool {
     e.is_io_error() || e.is_timeout() || e.is_connection_refusal() || e.is_connection_dropped()
 }
@@ -357,7 +367,7 @@ impl Sink for RedisSink {
 crate::build_sink!(RedisConfig, "redis", |config, event| format!(
     "Redis stream {}",
     config.destination.render(event)
-), destination: destination);
+), destination: destination, read_back: readback::read_back);
 
 #[cfg(test)]
 mod tests {

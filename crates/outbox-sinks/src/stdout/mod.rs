@@ -31,6 +31,7 @@
 //! the whole batch as [`Unavailable`](outbox_core::SinkErrorKind::Unavailable).
 
 mod config;
+mod readback;
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write as _};
@@ -44,6 +45,7 @@ use outbox_core::{Destination, Event, Sink, SinkError};
 pub use crate::json_lines::{JsonLine, PayloadError};
 use crate::json_lines::{render_envelope, render_line};
 pub use config::{FileConfig, StdoutConfig};
+pub use readback::FileReadBack;
 
 /// Renders a batch; an event that cannot be encoded fails alone, the others still go out.
 fn render(
@@ -237,14 +239,16 @@ impl Sink for FileSink {
 crate::build_sink!(StdoutConfig, "stdout", |config, event| format!(
     "stdout ({})",
     config.destination.render(event)
-), destination: destination);
+), destination: destination,
+cannot_read_back: "standard output cannot be read back, so `outbox verify` cannot check it; with kind = \"file\" the events are kept in a file that it reads");
 
 crate::build_sink!(
     FileConfig,
     "file",
     |config, event| format!("file ({})", config.destination.render(event)),
     destination: destination,
-    check: check_file
+    check: check_file,
+    read_back: readback::read_back
 );
 
 /// `outbox doctor`'s check: an existing file must open for appending; a missing one needs a

@@ -1,0 +1,813 @@
+//! `outbox verify` through the binary, against real servers: a real relay delivers a set of
+//! events, then each fault is injected with the destination's own client (or, for the file
+//! sink, by editing the file) and `verify --json` must name it by its event id:
+//!
+//! - a duplicate: counted, exit 0 when it is the only finding;
+//! - a phantom (a message under an id the table does not have): exit 1;
+//! - two events of one aggregate swapped: an order break on the earlier one, exit 1;
+//! - a message deleted from the destination: lost, exit 1 (on Kafka, which cannot delete a
+//!   record, a row is marked delivered without ever being published).
+//!
+//! A clean run exits 0. The faults accumulate within a test: each step checks that the new
+//! finding is there with its id and that the earlier ones are still reported. Plus the file
+//! sink on SQLite, PostgreSQL CDC and MariaDB, and the bad input: an unreachable broker (exit
+//! 2, the URL named, the password not), a destination that cannot be read back, rows deleted
+//! on delivery.
+
+mod support;
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context, ensure};
+use outbox_testkit::services::{MariaDb, Nats, Postgres, Redis};
+use serde_json::Value;
+use support::{Workdir, terminate, wait_drained};
+use uuid::Uuid;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// Runs `outbox verify --json` with `config`; its exit code and report.
+async fn verify(work: &Workdir, config: &Path) -> anyhow::Result<(i32, Value)> {
+    let config = config.to_str().context("utf-8 path")?;
+    let out = work
+        .run(&[
+            "verify", "--config", config, "--since", "10m", "--json", "--ids", "100",
+        ])
+        .await?;
+    let report: Value = serde_json::from_str(&out.stdout)
+        .with_context(|| format!("verify printed no JSON report: {out:?}"))?;
+    ensure!(
+        !out.stderr.contains("panicked"),
+        "verify panicked: {}",
+        out.stderr
+    );
+    Ok((out.code.context("killed by a signal")?, report))
+}
+
+/// The ids of one finding of a report.
+fn ids(report: &Value, finding: &str) -> Vec<String> {
+    report[finding]["ids"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn count(report: &Value, finding: &str) -> u64 {
+    report[finding]["count"].as_u64().unwrap_or(u64::MAX)
+}
+
+/// Checks the counts of a report: (lost, phantom, duplicates, order breaks) and the exit
+/// code.
+fn expect(
+    code: i32,
+    report: &Value,
+    counts: (u64, u64, u64, u64),
+    exit: i32,
+) -> anyhow::Result<()> {
+    let got = (
+        count(report, "lost"),
+        count(report, "phantom"),
+        count(report, "duplicates"),
+        count(report, "order_breaks"),
+    );
+    ensure!(
+        got == counts && code == exit,
+        "expected (lost, phantom, duplicates, order breaks) = {counts:?} and exit {exit}, got {got:?} and exit {code}: {report:#}"
+    );
+    Ok(())
+}
+
+/// The events a test writes: `n` events over three aggregates, in commit order, as
+/// (id, aggregate id).
+fn events(n: usize) -> Vec<(Uuid, String)> {
+    (0..n)
+        .map(|i| (Uuid::now_v7(), format!("a{}", i % 3)))
+        .collect()
+}
+
+async fn insert_pg(pool: &sqlx::PgPool, events: &[(Uuid, String)]) -> anyhow::Result<()> {
+    for (i, (id, aggregate)) in events.iter().enumerate() {
+        sqlx::query(
+            "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload) \
+             VALUES ($1, 'Order', $2, 'order.changed', convert_to($3, 'UTF8'))",
+        )
+        .bind(id)
+        .bind(aggregate)
+        .bind(format!("{{\"n\":{i}}}"))
+        .execute(pool)
+        .await?;
+    }
+    Ok(())
+}
+
+/// Runs a relay with `config` until the PostgreSQL outbox has nothing pending, then stops
+/// it cleanly.
+async fn relay_pg(work: &Workdir, config: &Path, pool: &sqlx::PgPool) -> anyhow::Result<()> {
+    let mut relay = work.spawn_relay(config, "relay.log")?;
+    wait_drained(pool, WAIT)
+        .await
+        .with_context(|| work.read_log("relay.log"))?;
+    let code = terminate(&mut relay, WAIT).await?;
+    ensure!(code == Some(0), "relay: {}", work.read_log("relay.log"));
+    Ok(())
+}
+
+/// A short unique name for a test's streams, topics and subjects.
+fn scope() -> String {
+    format!("v{}", &Uuid::now_v7().simple().to_string()[20..])
+}
+
+/// The last two events of one aggregate: (earlier, later). Stored again later one first at
+/// the end of a stream, they make exactly one order break.
+fn pair_of(events: &[(Uuid, String)], aggregate: &str) -> (Uuid, Uuid) {
+    let of: Vec<Uuid> = events
+        .iter()
+        .filter(|(_, a)| a == aggregate)
+        .map(|(id, _)| *id)
+        .collect();
+    (of[of.len() - 2], of[of.len() - 1])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_catches_each_fault_on_jetstream() -> anyhow::Result<()> {
+    use async_nats::jetstream;
+    let url = Postgres::shared().await?.fresh_database().await?;
+    let nats = Nats::shared().await?;
+    let scope = scope();
+    let work = Workdir::new()?;
+    let config = work.write_config(
+        "outbox.toml",
+        &format!(
+            "[source]\nkind = \"postgres\"\nurl = \"{url}\"\n[sink]\nkind = \"nats\"\nurl = \"{}\"\ndestination = \"{scope}.{{aggregate_type}}\"\nstream = \"{}\"\n",
+            nats.url(),
+            scope.to_uppercase()
+        ),
+    )?;
+    work.run_ok(&["migrate", "--config", config.to_str().context("path")?])
+        .await?;
+    let pool = sqlx::PgPool::connect(&url).await?;
+    let events = events(12);
+    insert_pg(&pool, &events).await?;
+    relay_pg(&work, &config, &pool).await?;
+
+    let (code, report) = verify(&work, &config).await?;
+    expect(code, &report, (0, 0, 0, 0), 0)?;
+    ensure!(
+        report["matched"] == 12 && report["source"]["delivered"] == 12,
+        "{report:#}"
+    );
+
+    let client = nats.connect().await?;
+    let js = jetstream::new(client);
+    let mut stream = js.get_stream(scope.to_uppercase()).await?;
+    let messages = stored_messages(&mut stream).await?;
+    let find = |id: Uuid| {
+        messages
+            .iter()
+            .find(|m| m.id == id.to_string())
+            .cloned()
+            .context("message not in the stream")
+    };
+    // A copy without Nats-Msg-Id (JetStream would drop it as a duplicate within its window).
+    let republish = |m: Stored| {
+        let js = js.clone();
+        async move {
+            let mut headers = async_nats::HeaderMap::new();
+            for (name, values) in m.headers.iter() {
+                if name.to_string() != "Nats-Msg-Id" {
+                    for v in values {
+                        headers.append(name.clone(), v.clone());
+                    }
+                }
+            }
+            js.publish_with_headers(m.subject, headers, m.payload.into())
+                .await?
+                .await?;
+            anyhow::Ok(())
+        }
+    };
+
+    // A duplicate: counted, nothing else wrong.
+    let copied = events[4].0;
+    republish(find(copied)?).await?;
+    let (code, report) = verify(&work, &config).await?;
+    expect(code, &report, (0, 0, 1, 0), 0)?;
+    ensure!(
+        ids(&report, "duplicates") == [copied.to_string()],
+        "{report:#}"
+    );
+
+    // A phantom under a foreign id.
+    let phantom = Uuid::now_v7();
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("id", phantom.to_string().as_str());
+    headers.insert("aggregate_type", "Order");
+    headers.insert("aggregate_id", "a1");
+    js.publish_with_headers(format!("{scope}.Order"), headers, "{}".into())
+        .await?
+        .await?;
+    let (code, report) = verify(&work, &config).await?;
+    expect(code, &report, (0, 1, 1, 0), 1)?;
+    ensure!(
+        ids(&report, "phantom") == [phantom.to_string()],
+        "{report:#}"
+    );
+
+    // Two events of one aggregate swapped: both deleted, then stored again later one first.
+    let (earlier, later) = pair_of(&events, "a2");
+    let (e, l) = (find(earlier)?, find(later)?);
+    stream.delete_message(e.sequence).await?;
+    stream.delete_message(l.sequence).await?;
+    republish(l).await?;
+    republish(e).await?;
+    let (code, report) = verify(&work, &config).await?;
+    expect(code, &report, (0, 1, 1, 1), 1)?;
+    ensure!(
+        ids(&report, "order_breaks") == [earlier.to_string()],
+        "{report:#}"
+    );
+    ensure!(
+        report["order_break_details"][0]["after"] == later.to_string(),
+        "{report:#}"
+    );
+
+    // A message deleted from the stream: lost.
+    let gone = events[7].0;
+    stream.delete_message(find(gone)?.sequence).await?;
+    let (code, report) = verify(&work, &config).await?;
+    expect(code, &report, (1, 1, 1, 1), 1)?;
+    ensure!(ids(&report, "lost") == [gone.to_string()], "{report:#}");
+
+    // The human report names them too.
+    let out = work
+        .run(&[
+            "verify",
+            "--config",
+            config.to_str().context("path")?,
+            "--since",
+            "10m",
+        ])
+        .await?;
+    ensure!(out.code == Some(1), "{out:?}");
+    for id in [gone, phantom, earlier] {
+        ensure!(
+            out.stdout.contains(&id.to_string()),
+            "{id} not named: {}",
+            out.stdout
+        );
+    }
+    ensure!(
+        out.stdout
+            .contains("FAIL: 1 lost, 1 phantom, 1 order break"),
+        "{}",
+        out.stdout
+    );
+    Ok(())
+}
+
+/// A message stored in a JetStream stream.
+#[derive(Clone)]
+struct Stored {
+    sequence: u64,
+    id: String,
+    subject: String,
+    headers: async_nats::HeaderMap,
+    payload: Vec<u8>,
+}
+
+/// Every message of `stream`, by sequence.
+async fn stored_messages(
+    stream: &mut async_nats::jetstream::stream::Stream,
+) -> anyhow::Result<Vec<Stored>> {
+    let last = stream.info().await?.state.last_sequence;
+    let mut out = Vec::new();
+    for sequence in 1..=last {
+        if let Ok(m) = stream.get_raw_message(sequence).await {
+            out.push(Stored {
+                sequence,
+                id: m
+                    .headers
+                    .get("id")
+                    .map(|v| v.as_str().to_owned())
+                    .unwrap_or_default(),
+                subject: m.subject.to_string(),
+                headers: m.headers,
+                payload: m.payload.to_vec(),
+            });
+        }
+    }
+    Ok(out)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_catches_each_fault_on_redis() -> anyhow::Result<()> {
+    let url = Postgres::shared().await?.fresh_database().await?;
+    let redis_url = Redis::shared().await?.url().to_owned();
+    let scope = scope();
+    let work = Workdir::new()?;
+    let config = work.write_config(
+        "outbox.toml",
+        &format!(
+            "[source]\nkind = \"postgres\"\nurl = \"{url}\"\n[sink]\nkind = \"redis\"\nurl = \"{redis_url}\"\ndestination = \"{scope}.{{aggregate_type}}\"\n"
+        ),
+    )?;
+    work.run_ok(&["migrate", "--config", config.to_str().context("path")?])
+        .await?;
+    let pool = sqlx::PgPool::connect(&url).await?;
+    let events = events(12);
+    insert_pg(&pool, &events).await?;
+    relay_pg(&work, &config, &pool).await?;
+    let (code, report) = verify(&work, &config).await?;
+    expect(code, &report, (0, 0, 0, 0), 0)?;
+
+    let client = redis::Client::open(redis_url.as_str())?;
+    let mut redis = client.get_multiplexed_async_connection().await?;
+    let key = format!("{scope}.Order");
+    // Every entry: (entry id, fields).
+    type Entry = (String, Vec<(String, Vec<u8>)>);
+    let entries: Vec<Entry> = redis::cmd("XRANGE")
+        .arg(&key)
+        .arg("-")
+        .arg("+")
+        .query_async(&mut redis)
+        .await?;
+    let find = |id: Uuid| {
+        entries
+            .iter()
+            .find(|(_, fields)| {
+                fields
+                    .iter()
+                    .any(|(k, v)| k == "id" && v.as_slice() == id.to_string().as_bytes())
+            })
+            .cloned()
+            .context("entry not in the stream")
+    };
+    let add = |fields: Vec<(String, Vec<u8>)>| {
+        let mut redis = redis.clone();
+        let key = key.clone();
+        async move {
+            let mut cmd = redis::cmd("XADD");
+            cmd.arg(&key).arg("*");
+            for (k, v) in fields {
+                cmd.arg(k).arg(v);
+            }
+            cmd.query_async::<String>(&mut redis).await?;
+            anyhow::Ok(())
+        }
+    };
+    let delete = |entry: &str| {
+        let mut redis = redis.clone();
+        let (key, entry) = (key.clone(), entry.to_owned());
+        async move {
+            redis::cmd("XDEL")
+                .arg(&key)
+                .arg(&entry)
+                .query_async::<i64>(&mut redis)
+                .await?;
+            anyhow::Ok(())
+        }
+    };
+
+    let copied = events[4].0;
+    add(find(copied)?.1).await?;
+    let (code, report) = verify(&work, &config).await?;
+    expect(code, &report, (0, 0, 1, 0), 0)?;
+    ensure!(
+        ids(&report, "duplicates") == [copied.to_string()],
+        "{report:#}"
+    );
+
+    let phantom = Uuid::now_v7();
+    add(vec![
+        ("id".into(), phantom.to_string().into_bytes()),
+        ("event_type".into(), b"order.changed".to_vec()),
+        ("aggregate_type".into(), b"Order".to_vec()),
+        ("aggregate_id".into(), b"a1".to_vec()),
+        ("payload".into(), b"{}".to_vec()),
+    ])
+    .await?;
+    let (code, report) = verify(&work, &config).await?;
+    expect(code, &report, (0, 1, 1, 0), 1)?;
+    ensure!(
+        ids(&report, "phantom") == [phantom.to_string()],
+        "{report:#}"
+    );
+
+    let (earlier, later) = pair_of(&events, "a2");
+    let (e, l) = (find(earlier)?, find(later)?);
+    delete(&e.0).await?;
+    delete(&l.0).await?;
+    add(l.1).await?;
+    add(e.1).await?;
+    let (code, report) = verify(&work, &config).await?;
+    expect(code, &report, (0, 1, 1, 1), 1)?;
+    ensure!(
+        ids(&report, "order_breaks") == [earlier.to_string()],
+        "{report:#}"
+    );
+
+    let gone = events[7].0;
+    delete(&find(gone)?.0).await?;
+    let (code, report) = verify(&work, &config).await?;
+    expect(code, &report, (1, 1, 1, 1), 1)?;
+    ensure!(ids(&report, "lost") == [gone.to_string()], "{report:#}");
+    Ok(())
+}
+
+#[cfg(feature = "kafka")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_catches_each_fault_on_kafka() -> anyhow::Result<()> {
+    use outbox_testkit::services::Kafka;
+    use rdkafka::message::{Header, OwnedHeaders};
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+
+    let url = Postgres::shared().await?.fresh_database().await?;
+    let kafka = Kafka::shared().await?;
+    let scope = scope();
+    let work = Workdir::new()?;
+    let config = work.write_config(
+        "outbox.toml",
+        &format!(
+            "[source]\nkind = \"postgres\"\nurl = \"{url}\"\n[sink]\nkind = \"kafka\"\nbrokers = \"{}\"\ndestination = \"{scope}.{{aggregate_type}}\"\ncreate_topics = true\ntopic_partitions = 2\ndelivery_timeout = \"10s\"\n",
+            kafka.brokers()
+        ),
+    )?;
+    work.run_ok(&["migrate", "--config", config.to_str().context("path")?])
+        .await?;
+    let pool = sqlx::PgPool::connect(&url).await?;
+    let events = events(12);
+    insert_pg(&pool, &events).await?;
+    relay_pg(&work, &config, &pool).await?;
+    let (code, report) = verify(&work, &config).await?;
+    expect(code, &report, (0, 0, 0, 0), 0)?;
+    ensure!(report["destination"]["read"] == 12, "{report:#}");
+
+    let producer: FutureProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", kafka.brokers())
+        .create()?;
+    let topic = format!("{scope}.Order");
+    let produce = |id: Uuid, aggregate: &str, seq: Option<u64>| {
+        let (producer, topic, aggregate) = (producer.clone(), topic.clone(), aggregate.to_owned());
+        async move {
+            let id = id.to_string();
+            let seq = seq.map(|s| s.to_string());
+            let mut headers = OwnedHeaders::new()
+                .insert(Header {
+                    key: "id",
+                    value: Some(id.as_str()),
+                })
+                .insert(Header {
+                    key: "event_type",
+                    value: Some("order.changed"),
+                })
+                .insert(Header {
+                    key: "aggregate_type",
+                    value: Some("Order"),
+                })
+                .insert(Header {
+                    key: "aggregate_id",
+                    value: Some(aggregate.as_str()),
+                });
+            if let Some(seq) = &seq {
+                headers = headers.insert(Header {
+                    key: "aggregate_seq",
+                    value: Some(seq.as_str()),
+                });
+            }
+            producer
+                .send(
+                    FutureRecord::to(&topic)
+                        .key(aggregate.as_str())
+                        .payload("{}")
+                        .headers(headers),
+                    Duration::from_secs(10),
+                )
+                .await
+                .map_err(|(e, _)| anyhow::anyhow!("producing: {e}"))?;
+            anyhow::Ok(())
+        }
+    };
+    let seq_of = |id: Uuid| {
+        let aggregate = &events.iter().find(|(e, _)| *e == id).expect("event").1;
+        events
+            .iter()
+            .filter(|(_, a)| a == aggregate)
+            .position(|(e, _)| *e == id)
+            .map(|p| p as u64 + 1)
+    };
+
+    let copied = events[4].0;
+    produce(copied, &events[4].1, seq_of(copied)).await?;
+    let (code, report) = verify(&work, &config).await?;
+    expect(code, &report, (0, 0, 1, 0), 0)?;
+    ensure!(
+        ids(&report, "duplicates") == [copied.to_string()],
+        "{report:#}"
+    );
+
+    let phantom = Uuid::now_v7();
+    produce(phantom, "a1", None).await?;
+    let (code, report) = verify(&work, &config).await?;
+    expect(code, &report, (0, 1, 1, 0), 1)?;
+    ensure!(
+        ids(&report, "phantom") == [phantom.to_string()],
+        "{report:#}"
+    );
+
+    // Kafka cannot delete a record: the swap is two new events of a new aggregate whose
+    // copies reach the topic later one first, before the relay publishes both in order.
+    let swapped = vec![
+        (Uuid::now_v7(), "s1".to_owned()),
+        (Uuid::now_v7(), "s1".to_owned()),
+    ];
+    insert_pg(&pool, &swapped).await?;
+    produce(swapped[1].0, "s1", Some(2)).await?;
+    produce(swapped[0].0, "s1", Some(1)).await?;
+    relay_pg(&work, &config, &pool).await?;
+    let (code, report) = verify(&work, &config).await?;
+    expect(code, &report, (0, 1, 3, 1), 1)?;
+    ensure!(
+        ids(&report, "order_breaks") == [swapped[0].0.to_string()],
+        "{report:#}"
+    );
+
+    // Lost: a row marked delivered that was never published (a relay that settled without
+    // an acknowledgement).
+    let gone = Uuid::now_v7();
+    insert_pg(&pool, &[(gone, "a0".to_owned())]).await?;
+    sqlx::query("UPDATE outbox SET state = 'delivered', delivered_at = now() WHERE id = $1")
+        .bind(gone)
+        .execute(&pool)
+        .await?;
+    let (code, report) = verify(&work, &config).await?;
+    expect(code, &report, (1, 1, 3, 1), 1)?;
+    ensure!(ids(&report, "lost") == [gone.to_string()], "{report:#}");
+    Ok(())
+}
+
+/// The lines of a file.
+fn lines_of(path: &Path) -> anyhow::Result<Vec<String>> {
+    Ok(std::fs::read_to_string(path)?
+        .lines()
+        .map(str::to_owned)
+        .collect())
+}
+
+/// The file-sink faults on `events.jsonl` of `work`, step by step: duplicate, phantom,
+/// swap, lost.
+async fn file_faults(
+    work: &Workdir,
+    config: &Path,
+    events: &[(Uuid, String)],
+) -> anyhow::Result<()> {
+    let path = work.path().join("events.jsonl");
+    let original = lines_of(&path)?;
+    ensure!(original.len() == events.len(), "{original:?}");
+    let line_of = |id: Uuid| {
+        original
+            .iter()
+            .position(|l| l.contains(&id.to_string()))
+            .context("line missing")
+    };
+    let write = |lines: &[String]| std::fs::write(&path, lines.join("\n") + "\n");
+
+    let mut lines = original.clone();
+    let copied = events[4].0;
+    lines.push(original[line_of(copied)?].clone());
+    write(&lines)?;
+    let (code, report) = verify(work, config).await?;
+    expect(code, &report, (0, 0, 1, 0), 0)?;
+    ensure!(
+        ids(&report, "duplicates") == [copied.to_string()],
+        "{report:#}"
+    );
+
+    let phantom = Uuid::now_v7();
+    let mut line: Value = serde_json::from_str(&original[line_of(events[1].0)?])?;
+    line["id"] = phantom.to_string().into();
+    line["headers"]["id"] = phantom.to_string().into();
+    line["headers"]
+        .as_object_mut()
+        .context("headers")?
+        .remove("aggregate_seq");
+    lines.push(line.to_string());
+    write(&lines)?;
+    let (code, report) = verify(work, config).await?;
+    expect(code, &report, (0, 1, 1, 0), 1)?;
+    ensure!(
+        ids(&report, "phantom") == [phantom.to_string()],
+        "{report:#}"
+    );
+
+    let (earlier, later) = pair_of(events, "a2");
+    lines.swap(line_of(earlier)?, line_of(later)?);
+    write(&lines)?;
+    let (code, report) = verify(work, config).await?;
+    expect(code, &report, (0, 1, 1, 1), 1)?;
+    ensure!(
+        ids(&report, "order_breaks") == [earlier.to_string()],
+        "{report:#}"
+    );
+
+    let gone = events[7].0;
+    lines.retain(|l| !l.contains(&gone.to_string()));
+    write(&lines)?;
+    let (code, report) = verify(work, config).await?;
+    expect(code, &report, (1, 1, 1, 1), 1)?;
+    ensure!(ids(&report, "lost") == [gone.to_string()], "{report:#}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_reads_the_file_sink_on_sqlite() -> anyhow::Result<()> {
+    let work = Workdir::new()?;
+    let db = work.path().join("outbox.db");
+    let config = work.write_config(
+        "outbox.toml",
+        &format!(
+            "[source]\nkind = \"sqlite\"\npath = \"{}\"\n[sink]\nkind = \"file\"\npath = \"events.jsonl\"\n",
+            db.display()
+        ),
+    )?;
+    work.run_ok(&["migrate", "--config", config.to_str().context("path")?])
+        .await?;
+    let pool = sqlx::SqlitePool::connect(&format!("sqlite:{}", db.display())).await?;
+    let events = events(12);
+    for (id, aggregate) in &events {
+        sqlx::query("INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload) VALUES (?1, 'Order', ?2, 'order.changed', '{}')")
+            .bind(id.to_string())
+            .bind(aggregate)
+            .execute(&pool)
+            .await?;
+    }
+    let mut relay = work.spawn_relay(&config, "relay.log")?;
+    outbox_testkit::wait::eventually(WAIT, || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM outbox WHERE state = 'pending'")
+            .fetch_one(&pool)
+            .await
+            .is_ok_and(|n| n == 0)
+    })
+    .await
+    .with_context(|| work.read_log("relay.log"))?;
+    let code = terminate(&mut relay, WAIT).await?;
+    ensure!(code == Some(0), "{}", work.read_log("relay.log"));
+    let (code, report) = verify(&work, &config).await?;
+    expect(code, &report, (0, 0, 0, 0), 0)?;
+    file_faults(&work, &config, &events).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_reads_the_file_sink_on_postgres_cdc() -> anyhow::Result<()> {
+    let url = Postgres::shared().await?.fresh_database().await?;
+    let work = Workdir::new()?;
+    let tag = format!("verify{}", Uuid::new_v4().simple());
+    let config = work.write_config(
+        "outbox.toml",
+        &format!(
+            "[source]\nkind = \"postgres\"\nurl = \"{url}\"\nmode = \"cdc\"\nslot = \"s_{tag}\"\npublication = \"p_{tag}\"\nheartbeat_interval = \"1s\"\n[sink]\nkind = \"file\"\npath = \"events.jsonl\"\n"
+        ),
+    )?;
+    work.run_ok(&["migrate", "--config", config.to_str().context("path")?])
+        .await?;
+    let pool = sqlx::PgPool::connect(&url).await?;
+    let mut relay = work.spawn_relay(&config, "relay.log")?;
+    let events = events(12);
+    insert_pg(&pool, &events).await?;
+    let path = work.path().join("events.jsonl");
+    outbox_testkit::wait::eventually(WAIT, || async {
+        lines_of(&path).is_ok_and(|l| l.len() >= events.len())
+    })
+    .await
+    .with_context(|| work.read_log("relay.log"))?;
+    // The relay keeps running: verify waits for its slot to confirm what was committed
+    // (other databases of the cluster move the WAL on, which a stopped relay never confirms).
+    let (code, report) = verify(&work, &config).await?;
+    expect(code, &report, (0, 0, 0, 0), 0)?;
+    ensure!(report["source"]["basis"]["kind"] == "stream", "{report:#}");
+    ensure!(report["matched"] == 12, "{report:#}");
+    file_faults(&work, &config, &events).await?;
+    let code = terminate(&mut relay, WAIT).await?;
+    ensure!(code == Some(0), "{}", work.read_log("relay.log"));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_reads_the_file_sink_on_mariadb() -> anyhow::Result<()> {
+    let url = MariaDb::shared().await?.fresh_database().await?;
+    let work = Workdir::new()?;
+    let config = work.write_config(
+        "outbox.toml",
+        &format!("[source]\nkind = \"mysql\"\nurl = \"{url}\"\n[sink]\nkind = \"file\"\npath = \"events.jsonl\"\n"),
+    )?;
+    work.run_ok(&["migrate", "--config", config.to_str().context("path")?])
+        .await?;
+    let pool = sqlx::MySqlPool::connect(&url).await?;
+    let events = events(12);
+    for (id, aggregate) in &events {
+        sqlx::query("INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload) VALUES (?, 'Order', ?, 'order.changed', '{}')")
+            .bind(id.to_string())
+            .bind(aggregate)
+            .execute(&pool)
+            .await?;
+    }
+    let mut relay = work.spawn_relay(&config, "relay.log")?;
+    outbox_testkit::wait::eventually(WAIT, || async {
+        sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM outbox WHERE state = 'pending'")
+            .fetch_one(&pool)
+            .await
+            .is_ok_and(|n| n == 0)
+    })
+    .await
+    .with_context(|| work.read_log("relay.log"))?;
+    let code = terminate(&mut relay, WAIT).await?;
+    ensure!(code == Some(0), "{}", work.read_log("relay.log"));
+    let (code, report) = verify(&work, &config).await?;
+    expect(code, &report, (0, 0, 0, 0), 0)?;
+    file_faults(&work, &config, &events).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_cannot_verify_an_unreachable_broker_and_says_where() -> anyhow::Result<()> {
+    let url = Postgres::shared().await?.fresh_database().await?;
+    let work = Workdir::new()?;
+    // A port nothing listens on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let config = work.write_config(
+        "outbox.toml",
+        &format!(
+            "[source]\nkind = \"postgres\"\nurl = \"{url}\"\n[sink]\nkind = \"nats\"\nurl = \"nats://verifier:s3cr3t-pw@127.0.0.1:{port}\"\n"
+        ),
+    )?;
+    work.run_ok(&["migrate", "--config", config.to_str().context("path")?])
+        .await?;
+    let out = work
+        .run(&["verify", "--config", config.to_str().context("path")?])
+        .await?;
+    ensure!(out.code == Some(2), "{out:?}");
+    out.assert_clear_error(&format!("nats://verifier:***@127.0.0.1:{port}"))?;
+    ensure!(
+        !out.stdout.contains("s3cr3t-pw") && !out.stderr.contains("s3cr3t-pw"),
+        "password printed: {out:?}"
+    );
+    ensure!(
+        !out.stdout.contains("0 lost") && !out.stdout.contains("PASS"),
+        "{out:?}"
+    );
+    let (code, report) = verify(&work, &config).await?;
+    ensure!(
+        code == 2 && report["verdict"] == "cannot_verify",
+        "{report:#}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_says_what_it_cannot_verify() -> anyhow::Result<()> {
+    let work = Workdir::new()?;
+    let db = work.path().join("outbox.db");
+    // A queue: reading it back would take messages from its consumers.
+    let sqs = work.write_config(
+        "sqs.toml",
+        &format!(
+            "[source]\nkind = \"sqlite\"\npath = \"{}\"\n[sink]\nkind = \"sqs\"\nqueue_url = \"https://sqs.eu-west-1.amazonaws.com/123456789012/orders\"\nregion = \"eu-west-1\"\n",
+            db.display()
+        ),
+    )?;
+    work.run_ok(&["migrate", "--config", sqs.to_str().context("path")?])
+        .await?;
+    let out = work
+        .run(&["verify", "--config", sqs.to_str().context("path")?])
+        .await?;
+    ensure!(out.code == Some(2), "{out:?}");
+    out.assert_clear_error("cannot be read back without taking messages from its consumers")?;
+    ensure!(out.stderr.contains("canary (planned"), "{out:?}");
+
+    // Rows deleted on delivery: nothing in the table says what should be at the destination.
+    let deleting = work.write_config(
+        "delete.toml",
+        &format!(
+            "[source]\nkind = \"sqlite\"\npath = \"{}\"\non_delivered = \"delete\"\n[sink]\nkind = \"file\"\npath = \"events.jsonl\"\n",
+            db.display()
+        ),
+    )?;
+    std::fs::write(work.path().join("events.jsonl"), "")?;
+    let (code, report) = verify(&work, &deleting).await?;
+    ensure!(
+        code == 2 && report["verdict"] == "cannot_verify",
+        "{report:#}"
+    );
+    ensure!(
+        report["cannot_verify"]
+            .as_str()
+            .is_some_and(|r| r.contains("on_delivered = \"delete\"")),
+        "{report:#}"
+    );
+    Ok(())
+}

@@ -1,0 +1,129 @@
+//! `outbox verify` on SQLite: the delivered rows of a window (polling marks them
+//! `state = 'delivered'` with `delivered_at`), and rows looked up by id.
+
+use std::sync::Arc;
+
+use outbox_core::SourceError;
+use outbox_core::backend::OnDelivered;
+use outbox_core::sink::BoxFuture;
+use outbox_core::verify::{
+    Basis, DeliveryLedger, Ledger, LedgerEvent, RowState, StoredRow, Window,
+};
+use sqlx::{Row, SqlitePool};
+use uuid::Uuid;
+
+use crate::config::SqliteConfig;
+use crate::error::source_error;
+use crate::sql::{render, stmt};
+use crate::timestamp::{from_micros, to_micros};
+
+/// The delivery ledger of one SQLite outbox table.
+#[derive(Debug, Clone)]
+pub struct SqliteLedger {
+    pool: SqlitePool,
+    table: String,
+    basis: Basis,
+    delivered: Arc<str>,
+    undelivered: Arc<str>,
+    lookup: Arc<str>,
+}
+
+impl SqliteLedger {
+    /// The ledger of `config`'s table.
+    pub fn new(pool: SqlitePool, config: &SqliteConfig) -> Self {
+        let r = |sql: &str| -> Arc<str> { render(sql, &config.table).into() };
+        Self {
+            pool,
+            table: config.table.to_string(),
+            basis: match config.on_delivered {
+                OnDelivered::Mark => Basis::Marked,
+                OnDelivered::Delete => Basis::Deleted,
+            },
+            delivered: r(include_str!("../queries/verify_delivered.sql")),
+            undelivered: r(include_str!("../queries/verify_undelivered.sql")),
+            lookup: r(include_str!("../queries/verify_lookup.sql")),
+        }
+    }
+
+    fn err(&self, context: &str, e: sqlx::Error) -> SourceError {
+        source_error(context, &self.table, e)
+    }
+
+    async fn read(&self, window: Window) -> Result<Ledger, SourceError> {
+        let (since, until) = (to_micros(window.since), to_micros(window.until));
+        let rows = sqlx::query(stmt(&self.delivered))
+            .bind(since)
+            .bind(until)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| self.err("reading delivered events", e))?;
+        let delivered = rows
+            .iter()
+            .map(|r| {
+                let id: String = r.try_get(0)?;
+                Ok(LedgerEvent {
+                    id: parse_id(&id)?,
+                    aggregate_type: r.try_get(1)?,
+                    aggregate_id: r.try_get(2)?,
+                    event_type: r.try_get(3)?,
+                    position: r.try_get(4)?,
+                    created_at: from_micros(r.try_get(5)?),
+                    delivered_at: r.try_get::<Option<i64>, _>(6)?.map(from_micros),
+                })
+            })
+            .collect::<Result<Vec<_>, sqlx::Error>>()
+            .map_err(|e| self.err("reading delivered events", e))?;
+        let (undelivered, dead): (i64, i64) = sqlx::query_as(stmt(&self.undelivered))
+            .bind(since)
+            .bind(until)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| self.err("counting undelivered events", e))?;
+        let mut notes = Vec::new();
+        if self.basis == Basis::Deleted {
+            notes.push(outbox_core::verify::deleted_on_delivery_note(&self.table));
+        }
+        Ok(Ledger {
+            basis: self.basis.clone(),
+            delivered,
+            undelivered: u64::try_from(undelivered).unwrap_or(0),
+            dead: u64::try_from(dead).unwrap_or(0),
+            notes,
+        })
+    }
+
+    async fn find(&self, ids: &[Uuid]) -> Result<Vec<StoredRow>, SourceError> {
+        let json = outbox_core::verify::id_spellings_json(ids);
+        let rows = sqlx::query(stmt(&self.lookup))
+            .bind(json)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| self.err("looking up events by id", e))?;
+        rows.iter()
+            .map(|r| {
+                let id: String = r.try_get(0)?;
+                let state: String = r.try_get(1)?;
+                Ok(StoredRow {
+                    id: parse_id(&id)?,
+                    state: RowState::from_column(&state),
+                    position: r.try_get(2)?,
+                    created_at: from_micros(r.try_get(3)?),
+                })
+            })
+            .collect::<Result<Vec<_>, sqlx::Error>>()
+            .map_err(|e| self.err("looking up events by id", e))
+    }
+}
+
+fn parse_id(text: &str) -> Result<Uuid, sqlx::Error> {
+    Uuid::parse_str(text).map_err(|e| sqlx::Error::Decode(Box::new(e)))
+}
+
+impl DeliveryLedger for SqliteLedger {
+    fn delivered(&self, window: Window) -> BoxFuture<'_, Result<Ledger, SourceError>> {
+        Box::pin(self.read(window))
+    }
+    fn lookup<'a>(&'a self, ids: &'a [Uuid]) -> BoxFuture<'a, Result<Vec<StoredRow>, SourceError>> {
+        Box::pin(self.find(ids))
+    }
+}
