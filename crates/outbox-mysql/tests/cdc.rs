@@ -206,6 +206,44 @@ async fn on_mariadb_the_stream_resumes_by_gtid_where_the_kept_file_is_unknown() 
     Ok(())
 }
 
+/// After a failover to a replica whose binlog has a file of the kept name holding the same
+/// transactions at lower offsets (a replica seeded after the primary's binlog began), the
+/// kept position must follow this server's positions: left comparing them with the old
+/// primary's offset, it would stay at the failover for good and every restart would publish
+/// everything since again. Found by `crates/outbox-cli/tests/failover.rs`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_mariadb_a_kept_offset_from_another_binlog_of_the_same_name_is_left_behind()
+-> anyhow::Result<()> {
+    let h = CdcHarness::new().await?;
+    let sink = Arc::new(ScriptedSink::new());
+    let running = relay(&h, sink.clone()).await?;
+    h.write(vec![event("o", 0)], true).await?;
+    sink.wait_for_published(1, Duration::from_secs(30)).await?;
+    running.stop().await?;
+    let (file, _) = h.kept().await?;
+    // As on the old primary: the same file name, the same GTID, an offset this server's
+    // file never reaches.
+    let far: i64 = 3_000_000_000;
+    sqlx::query("UPDATE outbox_cdc_position SET binlog_pos = ?, token = (token >> 32 << 32) | ?")
+        .bind(far)
+        .bind(far)
+        .execute(&h.pool)
+        .await?;
+    let sink = Arc::new(ScriptedSink::new());
+    let running = relay(&h, sink.clone()).await?;
+    let next = h.write(vec![event("o", 1), event("o", 2)], true).await?;
+    let published = sink.wait_for_published(2, Duration::from_secs(30)).await?;
+    running.stop().await?;
+    let got: Vec<Uuid> = published.iter().map(|e| e.id).collect();
+    ensure!(got == next, "resumed by GTID: {got:?}, expected {next:?}");
+    let (after_file, after_pos) = h.kept().await?;
+    ensure!(
+        after_file == file && after_pos < u64::try_from(far)?,
+        "the kept position follows this server's binlog again: {after_file}:{after_pos}"
+    );
+    Ok(())
+}
+
 fn ensure_empty(fetched: &outbox_core::Fetched) {
     assert!(
         fetched.events.is_empty(),

@@ -131,6 +131,9 @@ struct Live {
     /// being read (domain, server, seq, standalone).
     gtid: Option<GtidState>,
     txn_gtid: Option<(u32, u32, u64, bool)>,
+    /// Resumed by GTID: the first transaction's end tells whether the kept token was
+    /// measured in this server's binlog.
+    check_token: bool,
 }
 
 /// Reads the outbox from the binlog (`source.mode = "cdc"`).
@@ -175,6 +178,9 @@ pub struct MySqlCdcSource {
     catch_up: Option<u64>,
     /// MariaDB: the GTID position at the end of each transaction not yet saved, by token.
     gtids: BTreeMap<u64, String>,
+    /// The kept row's token belongs to another server's binlog: set it to 0 before the next
+    /// save (which only ever moves it forward).
+    rebase_row: bool,
 }
 
 impl std::fmt::Debug for MySqlCdcSource {
@@ -225,6 +231,7 @@ impl MySqlCdcSource {
             stats: Arc::new(LedgerStats::default()),
             catch_up: None,
             gtids: BTreeMap::new(),
+            rebase_row: false,
         })
     }
 
@@ -313,16 +320,13 @@ impl MySqlCdcSource {
             // Resuming by GTID on a server without the kept file (a failover to a replica):
             // its file names and offsets start over, so the kept token does too.
             tracing::warn!(kept_file = %start.file, gtid = %kept.gtid.as_deref().unwrap_or_default(), "the kept binlog file is not on this server (failover?): resuming by GTID");
-            sqlx::query(sqlx::AssertSqlSafe(crate::sql::render(
-                "UPDATE {{name:_cdc_position}} SET token = 0 WHERE stream = ?",
-                &self.config.table,
-            )))
-            .bind(STREAM)
-            .execute(&self.pool)
-            .await
-            .map_err(|e| self.db_err("re-basing the CDC position", e))?;
+            self.rebase_row().await?;
             token = 0;
         }
+        // A file of that name may still be another binlog (a replica seeded after the
+        // primary's binlog began has its own `binlog.000001`): checked at the first
+        // transaction (`apply`).
+        let check_token = gtid.is_some() && token > 0;
         let stream = conn
             .get_binlog_stream(request)
             .await
@@ -356,8 +360,25 @@ impl MySqlCdcSource {
             pending: TxnBuffer::new(self.spill.clone(), Some(by_aggregate_seq)),
             gtid: mariadb.then(|| gtid.unwrap_or_default()),
             txn_gtid: None,
+            check_token,
         });
         Ok(true)
+    }
+
+    /// Sets the kept row's token to 0: the kept file and offset were measured in another
+    /// binlog than this server's, so this server's positions must not be compared with them.
+    /// The GTID, which every server of the replication set shares, still says where to
+    /// resume.
+    async fn rebase_row(&self) -> Result<(), SourceError> {
+        sqlx::query(sqlx::AssertSqlSafe(crate::sql::render(
+            "UPDATE {{name:_cdc_position}} SET token = 0 WHERE stream = ?",
+            &self.config.table,
+        )))
+        .bind(STREAM)
+        .execute(&self.pool)
+        .await
+        .map_err(|e| self.db_err("re-basing the CDC position", e))?;
+        Ok(())
     }
 
     /// Takes the stream's lock on a connection of its own, which the server ends after
@@ -601,6 +622,22 @@ impl MySqlCdcSource {
         let Some(token) = token(file, end) else {
             return Ok(false);
         };
+        if std::mem::take(&mut live.check_token) && token <= self.ledger.confirmed() {
+            // Resumed by GTID, the stream's first transaction ends at or before the kept
+            // token: that token was measured in another binlog (a failover to a replica whose
+            // file of the same name holds the transactions at other offsets). Left as it is,
+            // no position here could pass it: the kept position would stay at the failover
+            // and every restart would publish everything since again. Positions start over.
+            tracing::warn!(
+                kept_token = self.saved,
+                first_token = token,
+                file,
+                "the kept binlog position is not in this server's binlog (failover?): following this server's positions from here"
+            );
+            self.ledger.reset(0);
+            self.saved = 0;
+            self.rebase_row = true;
+        }
         if let (Some(state), Some((domain, server, seq, _))) =
             (live.gtid.as_mut(), live.txn_gtid.take())
         {
@@ -876,6 +913,10 @@ impl MySqlCdcSource {
         let Some(at) = self.files.position(confirmed) else {
             return Ok(());
         };
+        if self.rebase_row {
+            self.rebase_row().await?;
+            self.rebase_row = false;
+        }
         let gtid = self
             .gtids
             .range(..=confirmed)
