@@ -6,7 +6,9 @@
 //! ([`OnSwitch::Close`]: the old server's machine answers with a reset, or a proxy drops them)
 //! or hang silently ([`OnSwitch::Hang`]: a dead machine that sends neither FIN nor RST; the
 //! client's reads wait and its writes fill the socket buffer until its own timeouts fire).
-//! New connections always go to the current target; one that target refuses is closed at once.
+//! New connections go to the current target; one that target refuses is reset at once. For a
+//! machine that vanished, [`Forwarder::blackhole`] holds new connections silently too (the
+//! client's own connect timeout ends them), until the next switch sends them somewhere.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -55,15 +57,17 @@ pub struct Forwarder {
 #[derive(Debug)]
 struct Shared {
     state: Mutex<State>,
-    /// Connections left hanging by a switch (client side, target side).
-    hung: Mutex<Vec<(TcpStream, TcpStream)>>,
+    /// Sockets held silently: connections a switch left hanging (both sides), new ones while
+    /// blackholed (the client side).
+    hung: Mutex<Vec<TcpStream>>,
     /// Cancelled when the forwarder is dropped: every connection ends.
     closed: CancellationToken,
 }
 
 #[derive(Debug)]
 struct State {
-    target: SocketAddr,
+    /// `None`: blackholed.
+    target: Option<SocketAddr>,
     /// The connections made to `target`; ended by the next switch.
     generation: Arc<Generation>,
     accepted: u64,
@@ -88,7 +92,7 @@ impl Forwarder {
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
-                target,
+                target: Some(target),
                 generation: Arc::default(),
                 accepted: 0,
                 refused: 0,
@@ -114,8 +118,8 @@ impl Forwarder {
         self.addr.port()
     }
 
-    /// Where new connections go now.
-    pub fn target(&self) -> SocketAddr {
+    /// Where new connections go now (`None` while blackholed).
+    pub fn target(&self) -> Option<SocketAddr> {
         lock(&self.shared.state).target
     }
 
@@ -123,20 +127,31 @@ impl Forwarder {
     /// closed or left hanging, as `existing` says. Returns at once (a closed connection's
     /// task finishes in the background).
     pub fn switch_to(&self, target: SocketAddr, existing: OnSwitch) {
+        self.switch(Some(target), existing);
+    }
+
+    /// The address leads nowhere, as when its machine vanished: new connections are accepted
+    /// and then hear nothing (their client's connect or read timeout ends them); the
+    /// connections made before are closed or left hanging, as `existing` says.
+    pub fn blackhole(&self, existing: OnSwitch) {
+        self.switch(None, existing);
+    }
+
+    fn switch(&self, target: Option<SocketAddr>, existing: OnSwitch) {
         let mut state = lock(&self.shared.state);
         let _ = state.generation.how.set(existing);
         state.generation.ended.cancel();
         state.generation = Arc::default();
         state.target = target;
-        tracing::info!(%target, ?existing, forwarder = %self.addr, "forwarder switched");
+        tracing::info!(?target, ?existing, forwarder = %self.addr, "forwarder switched");
     }
 
-    /// Closes the connections a switch left hanging.
+    /// Closes the connections a switch (or the blackhole) left hanging.
     pub fn release_hung(&self) {
         lock(&self.shared.hung).clear();
     }
 
-    /// How many connections a switch left hanging and are still held.
+    /// How many sockets a switch (or the blackhole) left hanging and are still held.
     pub fn hung(&self) -> usize {
         lock(&self.shared.hung).len()
     }
@@ -180,10 +195,14 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
 /// dropped, or a switch ends `generation`.
 async fn forward(
     mut client: TcpStream,
-    target: SocketAddr,
+    target: Option<SocketAddr>,
     generation: Arc<Generation>,
     shared: Arc<Shared>,
 ) {
+    let Some(target) = target else {
+        lock(&shared.hung).push(client);
+        return;
+    };
     let upstream = tokio::select! {
         connected = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(target)) => {
             connected.ok().and_then(Result::ok)
@@ -208,6 +227,6 @@ async fn forward(
         () = shared.closed.cancelled() => false,
     };
     if switched && generation.how.get() == Some(&OnSwitch::Hang) && !shared.closed.is_cancelled() {
-        lock(&shared.hung).push((client, upstream));
+        lock(&shared.hung).extend([client, upstream]);
     }
 }
