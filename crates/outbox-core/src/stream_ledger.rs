@@ -96,6 +96,11 @@ impl LedgerStats {
     }
 }
 
+/// How long a stream source reads what its stream has ready in one go (`pump`, on the async
+/// thread, in `fetch`): a huge transaction is read over several fetches, so the source keeps
+/// answering (the MySQL source checks its lock at every fetch) while it comes in.
+pub const PUMP_BUDGET: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// Events [`Ledger::refill`] reads from a scratch file at most per call: a few milliseconds of
 /// reading on the async thread, and still ten of the relay's default batches.
 pub const REFILL_BATCH: usize = 5_000;

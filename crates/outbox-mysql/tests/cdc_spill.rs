@@ -187,6 +187,10 @@ fn env_number<T: std::str::FromStr>(name: &str) -> Option<T> {
 async fn cdc_spill_rss() -> anyhow::Result<()> {
     let events: usize = env_number("OUTBOX_SPILL_BENCH_EVENTS").unwrap_or(300_000);
     let mut h = CdcHarness::new().await?;
+    // The default: the harness's 8 s (quick standby tests) is less than reading a million
+    // rows at the start takes (`wait_for_catch_up`, up to connect_timeout = 10 s), so the
+    // server would end the lock's idle session meanwhile.
+    h.config.claim_timeout = Duration::from_secs(60);
     if env_number::<usize>("OUTBOX_SPILL_AFTER_EVENTS") == Some(0) {
         h.config.spill_after_events = usize::MAX;
         h.config.spill_after_bytes = u64::MAX;

@@ -19,7 +19,7 @@ use mysql_async::binlog::events::{EventData, RowsEventData};
 use mysql_async::{BinlogStream, BinlogStreamRequest};
 use outbox_core::source::{Fetched, Outcome, Settlement};
 use outbox_core::spill::{self, Buffered, SpillSettings, Spillable, TxnBuffer};
-use outbox_core::stream_ledger::{self, LedgerStats};
+use outbox_core::stream_ledger::{self, LedgerStats, PUMP_BUDGET};
 use outbox_core::{DeadLetterPolicy, Event, Ordering, Source, SourceError};
 use sqlx::mysql::MySqlConnectOptions;
 use sqlx::{Connection as _, MySqlConnection, MySqlPool, Row as _};
@@ -661,10 +661,14 @@ impl MySqlCdcSource {
 
     /// Reads what the stream has ready without waiting.
     fn pump(&mut self) -> Result<(), SourceError> {
+        let until = Instant::now() + PUMP_BUDGET;
         loop {
             if self.ledger.draining() {
                 // A large transaction loads from its scratch file first (commit order).
                 return self.ledger.refill(MAX_BUFFERED).map_err(|e| self.lost(e));
+            }
+            if Instant::now() >= until {
+                return Ok(()); // the rest at the next fetch
             }
             let pending = self.live.as_ref().map_or(0, |l| l.pending.len());
             if self.ledger.unsettled() >= MAX_BUFFERED && pending == 0 {

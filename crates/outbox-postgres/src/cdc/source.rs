@@ -14,6 +14,7 @@ use std::time::Duration;
 use futures::FutureExt;
 use outbox_core::source::{Fetched, Outcome, Settlement};
 use outbox_core::spill::SpillSettings;
+use outbox_core::stream_ledger::PUMP_BUDGET;
 use outbox_core::{DeadLetterPolicy, Ordering, Source, SourceError};
 use sqlx::types::Json;
 use sqlx::{PgPool, Row};
@@ -591,10 +592,14 @@ impl PgCdcSource {
 
     /// Reads what the stream has ready without waiting.
     fn pump(&mut self) -> Result<(), SourceError> {
+        let until = Instant::now() + PUMP_BUDGET;
         loop {
             if self.ledger.draining() {
                 // A large transaction loads from its scratch file first (commit order).
                 return self.ledger.refill(MAX_BUFFERED).map_err(|e| self.lost(e));
+            }
+            if Instant::now() >= until {
+                return Ok(()); // the rest at the next fetch
             }
             if self.ledger.unsettled() >= MAX_BUFFERED && !self.decoder.in_transaction() {
                 return Ok(());
