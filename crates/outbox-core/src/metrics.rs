@@ -49,6 +49,9 @@ pub const CDC_RECOVERED_EVENTS: &str = "outbox_cdc_recovered_events_total";
 /// Counter: slot recoveries whose lost window may have held table-less events
 /// (`pg_logical_emit_message`), which no table keeps; the log names the LSN range.
 pub const CDC_MESSAGE_LOSS_WINDOWS: &str = "outbox_cdc_message_loss_windows_total";
+/// Gauge: events of committed transactions the CDC relay holds until the synchronous
+/// standbys have flushed them (`source.wait_for_standby`).
+pub const CDC_WAITING_FOR_STANDBY: &str = "outbox_cdc_waiting_for_standby_events";
 
 /// Registers descriptions with the installed recorder (call once after installing it).
 pub fn describe() {
@@ -114,6 +117,10 @@ pub fn describe() {
     describe_counter!(
         CDC_MESSAGE_LOSS_WINDOWS,
         "CDC slot recoveries whose lost WAL window may have held table-less events (see the log)"
+    );
+    describe_gauge!(
+        CDC_WAITING_FOR_STANDBY,
+        "Events the CDC relay holds until the synchronous standbys have flushed their transaction"
     );
     describe_counter!(
         TRACE_SPANS_DROPPED,

@@ -7,10 +7,16 @@
 -- transaction it sees ended at or before that position, so all were settled). The snapshot
 -- is the statement's, taken before any function here runs: that order is what makes
 -- "visible in the snapshot => ended at or before pending_lsn" hold.
+--
+-- Committed with synchronous_commit = local: with a synchronous standby down, the primary's
+-- commits wait for it, and the relay must not wait with them (it holds what it streams for
+-- the standby anyway, source.wait_for_standby). A save lost in a failover only means an older
+-- acknowledged snapshot: more duplicates, never loss.
 INSERT INTO {{qname:_cdc_offsets}} AS o
     (slot, confirmed_lsn, updated_at, pending_snapshot, pending_lsn)
-VALUES ($1, $2, now(), pg_current_snapshot()::text,
-        (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint)
+SELECT $1, $2, now(), pg_current_snapshot()::text,
+       (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint
+FROM (SELECT set_config('synchronous_commit', 'local', true)) AS local_commit
 ON CONFLICT (slot) DO UPDATE
 SET confirmed_lsn = GREATEST(o.confirmed_lsn, excluded.confirmed_lsn),
     updated_at = excluded.updated_at,

@@ -111,6 +111,27 @@ pub struct PostgresConfig {
     /// PostgreSQL 17, a dropped or invalidated slot): recover by itself, or stop.
     #[serde(default)]
     pub on_slot_loss: OnSlotLoss,
+    /// CDC: publish a transaction only once the synchronous standbys have flushed it, so
+    /// that a failover cannot leave consumers with an event the new primary never had.
+    #[serde(default)]
+    pub wait_for_standby: WaitForStandby,
+    /// CDC, PostgreSQL 17+: create the slot as a failover slot (`failover = true`), which the
+    /// server synchronizes to standbys listed in `synchronized_standby_slots`.
+    #[serde(default)]
+    pub failover_slot: bool,
+}
+
+/// `source.wait_for_standby` (docs/cdc.md, "Failover").
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WaitForStandby {
+    /// On when the server has `synchronous_standby_names` set (read when streaming starts).
+    #[default]
+    Auto,
+    /// Always: wait for the synchronous standbys.
+    On,
+    /// Never: publish what the primary has flushed.
+    Off,
 }
 
 /// `source.on_slot_loss` (docs/cdc.md, "Failover").
@@ -187,6 +208,8 @@ impl PostgresConfig {
             slot_lag_warn_bytes: default_slot_lag_warn_bytes(),
             heartbeat_interval: default_heartbeat_interval(),
             on_slot_loss: OnSlotLoss::Recover,
+            wait_for_standby: WaitForStandby::Auto,
+            failover_slot: false,
         }
     }
 

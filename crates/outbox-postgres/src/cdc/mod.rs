@@ -23,6 +23,7 @@ mod message;
 mod offset;
 pub(crate) mod queries;
 mod recovery;
+mod standby;
 mod slot;
 mod source;
 mod stream;

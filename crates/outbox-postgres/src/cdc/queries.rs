@@ -19,6 +19,8 @@ macro_rules! query_file {
 pub(crate) const SLOT_STATUS: &str = query_file!("replication_slot_status");
 /// Creates the slot; `$1` = slot name.
 pub(crate) const SLOT_CREATE: &str = query_file!("replication_slot_create");
+/// Creates it as a PostgreSQL 17 failover slot; `$1` slot.
+pub(crate) const SLOT_CREATE_FAILOVER: &str = query_file!("replication_slot_create_failover");
 /// The publication's state; `$1` publication, `$2` schema, `$3` table.
 pub(crate) const PUBLICATION_STATUS: &str = query_file!("publication_status");
 /// Lets the outbox trigger keep a given `seq` for the rest of the transaction (migration 0005).

@@ -11,7 +11,7 @@
 use outbox_core::{SourceError, SourceErrorKind};
 use sqlx::{PgPool, Row};
 
-use super::queries::{CdcQueries, PUBLICATION_STATUS, SLOT_CREATE, SLOT_STATUS};
+use super::queries::{CdcQueries, PUBLICATION_STATUS, SLOT_CREATE, SLOT_CREATE_FAILOVER, SLOT_STATUS};
 use crate::config::PostgresConfig;
 use crate::error::classify;
 
@@ -238,11 +238,7 @@ pub async fn setup_cdc(
             .fetch_one(pool)
             .await
             .map_err(slot_err)?;
-        match crate::sql::query(SLOT_CREATE)
-            .bind(slot)
-            .execute(pool)
-            .await
-        {
+        match create(pool, config).await {
             Ok(_) => report.slot_created = true,
             Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("42710") => {}
             Err(e) => return Err(slot_err(e)),
@@ -273,6 +269,36 @@ pub async fn setup_cdc(
     }
     report.slot_lsn = row.status.confirmed_flush_lsn;
     Ok(report)
+}
+
+/// Creates the slot (`source.failover_slot`: as a PostgreSQL 17 failover slot); returns its
+/// start position. A slot created concurrently by someone else is a database error with
+/// SQLSTATE 42710, left to the caller.
+pub(crate) async fn create(pool: &PgPool, config: &PostgresConfig) -> Result<String, sqlx::Error> {
+    if !config.failover_slot {
+        return crate::sql::query_scalar(SLOT_CREATE)
+            .bind(config.slot.as_str())
+            .fetch_one(pool)
+            .await;
+    }
+    let version: i32 =
+        crate::sql::query_scalar("SELECT current_setting('server_version_num')::int")
+            .fetch_one(pool)
+            .await?;
+    if version < 170_000 {
+        return Err(sqlx::Error::Configuration(
+            format!(
+                "source.failover_slot needs PostgreSQL 17 or later (this server is {}.{}); turn it off, the relay recovers a lost slot from the table (docs/cdc.md#failover)",
+                version / 10_000,
+                version % 10_000 / 100
+            )
+            .into(),
+        ));
+    }
+    crate::sql::query_scalar(SLOT_CREATE_FAILOVER)
+        .bind(config.slot.as_str())
+        .fetch_one(pool)
+        .await
 }
 
 /// What the relay found before streaming.

@@ -27,8 +27,9 @@ use super::decode::{Decoder, Step};
 use super::inspect::{CdcStats, PgCdcInspector};
 use super::ledger::{Entry, Ledger, Origin, with_meta};
 use super::offset::SavedOffset;
-use super::queries::{CdcQueries, KEEP_SEQ, SLOT_CREATE, TRANSACTION_VISIBLE};
+use super::queries::{CdcQueries, KEEP_SEQ, TRANSACTION_VISIBLE};
 use super::recovery::{self, RecoveryStatus, Snapshot};
+use super::standby::{self, StandbyGate};
 use super::slot;
 use super::stream::{Endpoint, OpenError, Stream, wire_error};
 use crate::config::{OnSlotLoss, PostgresConfig};
@@ -43,6 +44,9 @@ pub const STANDBY_RETRY: Duration = Duration::from_secs(1);
 /// its commit (its events exist only then): past `source.spill_after_*` it goes to a scratch
 /// file, and after its commit it is loaded from there in batches up to this bound.
 const MAX_BUFFERED: usize = 50_000;
+
+/// The silence limit when the server's `wal_sender_timeout` is 0 (no keepalives promised).
+const DEFAULT_SILENCE_LIMIT: Duration = Duration::from_secs(120);
 
 /// Longest wait for a streamed transaction to become visible to queries.
 const VISIBILITY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -100,6 +104,13 @@ pub struct PgCdcSource {
     skipped: u64,
     /// A recovery of a lost slot under way (see `recovery.rs`).
     recovery: Option<Recovering>,
+    /// Committed transactions waiting for the synchronous standbys (`standby.rs`).
+    standby: StandbyGate<Step>,
+    /// When the stream last said anything (an event or a keepalive).
+    last_heard: Instant,
+    /// Silence after which the server is taken for gone: a walsender sends a keepalive at
+    /// least every `wal_sender_timeout / 2` while idle, so two missed ones and a heartbeat.
+    silence_limit: Duration,
     closed_tx: Option<watch::Sender<()>>,
     closed_rx: watch::Receiver<()>,
 }
@@ -161,6 +172,9 @@ impl PgCdcSource {
             skip_through: 0,
             skipped: 0,
             recovery: None,
+            standby: StandbyGate::new(false),
+            last_heard: Instant::now(),
+            silence_limit: DEFAULT_SILENCE_LIMIT,
             queries,
             table: table.to_string(),
             ordering,
@@ -197,6 +211,12 @@ impl PgCdcSource {
         CdcClosed(self.closed_rx.clone())
     }
 
+    /// Events of committed transactions held until the synchronous standbys have them
+    /// (`source.wait_for_standby`).
+    pub fn held_for_standby(&self) -> usize {
+        self.standby.held_events()
+    }
+
     /// True while this source holds the slot and streams from it.
     pub fn is_streaming(&self) -> bool {
         self.stream.is_some()
@@ -223,6 +243,16 @@ impl PgCdcSource {
             return Ok(false);
         }
         self.next_attempt = Instant::now() + STANDBY_RETRY;
+        let in_recovery: bool = crate::sql::query_scalar("SELECT pg_is_in_recovery()")
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| self.db_err("asking the server whether it is a standby", e))?;
+        if in_recovery {
+            return Err(SourceError::unavailable(format!(
+                "{} is a standby in recovery (read-only): logical replication needs the primary; retrying until the address leads to one (docs/cdc.md#failover)",
+                self.config.url
+            )));
+        }
         let mut readiness = slot::check(&self.pool, &self.config).await?;
         if readiness.missing || readiness.invalidated {
             self.recreate_slot(readiness.invalidated).await?;
@@ -255,6 +285,17 @@ impl PgCdcSource {
                 .await
                 .map_err(|e| self.db_err("reading the WAL position", e))?;
         self.catch_up = Some(flushed.max(0) as u64);
+        let sender_timeout_ms: i64 = crate::sql::query_scalar(
+            "SELECT setting::bigint FROM pg_settings WHERE name = 'wal_sender_timeout'",
+        )
+        .fetch_one(&self.pool)
+        .await
+        .map_err(|e| self.db_err("reading wal_sender_timeout", e))?;
+        self.silence_limit = match u64::try_from(sender_timeout_ms) {
+            Ok(ms) if ms > 0 => Duration::from_millis(ms) + self.config.heartbeat_interval,
+            _ => DEFAULT_SILENCE_LIMIT,
+        };
+        self.last_heard = Instant::now();
         let state = self.offset.load(&self.pool).await?;
         let saved = state.confirmed_lsn;
         self.skip_through = saved;
@@ -262,6 +303,14 @@ impl PgCdcSource {
         self.ledger.reset(confirmed);
         self.reported = confirmed;
         self.recovery = None;
+        self.standby = StandbyGate::new(
+            standby::required(&self.pool, self.config.wait_for_standby).await?,
+        );
+        if self.standby.active() {
+            tracing::info!(
+                "synchronous standbys configured: a transaction is published once they have flushed it (source.wait_for_standby)"
+            );
+        }
         if let Some(lost) = state.recovery.filter(RecoveryStatus::in_progress) {
             self.start_recovery(lost, confirmed).await?;
         }
@@ -326,11 +375,7 @@ impl PgCdcSource {
             return Ok(()); // created meanwhile by another relay (or `migrate`)
         };
         self.offset.reset();
-        let created: Option<String> = match crate::sql::query_scalar(SLOT_CREATE)
-            .bind(slot)
-            .fetch_one(&self.pool)
-            .await
-        {
+        let created: Option<String> = match slot::create(&self.pool, &self.config).await {
             Ok(lsn) => Some(lsn),
             Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("42710") => None,
             Err(e) => return Err(self.db_err("creating the replication slot again", e)),
@@ -495,6 +540,7 @@ impl PgCdcSource {
         self.stream = None;
         self.stats.streaming.store(false, AtomicOrdering::Relaxed);
         self.ledger.reset(self.ledger.confirmed());
+        self.standby.clear();
         self.next_attempt = Instant::now();
         tracing::warn!(error = %outbox_core::relay::ErrorChain(&error), "replication stream lost; unconfirmed events will be streamed again");
         error
@@ -528,7 +574,50 @@ impl PgCdcSource {
             }
             (step, _) => step,
         };
-        let (committed, reached) = match step {
+        let ends = match &step {
+            Step::Committed {
+                events, end_lsn, ..
+            } => Some((*end_lsn, events.len())),
+            Step::Spilled { end_lsn, .. } => Some((*end_lsn, 0)),
+            _ => None,
+        };
+        let (committed, reached) = match ends {
+            Some((end_lsn, events)) if !self.standby.passes(end_lsn) => {
+                self.standby.hold(end_lsn, events, step);
+                metrics::gauge!(outbox_core::metrics::CDC_WAITING_FOR_STANDBY)
+                    .set(self.standby.held_events() as f64);
+                (false, Some(end_lsn))
+            }
+            _ => self.commit_step(step),
+        };
+        if let (Some(barrier), Some(reached)) = (self.catch_up, reached)
+            && reached >= barrier
+        {
+            self.catch_up = None;
+        }
+        self.report_confirmed();
+        Ok(committed)
+    }
+
+    /// Lets the held transactions the synchronous standbys now have into the ledger.
+    async fn release_replicated(&mut self) -> Result<(), SourceError> {
+        if self.standby.is_empty() {
+            return Ok(());
+        }
+        self.standby.poll(&self.pool).await?;
+        for step in self.standby.release() {
+            self.commit_step(step);
+        }
+        metrics::gauge!(outbox_core::metrics::CDC_WAITING_FOR_STANDBY)
+            .set(self.standby.held_events() as f64);
+        self.report_confirmed();
+        Ok(())
+    }
+
+    /// Hands a decoded step to the ledger. Returns whether a transaction with events
+    /// committed, and the position reached.
+    fn commit_step(&mut self, step: Step) -> (bool, Option<u64>) {
+        match step {
             Step::Nothing => (false, None),
             Step::Committed {
                 events, end_lsn, ..
@@ -565,19 +654,13 @@ impl PgCdcSource {
                 (true, Some(end_lsn))
             }
             Step::KeepAlive { wal_end } => {
-                if !self.decoder.in_transaction() {
+                // Nothing in flight on the stream, and nothing waiting for the standbys.
+                if !self.decoder.in_transaction() && self.standby.is_empty() {
                     self.ledger.idle_confirm(wal_end);
                 }
                 (false, Some(wal_end))
             }
-        };
-        if let (Some(barrier), Some(reached)) = (self.catch_up, reached)
-            && reached >= barrier
-        {
-            self.catch_up = None;
         }
-        self.report_confirmed();
-        Ok(committed)
     }
 
     fn report_confirmed(&mut self) {
@@ -601,7 +684,9 @@ impl PgCdcSource {
             if Instant::now() >= until {
                 return Ok(()); // the rest at the next fetch
             }
-            if self.ledger.unsettled() >= MAX_BUFFERED && !self.decoder.in_transaction() {
+            if self.ledger.unsettled() + self.standby.held_events() >= MAX_BUFFERED
+                && !self.decoder.in_transaction()
+            {
                 return Ok(());
             }
             let Some(stream) = self.stream.as_mut() else {
@@ -1023,7 +1108,10 @@ impl PgCdcSource {
         >,
     ) -> Result<bool, SourceError> {
         match received {
-            Ok(Some(event)) => self.apply(event).map_err(|e| self.lost(e)),
+            Ok(Some(event)) => {
+                self.last_heard = Instant::now();
+                self.apply(event).map_err(|e| self.lost(e))
+            }
             Ok(None) => Err(self.lost(SourceError::unavailable(
                 "the server ended the replication stream",
             ))),
@@ -1058,6 +1146,7 @@ impl Source for PgCdcSource {
             self.offset.idle(self.ledger.confirmed());
             self.offset.save(&self.pool, false).await;
         }
+        self.release_replicated().await?;
         self.resolve_dead(now).await?;
         self.finish_recovery().await;
         let events = self.ledger.take(limit, now, self.ordering);
@@ -1155,6 +1244,10 @@ impl Source for PgCdcSource {
             return;
         }
         loop {
+            if !self.standby.is_empty() {
+                // Held for the standbys: `fetch` asks them again soon.
+                deadline = deadline.min(Instant::now() + standby::POLL_EVERY);
+            }
             if self.ledger.draining() {
                 let waited = self
                     .ledger
@@ -1168,7 +1261,18 @@ impl Source for PgCdcSource {
                 return;
             };
             let received = match tokio::time::timeout_at(deadline, stream.recv()).await {
-                Err(_) => return,
+                Err(_) => {
+                    if self.last_heard.elapsed() > self.silence_limit {
+                        // A primary gone without closing the connection (a dead VM: no FIN,
+                        // no RST) sends nothing, not even keepalives.
+                        let silent = SourceError::unavailable(format!(
+                            "the replication stream has been silent for {:?}, past wal_sender_timeout and a heartbeat: the server is unreachable; reconnecting",
+                            self.last_heard.elapsed()
+                        ));
+                        self.failure = Some(self.lost(silent));
+                    }
+                    return;
+                }
                 Ok(r) => r,
             };
             match self.receive(received) {

@@ -279,12 +279,14 @@ pub(crate) fn sqlstate(e: &PgWireError) -> Option<&str> {
 pub(crate) fn wire_error(context: &str, e: &PgWireError) -> SourceError {
     let error = e.clone();
     match (e, sqlstate(e)) {
-        (_, Some("42704")) => SourceError::fatal(format!(
-            "{context}: the replication slot or publication does not exist; run `outbox migrate` with source.mode = \"cdc\" (docs/cdc.md)"
+        // Both are decided again by the check before the next attempt (`slot::check`), which
+        // recovers a missing or invalidated slot, or stops, as `source.on_slot_loss` says.
+        (_, Some("42704")) => SourceError::unavailable(format!(
+            "{context}: the replication slot or publication does not exist (dropped just now, or a failover); checking again (docs/cdc.md#failover)"
         ))
         .with_source(error),
-        (_, Some("55000")) => SourceError::fatal(format!(
-            "{context}: the replication slot cannot stream (invalidated after exceeding max_slot_wal_keep_size?); see docs/cdc.md#failover"
+        (_, Some("55000")) => SourceError::unavailable(format!(
+            "{context}: the replication slot cannot stream (invalidated, or the server is a standby in recovery); checking again (docs/cdc.md#failover)"
         ))
         .with_source(error),
         (_, Some(code)) if code.starts_with("42") || code.starts_with("28") => {
@@ -322,8 +324,12 @@ mod tests {
             "ERROR: replication slot \"s\" is active for PID 7 (SQLSTATE 55006)".into(),
         );
         assert_eq!(sqlstate(&busy), Some("55006"));
+        // A slot missing at START_REPLICATION is checked again (recovered or refused) before
+        // the next attempt, not fatal on its own.
         let missing = PgWireError::Server("ERROR: x (SQLSTATE 42704)".into());
-        assert_eq!(wire_error("c", &missing).kind(), SourceErrorKind::Fatal);
+        assert_eq!(wire_error("c", &missing).kind(), SourceErrorKind::Unavailable);
+        let denied = PgWireError::Server("ERROR: x (SQLSTATE 42501)".into());
+        assert_eq!(wire_error("c", &denied).kind(), SourceErrorKind::Fatal);
         let io = PgWireError::Io(Arc::new(std::io::Error::other("reset")));
         assert_eq!(wire_error("c", &io).kind(), SourceErrorKind::Unavailable);
     }
