@@ -22,10 +22,9 @@
 //! cargo test -p outbox-cli --test failover -- --nocapture --test-threads 1
 //! ```
 //!
-//! Ignored, because they fail today: the "vanished" runs, where the old primary's machine goes
-//! silent (no FIN, no RST) while a relay has a batch in flight; that relay waits on its
-//! connection for good (`cargo test -p outbox-cli --test failover -- --ignored --nocapture
-//! vanished`).
+//! The "vanished" runs: the old primary's machine goes silent (no FIN, no RST) while a relay
+//! has a batch in flight; the relay gives up on its connection after `relay.source_timeout`
+//! (the CDC stream after `wal_sender_timeout`) and goes on with the new primary.
 
 mod support;
 
@@ -70,11 +69,10 @@ async fn postgres_polling_relays_survive_a_promotion_losing_and_inventing_nothin
 
 /// The old primary's machine vanishes without a reset while a relay is in the middle of a
 /// batch: every connection to it hangs, and the relays are not killed after the address moves.
-/// They must notice by themselves, and stop when asked. Fails today: the relay whose batch
-/// was in flight waits on its silent connection for good (no client-side timeout on the
-/// claim's statements, no TCP keepalive), delivers nothing more and ignores SIGTERM.
+/// They must notice by themselves (`relay.source_timeout`), and stop when asked. Without the
+/// deadline, the relay whose batch was in flight waited on its silent connection for good,
+/// delivered nothing more and ignored SIGTERM.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "a relay hangs on a silent database connection (issue 36)"]
 async fn postgres_polling_relays_recover_from_a_primary_that_vanished_silently()
 -> anyhow::Result<()> {
     failover(Shape::new(Db::Postgres, Mode::Poll).vanishing()).await
@@ -82,7 +80,6 @@ async fn postgres_polling_relays_recover_from_a_primary_that_vanished_silently()
 
 /// The same with MariaDB polling.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "a relay hangs on a silent database connection (issue 36)"]
 async fn mariadb_polling_relays_recover_from_a_primary_that_vanished_silently() -> anyhow::Result<()>
 {
     failover(Shape::new(Db::MariaDb, Mode::Poll).vanishing()).await
@@ -90,7 +87,6 @@ async fn mariadb_polling_relays_recover_from_a_primary_that_vanished_silently() 
 
 /// The same with MariaDB binlog CDC.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "a relay hangs on a silent database connection (issue 36)"]
 async fn mariadb_binlog_cdc_relays_recover_from_a_primary_that_vanished_silently()
 -> anyhow::Result<()> {
     failover(Shape::new(Db::MariaDb, Mode::Cdc).vanishing()).await
@@ -577,6 +573,7 @@ connect_timeout = "3s"
 batch_size = 20
 poll_interval = "5ms"
 publish_timeout = "3s"
+source_timeout = "5s"
 
 [sink]
 kind = "http"

@@ -75,6 +75,12 @@ pub struct RelayConfig {
     /// unavailable and its events are released untouched.
     #[serde(with = "humantime_serde")]
     pub publish_timeout: Duration,
+    /// Longest wait for the outbox database to answer one fetch or one settle. Past it the
+    /// database counts as unavailable: a server that vanished without closing its connections
+    /// (a dead machine: no FIN, no RST) would otherwise hold the relay until the kernel gives
+    /// up on the socket, shutdown included.
+    #[serde(with = "humantime_serde")]
+    pub source_timeout: Duration,
     /// Concurrent pipelines in this process, each with its own database connection: while
     /// one publishes, another claims. Default 1 (see the default's comment).
     pub workers: NonZeroUsize,
@@ -91,6 +97,7 @@ impl Default for RelayConfig {
             poll_interval: Duration::from_millis(5),
             idle_interval: Duration::from_millis(50),
             publish_timeout: Duration::from_secs(30),
+            source_timeout: Duration::from_secs(60),
             // One: measured, a second pipeline adds nothing to a backlog drain (77k vs 75k
             // events/s, null sink) and, under producers at the database's ceiling, the two
             // claim the same head of the queue and fall behind (12k vs 35k events/s):
@@ -108,6 +115,9 @@ impl RelayConfig {
             .map_err(|(k, why)| format!("relay.backoff.{k}: {why}"))?;
         if self.idle_interval < self.poll_interval {
             return Err("relay.idle_interval: must not be less than relay.poll_interval".into());
+        }
+        if self.source_timeout.is_zero() {
+            return Err("relay.source_timeout: must be greater than 0".into());
         }
         if self.publish_timeout.is_zero() {
             return Err("relay.publish_timeout: must be greater than 0".into());
@@ -270,7 +280,10 @@ impl<K: Sink> Relay<K> {
         let limit = self.config.batch_size.get();
         tracing::debug!(worker, "relay worker started");
         while !shutdown.is_cancelled() {
-            let fetched = match source.fetch(limit, OffsetDateTime::now_utc()).await {
+            let fetched = match self
+                .within_source_timeout("fetch", source.fetch(limit, OffsetDateTime::now_utc()))
+                .await
+            {
                 Ok(f) => {
                     db_pause.reset();
                     f
@@ -325,7 +338,10 @@ impl<K: Sink> Relay<K> {
                 }
             }
             let now = OffsetDateTime::now_utc();
-            match source.settle(&settlements, now).await {
+            match self
+                .within_source_timeout("settle", source.settle(&settlements, now))
+                .await
+            {
                 Ok(()) => report += batch_report,
                 Err(e) => {
                     // Nothing was recorded: every event of the batch stays pending and will be
@@ -361,6 +377,23 @@ impl<K: Sink> Relay<K> {
         }
         tracing::debug!(worker, ?report, "relay worker stopped");
         Ok(report)
+    }
+
+    /// `call`, or the database counted as unavailable past `relay.source_timeout`. The call
+    /// is dropped then: a claim it held is rolled back with its connection, and what it was
+    /// settling is published again (duplicates, never loss).
+    async fn within_source_timeout<T>(
+        &self,
+        what: &str,
+        call: impl std::future::Future<Output = Result<T, SourceError>>,
+    ) -> Result<T, SourceError> {
+        match tokio::time::timeout(self.config.source_timeout, call).await {
+            Ok(result) => result,
+            Err(_) => Err(SourceError::unavailable(format!(
+                "the outbox database did not answer a {what} within {:?} (relay.source_timeout): unreachable, or a server gone without closing its connections",
+                self.config.source_timeout
+            ))),
+        }
     }
 
     /// Publishes one batch wave by wave and decides every event's outcome. Returns the

@@ -109,6 +109,7 @@ pub fn test_relay_config(
         poll_interval: Duration::from_millis(2),
         idle_interval: Duration::from_millis(20),
         publish_timeout: Duration::from_secs(5),
+        source_timeout: Duration::from_secs(60),
         workers: NonZeroUsize::new(1).expect("nonzero"),
     }
 }
