@@ -811,3 +811,138 @@ async fn verify_says_what_it_cannot_verify() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+/// The speed of `outbox verify` (docs/benchmarks.md, "`outbox verify`"): a real relay delivers
+/// `OUTBOX_VERIFY_BENCH_EVENTS` events (default 100,000, over 1,000 aggregates), then the
+/// binary named by `OUTBOX_VERIFY_BIN` (default: this build's) verifies the window three
+/// times; prints the wall time and delivered events verified per second of each run.
+///
+/// ```sh
+/// cargo build --release -p outbox-cli
+/// OUTBOX_VERIFY_BIN=target/release/outbox cargo test -p outbox-cli --test verify -- --ignored --nocapture verify_speed
+/// ```
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a benchmark: run with --ignored --nocapture"]
+async fn verify_speed() -> anyhow::Result<()> {
+    let n: i64 = std::env::var("OUTBOX_VERIFY_BENCH_EVENTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100_000);
+    let bin = std::env::var("OUTBOX_VERIFY_BIN").unwrap_or_else(|_| support::BIN.to_owned());
+    let nats = Nats::shared().await?;
+    let redis_url = Redis::shared().await?.url().to_owned();
+    println!("verify_speed: {n} events, binary {bin}");
+    for sink in ["nats", "redis", "file"] {
+        let work = Workdir::new()?;
+        let scope = scope();
+        let sink_section = match sink {
+            "nats" => format!(
+                "kind = \"nats\"\nurl = \"{}\"\ndestination = \"{scope}.{{aggregate_type}}\"\nstream = \"{}\"",
+                nats.url(),
+                scope.to_uppercase()
+            ),
+            "redis" => format!(
+                "kind = \"redis\"\nurl = \"{redis_url}\"\ndestination = \"{scope}.{{aggregate_type}}\""
+            ),
+            _ => "kind = \"file\"\npath = \"events.jsonl\"\nsync = false".to_owned(),
+        };
+        let (source, label) = if sink == "file" {
+            (
+                format!(
+                    "kind = \"sqlite\"\npath = \"{}\"",
+                    work.path().join("outbox.db").display()
+                ),
+                "SQLite + file",
+            )
+        } else {
+            let url = Postgres::shared().await?.fresh_database().await?;
+            (
+                format!("kind = \"postgres\"\nurl = \"{url}\""),
+                if sink == "nats" {
+                    "PostgreSQL + NATS JetStream"
+                } else {
+                    "PostgreSQL + Redis Streams"
+                },
+            )
+        };
+        let config = work.write_config(
+            "outbox.toml",
+            &format!("[source]\n{source}\n[relay]\nbatch_size = 1000\n[sink]\n{sink_section}\n"),
+        )?;
+        let cfg = config.to_str().context("path")?;
+        work.run_ok(&["migrate", "--config", cfg]).await?;
+        let mut relay = work.spawn_relay(&config, "relay.log")?;
+        if sink == "file" {
+            let pool = sqlx::SqlitePool::connect(&format!(
+                "sqlite:{}",
+                work.path().join("outbox.db").display()
+            ))
+            .await?;
+            sqlx::query(
+                "WITH RECURSIVE g(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM g WHERE i < ?1) \
+                 INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) \
+                 SELECT 'Order', 'a' || (i % 1000), 'order.changed', '{\"n\":' || i || '}' FROM g",
+            )
+            .bind(n)
+            .execute(&pool)
+            .await?;
+            outbox_testkit::wait::eventually(Duration::from_secs(600), || async {
+                sqlx::query_scalar::<_, i64>("SELECT count(*) FROM outbox WHERE state = 'pending'")
+                    .fetch_one(&pool)
+                    .await
+                    .is_ok_and(|p| p == 0)
+            })
+            .await
+            .with_context(|| work.read_log("relay.log"))?;
+        } else {
+            let url = source
+                .split('"')
+                .nth(3)
+                .context("the source url")?
+                .to_owned();
+            let pool = sqlx::PgPool::connect(&url).await?;
+            sqlx::query(
+                "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) \
+                 SELECT 'Order', 'a' || (g % 1000), 'order.changed', \
+                        convert_to('{\"n\":' || g || '}', 'UTF8') \
+                 FROM generate_series(1, $1) AS g",
+            )
+            .bind(n)
+            .execute(&pool)
+            .await?;
+            wait_drained(&pool, WAIT)
+                .await
+                .with_context(|| work.read_log("relay.log"))?;
+        }
+        let code = terminate(&mut relay, WAIT).await?;
+        ensure!(code == Some(0), "{}", work.read_log("relay.log"));
+        let mut runs = Vec::new();
+        for _ in 0..3 {
+            let out = tokio::process::Command::new(&bin)
+                .args(["verify", "--config", cfg, "--since", "1h", "--json"])
+                .current_dir(work.path())
+                .output()
+                .await?;
+            let report: Value = serde_json::from_slice(&out.stdout)
+                .with_context(|| format!("no report: {}", String::from_utf8_lossy(&out.stderr)))?;
+            ensure!(
+                out.status.code() == Some(0) && report["matched"] == n,
+                "{report:#}"
+            );
+            runs.push(report["seconds"].as_f64().context("seconds")?);
+        }
+        runs.sort_by(f64::total_cmp);
+        #[allow(clippy::cast_precision_loss)]
+        let rate = |s: f64| n as f64 / s;
+        println!(
+            "verify_speed: {label}: {n} events, wall {:.2} s median (runs {:.2}-{:.2} s), {:.0} events/s median ({:.0}-{:.0})",
+            runs[1],
+            runs[0],
+            runs[2],
+            rate(runs[1]),
+            rate(runs[2]),
+            rate(runs[0])
+        );
+    }
+    Ok(())
+}

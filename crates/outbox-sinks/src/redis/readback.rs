@@ -239,6 +239,14 @@ impl RedisReadBack {
             let first = info
                 .get("first-entry")
                 .and_then(|v| entries(&Value::Array(vec![v.clone()])).into_iter().next());
+            if int("entries-added").is_none()
+                && !out.notes.iter().any(|n| n.contains("entries-added"))
+            {
+                out.notes.push(format!(
+                    "Redis at {} does not report entries-added (before Redis 7.0): whether a stream was trimmed (MAXLEN) is unknown, so an event trimmed away counts as lost",
+                    self.url
+                ));
+            }
             if let (Some(added), Some(first)) = (int("entries-added"), first)
                 && added > length
                 && let Some(at) = ms_time(first.ms)
