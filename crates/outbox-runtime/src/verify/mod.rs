@@ -3,7 +3,7 @@
 //!
 //! The database side is the backend's [`DeliveryLedger`](outbox_core::verify::DeliveryLedger)
 //! ability, the broker side the sink's [`ReadBack`](outbox_core::verify::ReadBack); the
-//! comparison ([`reconcile`]) knows neither. The order of the steps is what makes a clean
+//! comparison (`reconcile.rs`) knows neither. The order of the steps is what makes a clean
 //! result mean something: the table is read **before** the destination, so every event the
 //! table recorded as delivered had been acknowledged by the broker before the read began.
 //!
