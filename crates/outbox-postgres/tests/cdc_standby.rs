@@ -128,3 +128,76 @@ async fn held_until_the_standby_has_it(pair: &PostgresPair) -> anyhow::Result<()
     ensure!(source.held_for_standby() == 0);
     Ok(())
 }
+
+/// What waiting for the standby costs: the time from the start of a commit to the event
+/// coming out of the source, with `wait_for_standby` on and off, over the same pair (the
+/// commit itself waits for the synchronous standby either way). Prints p50/p90/p99; a figure,
+/// not an assertion (docs/benchmarks.md, "Failover"):
+/// `cargo test --release -p outbox-postgres --test cdc_standby -- --ignored --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "benchmark: prints latency figures"]
+async fn commit_to_fetch_latency_with_and_without_waiting_for_the_standby() -> anyhow::Result<()> {
+    outbox_testkit::init_tracing();
+    let pair = PostgresPair::start(true).await?;
+    for mode in [WaitForStandby::Off, WaitForStandby::On] {
+        let url = pair.primary().fresh_database().await?;
+        let mut config = PostgresConfig::new(url);
+        config.mode = Mode::Cdc;
+        config.wait_for_standby = mode;
+        // Slots are per cluster: one per run.
+        config.slot = outbox_core::Identifier::new(format!("bench_{mode:?}").to_lowercase())?;
+        config.validate().map_err(anyhow::Error::msg)?;
+        let pool = outbox_postgres::connect(&config, 8).await?;
+        outbox_postgres::migrate(&pool, &config.qualified_table(), false).await?;
+        outbox_postgres::setup_cdc(&pool, &config).await?;
+        let outbox = PgOutbox::new(config.qualified_table());
+        let mut source = PgCdcSource::new(
+            pool.clone(),
+            &config,
+            Ordering::PerAggregate,
+            DeadLetterPolicy::HoldAggregate,
+        )?;
+        let mut latencies = Vec::new();
+        for n in 0..300 {
+            let started = Instant::now();
+            let mut tx = pool.begin().await?;
+            let id = outbox
+                .enqueue_batch(
+                    &mut *tx,
+                    &[NewEvent::new("Order", format!("o{n}"), "order.changed", "{}")],
+                )
+                .await?[0];
+            tx.commit().await?;
+            let deadline = Instant::now() + WAIT;
+            loop {
+                ensure!(Instant::now() < deadline, "event {n} never came");
+                let fetched = source.fetch(100, OffsetDateTime::now_utc()).await?;
+                let settle: Vec<Settlement> = fetched
+                    .events
+                    .iter()
+                    .map(|e| Settlement {
+                        position: e.position,
+                        outcome: Outcome::Delivered,
+                    })
+                    .collect();
+                source.settle(&settle, OffsetDateTime::now_utc()).await?;
+                if fetched.events.iter().any(|e| e.id == id) {
+                    break;
+                }
+                source.wait_for_events(Duration::from_millis(50)).await;
+            }
+            latencies.push(started.elapsed());
+        }
+        latencies.sort();
+        let at = |q: f64| latencies[((latencies.len() - 1) as f64 * q) as usize];
+        eprintln!(
+            "wait_for_standby = {mode:?}: commit start -> fetched, {} events: p50 {:?} p90 {:?} p99 {:?} max {:?}",
+            latencies.len(),
+            at(0.5),
+            at(0.9),
+            at(0.99),
+            latencies[latencies.len() - 1]
+        );
+    }
+    Ok(())
+}
