@@ -16,8 +16,10 @@
 //!
 //! A transaction too large to hold ([`crate::spill`]) is committed from its scratch file
 //! ([`Ledger::commit_spilled`]) and loaded in batches as room frees up ([`Ledger::refill`]). It
-//! is confirmed only once every one of its events is loaded and settled; while it is loading,
-//! the source reads nothing more from its stream ([`Ledger::draining`]), so commit order holds.
+//! is confirmed only once every one of its events is loaded and settled. While it is loading,
+//! transactions committed after it wait behind it, whole, so commit order holds; the source
+//! should read nothing more from its stream meanwhile ([`Ledger::draining`]), so that memory
+//! stays bounded.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{self, AtomicBool, AtomicI64, AtomicU64};
@@ -59,7 +61,15 @@ impl LedgerStats {
     /// Copies the ledger's counts.
     pub fn publish<M: Clone>(&self, ledger: &Ledger<M>) {
         let relaxed = atomic::Ordering::Relaxed;
-        let on_disk = ledger.drain.as_ref().map_or(0, SpilledTxn::remaining);
+        let on_disk = ledger.drain.as_ref().map_or(0, SpilledTxn::remaining)
+            + ledger
+                .waiting
+                .iter()
+                .map(|(w, _)| match w {
+                    Waiting::Spilled(s) => s.len(),
+                    Waiting::Events(_) => 0,
+                })
+                .sum::<usize>();
         self.unsettled
             .store((ledger.unsettled() + on_disk) as u64, relaxed);
         let spilled = ledger.spilled();
@@ -138,6 +148,13 @@ struct Txn {
     loading: bool,
 }
 
+/// A committed transaction behind one that is loading from its scratch file.
+#[derive(Debug)]
+enum Waiting<M> {
+    Events(Vec<(Event, M)>),
+    Spilled(SpilledTxn<(Event, M)>),
+}
+
 /// Transactions committed from scratch files since the ledger was made, and their events.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Spilled {
@@ -159,6 +176,8 @@ pub struct Ledger<M> {
     confirmed: u64,
     /// The last transaction's events still in its scratch file.
     drain: Option<SpilledTxn<(Event, M)>>,
+    /// Transactions committed while `drain` loads, with their end positions, in commit order.
+    waiting: VecDeque<(Waiting<M>, u64)>,
     spilled: Spilled,
 }
 
@@ -173,6 +192,7 @@ impl<M: Clone> Ledger<M> {
             in_flight: HashMap::new(),
             confirmed,
             drain: None,
+            waiting: VecDeque::new(),
             spilled: Spilled::default(),
         }
     }
@@ -185,6 +205,7 @@ impl<M: Clone> Ledger<M> {
         self.queue.clear();
         self.in_flight.clear();
         self.drain = None;
+        self.waiting.clear();
         self.confirmed = confirmed;
     }
 
@@ -194,8 +215,13 @@ impl<M: Clone> Ledger<M> {
     }
 
     /// Records a committed transaction; returns the new confirmed LSN if it moved (a
-    /// transaction without events confirms at once when nothing precedes it).
+    /// transaction without events confirms at once when nothing precedes it). While a spilled
+    /// transaction loads, it waits behind it.
     pub fn commit(&mut self, events: Vec<(Event, M)>, end_lsn: u64) -> Option<u64> {
+        if self.drain.is_some() {
+            self.waiting.push_back((Waiting::Events(events), end_lsn));
+            return None;
+        }
         self.txns.push_back(Txn {
             end_lsn,
             remaining: 0,
@@ -400,9 +426,18 @@ impl<M: Clone> Ledger<M> {
         }
     }
 
-    /// Events received and not settled for good (queued or in flight).
+    /// Events received and not settled for good, in memory (queued, in flight, or waiting
+    /// behind a spilled transaction).
     pub fn unsettled(&self) -> usize {
-        self.queue.len() + self.in_flight.len()
+        let waiting: usize = self
+            .waiting
+            .iter()
+            .map(|(w, _)| match w {
+                Waiting::Events(events) => events.len(),
+                Waiting::Spilled(_) => 0,
+            })
+            .sum();
+        self.queue.len() + self.in_flight.len() + waiting
     }
 
     /// Queued events waiting on a retry's backoff.
@@ -437,15 +472,19 @@ impl<M: Clone> Ledger<M> {
 
 impl<M: Clone + Spillable> Ledger<M> {
     /// Records a committed transaction whose events are in a scratch file; they are loaded
-    /// by [`Ledger::refill`]. The source reads no more of its stream until
-    /// [`Ledger::draining`] is false.
+    /// by [`Ledger::refill`] (after those of an earlier one still loading). The source should
+    /// read no more of its stream until [`Ledger::draining`] is false.
     pub fn commit_spilled(&mut self, events: SpilledTxn<(Event, M)>, end_lsn: u64) {
-        debug_assert!(
-            self.drain.is_none(),
-            "one spilled transaction loads at a time"
-        );
         self.spilled.transactions += 1;
         self.spilled.events += events.len() as u64;
+        if self.drain.is_some() {
+            self.waiting.push_back((Waiting::Spilled(events), end_lsn));
+            return;
+        }
+        self.start_loading(events, end_lsn);
+    }
+
+    fn start_loading(&mut self, events: SpilledTxn<(Event, M)>, end_lsn: u64) {
         tracing::info!(
             events = events.len(),
             file_bytes = events.file_bytes(),
@@ -478,6 +517,18 @@ impl<M: Clone + Spillable> Ledger<M> {
             self.drain = None;
             if let Some(last) = self.txns.back_mut() {
                 last.loading = false;
+            }
+            // What committed meanwhile, up to the next spilled transaction.
+            while let Some((next, end_lsn)) = self.waiting.pop_front() {
+                match next {
+                    Waiting::Events(events) => {
+                        self.commit(events, end_lsn);
+                    }
+                    Waiting::Spilled(events) => {
+                        self.start_loading(events, end_lsn);
+                        break;
+                    }
+                }
             }
             self.advance();
         }
@@ -631,6 +682,39 @@ mod tests {
         );
         assert_eq!(l.confirmed(), 20);
         assert_eq!(l.open_transactions(), 0);
+    }
+
+    #[test]
+    fn transactions_committed_while_one_loads_wait_behind_it_in_commit_order() {
+        let now = OffsetDateTime::now_utc();
+        let mut l = Ledger::<()>::new(0);
+        let batch =
+            |n: usize, tag: &str| -> Vec<_> { (0..n).map(|i| ev(&format!("{tag}{i}"))).collect() };
+        let ids = |events: &[(Event, ())]| events.iter().map(|(e, _)| e.id).collect::<Vec<_>>();
+        let (a, b, c, d) = (batch(7, "a"), batch(2, "b"), batch(5, "c"), batch(1, "d"));
+        let expected: Vec<_> = [ids(&a), ids(&b), ids(&c), ids(&d)].concat();
+        l.commit_spilled(spilled(a), 10);
+        assert_eq!(l.commit(b, 20), None);
+        l.commit_spilled(spilled(c), 30);
+        l.commit(d, 40);
+        assert_eq!(l.unsettled(), 3, "the waiting events in memory count");
+        let mut seen = Vec::new();
+        while l.unsettled() > 0 || l.draining() {
+            l.refill(4).expect("refill");
+            for e in l.take(3, now, Ordering::Total) {
+                seen.push(e.id);
+                settle_delivered(&mut l, e.position.0);
+            }
+        }
+        assert_eq!(seen, expected);
+        assert_eq!(l.confirmed(), 40);
+        assert_eq!(
+            l.spilled(),
+            Spilled {
+                transactions: 2,
+                events: 12
+            }
+        );
     }
 
     #[test]
