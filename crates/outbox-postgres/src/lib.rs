@@ -34,7 +34,9 @@ pub use cdc::{
     STANDBY_RETRY, SlotStatus, decode_message, emit_message, emit_message_with_prefix,
     encode_message, recovery_status, setup_cdc, slot_status,
 };
-pub use config::{DatabaseUrl, Mode, OnDelivered, OnSlotLoss, PostgresConfig, WaitForStandby, redact};
+pub use config::{
+    DatabaseUrl, Mode, OnDelivered, OnSlotLoss, PostgresConfig, WaitForStandby, redact,
+};
 pub use dead::PgDeadLetters;
 pub use doctor::doctor;
 pub use error::EnqueueError;

@@ -34,8 +34,8 @@ async fn step(source: &mut PgCdcSource) -> anyhow::Result<Vec<Event>> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_transaction_is_published_only_once_the_synchronous_standby_has_it()
--> anyhow::Result<()> {
+async fn a_transaction_is_published_only_once_the_synchronous_standby_has_it() -> anyhow::Result<()>
+{
     outbox_testkit::init_tracing();
     let pair = PostgresPair::start(true).await?;
     let outcome = held_until_the_standby_has_it(&pair).await;
@@ -65,7 +65,12 @@ async fn held_until_the_standby_has_it(pair: &PostgresPair) -> anyhow::Result<()
             let ids = outbox
                 .enqueue_batch(
                     &mut *tx,
-                    &[NewEvent::new("Order", "o1", "order.changed", format!("{{\"n\":{n}}}"))],
+                    &[NewEvent::new(
+                        "Order",
+                        "o1",
+                        "order.changed",
+                        format!("{{\"n\":{n}}}"),
+                    )],
                 )
                 .await?;
             tx.commit().await?;
@@ -107,7 +112,10 @@ async fn held_until_the_standby_has_it(pair: &PostgresPair) -> anyhow::Result<()
             got.iter().map(|e| e.id).collect::<Vec<_>>()
         );
     }
-    ensure!(!pending.is_finished(), "the commit returned without the standby");
+    ensure!(
+        !pending.is_finished(),
+        "the commit returned without the standby"
+    );
 
     // The standby comes back and catches up: the event goes out, and the commit returns.
     pair.standby().restart().await?;
@@ -124,7 +132,11 @@ async fn held_until_the_standby_has_it(pair: &PostgresPair) -> anyhow::Result<()
     let committed = tokio::time::timeout(WAIT, pending)
         .await
         .context("the commit never returned")???;
-    ensure!(second.id == committed, "published {} for {committed}", second.id);
+    ensure!(
+        second.id == committed,
+        "published {} for {committed}",
+        second.id
+    );
     ensure!(source.held_for_standby() == 0);
     Ok(())
 }
@@ -164,7 +176,12 @@ async fn commit_to_fetch_latency_with_and_without_waiting_for_the_standby() -> a
             let id = outbox
                 .enqueue_batch(
                     &mut *tx,
-                    &[NewEvent::new("Order", format!("o{n}"), "order.changed", "{}")],
+                    &[NewEvent::new(
+                        "Order",
+                        format!("o{n}"),
+                        "order.changed",
+                        "{}",
+                    )],
                 )
                 .await?[0];
             tx.commit().await?;

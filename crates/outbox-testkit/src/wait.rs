@@ -110,7 +110,9 @@ async fn settle_while<S: outbox_core::Source>(
                 outcome: Outcome::Delivered,
             })
             .collect();
-        source.settle(&settle, time::OffsetDateTime::now_utc()).await?;
+        source
+            .settle(&settle, time::OffsetDateTime::now_utc())
+            .await?;
         if !more(&fetched.events) {
             return Ok(());
         }

@@ -23,9 +23,9 @@ mod message;
 mod offset;
 pub(crate) mod queries;
 mod recovery;
-mod standby;
 mod slot;
 mod source;
+mod standby;
 mod stream;
 
 pub use inspect::PgCdcInspector;

@@ -11,7 +11,9 @@
 use outbox_core::{SourceError, SourceErrorKind};
 use sqlx::{PgPool, Row};
 
-use super::queries::{CdcQueries, PUBLICATION_STATUS, SLOT_CREATE, SLOT_CREATE_FAILOVER, SLOT_STATUS};
+use super::queries::{
+    CdcQueries, PUBLICATION_STATUS, SLOT_CREATE, SLOT_CREATE_FAILOVER, SLOT_STATUS,
+};
 use crate::config::PostgresConfig;
 use crate::error::classify;
 

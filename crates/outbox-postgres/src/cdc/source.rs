@@ -29,8 +29,8 @@ use super::ledger::{Entry, Ledger, Origin, with_meta};
 use super::offset::SavedOffset;
 use super::queries::{CdcQueries, KEEP_SEQ, TRANSACTION_VISIBLE};
 use super::recovery::{self, RecoveryStatus, Snapshot};
-use super::standby::{self, StandbyGate};
 use super::slot;
+use super::standby::{self, StandbyGate};
 use super::stream::{Endpoint, OpenError, Stream, wire_error};
 use crate::config::{OnSlotLoss, PostgresConfig};
 use crate::error::source_error;
@@ -303,9 +303,8 @@ impl PgCdcSource {
         self.ledger.reset(confirmed);
         self.reported = confirmed;
         self.recovery = None;
-        self.standby = StandbyGate::new(
-            standby::required(&self.pool, self.config.wait_for_standby).await?,
-        );
+        self.standby =
+            StandbyGate::new(standby::required(&self.pool, self.config.wait_for_standby).await?);
         if self.standby.active() {
             tracing::info!(
                 "synchronous standbys configured: a transaction is published once they have flushed it (source.wait_for_standby)"

@@ -82,8 +82,10 @@ impl<T> StandbyGate<T> {
             return Ok(());
         }
         self.last_poll = Some(Instant::now());
-        let (standbys, visible, flushed): (i64, i64, Option<i64>) =
-            crate::sql::query_as(FLUSHED).fetch_one(pool).await.map_err(|e| {
+        let (standbys, visible, flushed): (i64, i64, Option<i64>) = crate::sql::query_as(FLUSHED)
+            .fetch_one(pool)
+            .await
+            .map_err(|e| {
                 SourceError::new(
                     crate::error::classify(&e),
                     "reading the synchronous standbys' position (pg_stat_replication)",

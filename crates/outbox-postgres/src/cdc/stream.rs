@@ -327,7 +327,10 @@ mod tests {
         // A slot missing at START_REPLICATION is checked again (recovered or refused) before
         // the next attempt, not fatal on its own.
         let missing = PgWireError::Server("ERROR: x (SQLSTATE 42704)".into());
-        assert_eq!(wire_error("c", &missing).kind(), SourceErrorKind::Unavailable);
+        assert_eq!(
+            wire_error("c", &missing).kind(),
+            SourceErrorKind::Unavailable
+        );
         let denied = PgWireError::Server("ERROR: x (SQLSTATE 42501)".into());
         assert_eq!(wire_error("c", &denied).kind(), SourceErrorKind::Fatal);
         let io = PgWireError::Io(Arc::new(std::io::Error::other("reset")));
