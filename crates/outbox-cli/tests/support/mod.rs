@@ -11,6 +11,8 @@ use anyhow::{Context, ensure};
 use futures::StreamExt;
 use tokio::process::{Child, Command};
 
+pub mod verify;
+
 pub const BIN: &str = env!("CARGO_BIN_EXE_outbox");
 
 /// A scratch directory with a config file in it.

@@ -77,7 +77,7 @@ crate::build_sink!(KinesisConfig, "kinesis", |c, event| {
         Some(stream) => format!("Kinesis stream {}", stream.render(event)),
         None => "Kinesis (no stream)".to_owned(),
     }
-}, cannot_read_back: "reading a Kinesis stream back (shard iterators at a timestamp) is not supported by `outbox verify` yet; it is planned, as is the canary (a probe event the relay writes and reads back)");
+}, read_back: super::readback::read_back);
 
 #[cfg(test)]
 mod tests {

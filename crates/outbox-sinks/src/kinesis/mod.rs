@@ -23,6 +23,7 @@
 //! | an illegal rendered stream name, a record over `max_message_size` | `Rejected`, with the reason |
 
 mod config;
+mod readback;
 
 use std::fmt;
 
@@ -34,6 +35,7 @@ use outbox_core::sink::Delivery;
 use outbox_core::{Event, Sink, SinkError};
 
 pub use config::{KINESIS_MAX_RECORD_SIZE, KinesisConfig};
+pub use readback::KinesisReadBack;
 
 use crate::aws::{self, BatchLimits, EntryOutcome, Pending};
 

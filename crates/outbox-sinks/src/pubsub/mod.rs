@@ -53,6 +53,7 @@
 //! several messages of one key; this sink never does).
 
 mod config;
+mod readback;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -70,6 +71,7 @@ use reqwest::header::CONTENT_TYPE;
 
 use config::Target;
 pub use config::{DEFAULT_API_URL, EMULATOR_HOST_ENV, PubSubConfig};
+pub use readback::PubSubReadBack;
 
 /// The draft CloudEvents Pub/Sub binding: every attribute in a message attribute prefixed
 /// `ce-`, values as they are; `datacontenttype`, and structured mode's
@@ -766,8 +768,7 @@ crate::build_sink!(PubSubConfig, "pubsub", |config, event| format!(
     "Pub/Sub topic projects/{}/topics/{}",
     config.project.trim(),
     config.topic.render(event)
-), destination: topic,
-cannot_read_back: "reading a Pub/Sub topic back (a temporary subscription sought to a time) is not supported by `outbox verify` yet; it is planned, as is the canary (a probe event the relay writes and reads back)");
+), destination: topic, read_back: readback::read_back);
 
 #[cfg(test)]
 mod tests {
