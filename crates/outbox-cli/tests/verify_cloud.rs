@@ -216,10 +216,13 @@ async fn verify_reads_the_closed_and_child_shards_of_a_resharded_kinesis_stream(
 -> anyhow::Result<()> {
     Moto::set_aws_env();
     let moto = Moto::shared().await?;
-    let stream = scope();
+    // A template: the streams are found with ListStreams too (paged on a shared server).
+    let scope = scope();
+    let stream = format!("{scope}.Order");
     aws_consumer(moto, &["create-stream", &stream, "1"]).await?;
     let work = Workdir::new()?;
-    let sink = kinesis_sink(moto, &stream, "cloudevents-structured");
+    let template = format!("{scope}.{{aggregate_type}}");
+    let sink = kinesis_sink(moto, &template, "cloudevents-structured");
     let (config, pool) = setup(&work, &sink).await?;
     let before = events(6);
     insert_pg(&pool, &before).await?;

@@ -44,6 +44,8 @@ use super::KinesisConfig;
 
 /// How often (in records) the progress is reported.
 const PROGRESS_EVERY: u64 = 5_000;
+/// Streams per `ListStreams` page.
+const LIST_PAGE: i32 = 100;
 /// Records per `GetRecords` (the API's maximum).
 const PAGE: i32 = 10_000;
 /// Pause after an empty page: `GetRecords` allows five calls per second per shard.
@@ -184,12 +186,16 @@ impl KinesisReadBack {
             streams.insert(self.destination.template().to_owned());
             return Ok(streams);
         }
-        let mut token: Option<String> = None;
+        // Pages by `NextToken`, or by the last name where a server gives no token (moto).
+        let (mut token, mut after): (Option<String>, Option<String>) = (None, None);
         loop {
-            let page = self
-                .client
-                .list_streams()
-                .set_next_token(token.clone())
+            let request = self.client.list_streams().limit(LIST_PAGE);
+            let request = match (&token, &after) {
+                (Some(t), _) => request.next_token(t),
+                (None, Some(name)) => request.exclusive_start_stream_name(name),
+                (None, None) => request,
+            };
+            let page = request
                 .send()
                 .await
                 .map_err(|e| self.error("ListStreams", e))?;
@@ -199,8 +205,12 @@ impl KinesisReadBack {
                     .filter(|s| self.destination.could_render(s))
                     .cloned(),
             );
+            if !page.has_more_streams() {
+                break;
+            }
             token = page.next_token().map(str::to_owned);
-            if !page.has_more_streams() || token.is_none() {
+            after = page.stream_names().last().cloned();
+            if token.is_none() && after.is_none() {
                 break;
             }
         }
