@@ -208,6 +208,21 @@ async fn verify_catches_each_fault_on_kinesis() -> anyhow::Result<()> {
         kinesis(moto, &["put", &stream, "s1", &data]).await
     })
     .await?;
+
+    // The human report names the shards and the verdict.
+    let path = config.to_str().context("path")?;
+    let out = work.run(&["verify", "--config", path]).await?;
+    ensure!(
+        out.code == Some(1)
+            && out
+                .stdout
+                .contains(&format!("stream `{stream}` shard shardId-"))
+            && out
+                .stdout
+                .contains("FAIL: 1 lost, 1 phantom, 1 order break"),
+        "{}",
+        out.stdout
+    );
     Ok(())
 }
 
@@ -435,5 +450,48 @@ async fn verify_refuses_a_pubsub_topic_without_message_retention() -> anyhow::Re
         out.stderr.contains("--message-retention-duration") && !out.stdout.contains("0 lost"),
         "{out:?}"
     );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_cannot_reach_kinesis_or_pubsub_and_says_where() -> anyhow::Result<()> {
+    Moto::set_aws_env();
+    let work = Workdir::new()?;
+    let db = work.path().join("outbox.db");
+    // A port nothing listens on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let sinks = [
+        (
+            format!(
+                "[sink]\nkind = \"kinesis\"\nstream = \"orders\"\nendpoint_url = \"http://127.0.0.1:{port}\"\nregion = \"{}\"\nformat = \"cloudevents-structured\"\nconnect_timeout = \"1s\"\n",
+                Moto::REGION
+            ),
+            format!("Kinesis at http://127.0.0.1:{port}"),
+        ),
+        (
+            format!(
+                "[sink]\nkind = \"pubsub\"\nproject = \"{PROJECT}\"\ntopic = \"orders\"\nendpoint = \"127.0.0.1:{port}\"\n"
+            ),
+            format!("Pub/Sub emulator at 127.0.0.1:{port}"),
+        ),
+    ];
+    for (sink, place) in sinks {
+        let config = work.write_config(
+            "outbox.toml",
+            &format!(
+                "[source]\nkind = \"sqlite\"\npath = \"{}\"\n{sink}",
+                db.display()
+            ),
+        )?;
+        let path = config.to_str().context("path")?;
+        work.run_ok(&["migrate", "--config", path]).await?;
+        let out = work.run(&["verify", "--config", path]).await?;
+        ensure!(out.code == Some(2), "{out:?}");
+        out.assert_clear_error("the destination cannot be reached")?;
+        out.assert_clear_error(&place)?;
+        ensure!(!out.stdout.contains("0 lost"), "{out:?}");
+    }
     Ok(())
 }
