@@ -52,6 +52,18 @@ pub const CDC_MESSAGE_LOSS_WINDOWS: &str = "outbox_cdc_message_loss_windows_tota
 /// Gauge: events of committed transactions the CDC relay holds until the synchronous
 /// standbys have flushed them (`source.wait_for_standby`).
 pub const CDC_WAITING_FOR_STANDBY: &str = "outbox_cdc_waiting_for_standby_events";
+/// Histogram (seconds): a canary probe's commit to its arrival at the destination
+/// (`[canary]`; the broker's stored time where it says, else when the relay saw it).
+pub const CANARY_LATENCY_SECONDS: &str = "outbox_canary_latency_seconds";
+/// Counter: canary probes written.
+pub const CANARY_PROBES: &str = "outbox_canary_probes_total";
+/// Counter: canary probes the table no longer holds as pending that the destination did not
+/// show within `canary.lost_after`.
+pub const CANARY_LOST: &str = "outbox_canary_lost_total";
+/// Counter: canary probes that arrived after a later probe of the same relay.
+pub const CANARY_OUT_OF_ORDER: &str = "outbox_canary_out_of_order_total";
+/// Gauge: canary probes written and not yet seen at the destination.
+pub const CANARY_IN_FLIGHT: &str = "outbox_canary_in_flight_probes";
 
 /// Registers descriptions with the installed recorder (call once after installing it).
 pub fn describe() {
@@ -121,6 +133,24 @@ pub fn describe() {
     describe_gauge!(
         CDC_WAITING_FOR_STANDBY,
         "Events the CDC relay holds until the synchronous standbys have flushed their transaction"
+    );
+    describe_histogram!(
+        CANARY_LATENCY_SECONDS,
+        Unit::Seconds,
+        "Canary probe: from its commit to its arrival at the destination"
+    );
+    describe_counter!(CANARY_PROBES, "Canary probes written");
+    describe_counter!(
+        CANARY_LOST,
+        "Canary probes delivered per the table but not at the destination within canary.lost_after"
+    );
+    describe_counter!(
+        CANARY_OUT_OF_ORDER,
+        "Canary probes that arrived after a later probe of the same relay"
+    );
+    describe_gauge!(
+        CANARY_IN_FLIGHT,
+        "Canary probes written and not yet seen at the destination"
     );
     describe_counter!(
         TRACE_SPANS_DROPPED,

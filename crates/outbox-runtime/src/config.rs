@@ -72,6 +72,9 @@ pub struct Config {
     /// (`[[capture]]`, docs/capture.md).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub capture: Vec<outbox_core::capture::CaptureConfig>,
+    /// A probe event written and read back on a schedule (`[canary]`, off by default).
+    #[serde(default)]
+    pub canary: crate::canary::CanaryConfig,
 }
 
 /// `[metrics]`: the HTTP endpoint (`/metrics`, `/healthz`, `/readyz`) and the watchdog.
@@ -184,6 +187,7 @@ impl Config {
             tracing: &'a TracingConfig,
             #[serde(skip_serializing_if = "<[_]>::is_empty")]
             capture: &'a [outbox_core::capture::CaptureConfig],
+            canary: &'a crate::canary::CanaryConfig,
         }
         toml::to_string_pretty(&WithoutSink {
             source: &self.source,
@@ -195,6 +199,7 @@ impl Config {
             ui: &self.ui,
             tracing: &self.tracing,
             capture: &self.capture,
+            canary: &self.canary,
         })
         .map_err(|e| error(&e))
     }
@@ -212,6 +217,7 @@ impl Config {
         self.sink.validate().map_err(ConfigError)?;
         self.ui.validate(&self.metrics).map_err(ConfigError)?;
         self.tracing.validate().map_err(ConfigError)?;
+        self.canary.validate().map_err(ConfigError)?;
         outbox_core::capture::validate_all(&self.capture).map_err(ConfigError)?;
         crate::subscription::resolve(self).map_err(ConfigError)?;
         Ok(())

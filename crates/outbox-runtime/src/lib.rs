@@ -9,7 +9,8 @@
 //! - [`console`]: the web console at `/ui` on the metrics listener;
 //! - [`story`]: what `outbox why` and `outbox dead show` tell, for the CLI and the console;
 //! - [`otlp`]: `[tracing]`, a span per publish attempt exported over OTLP/HTTP;
-//! - [`verify`]: `outbox verify`, the table's deliveries reconciled with the destination.
+//! - [`verify`]: `outbox verify`, the table's deliveries reconciled with the destination;
+//! - [`canary`]: `[canary]`, a probe event the relay writes and reads back on a schedule.
 //!
 //! ```no_run
 //! use tokio_util::sync::CancellationToken;
@@ -33,8 +34,11 @@
 //! # }
 //! ```
 
+pub mod canary;
 pub mod config;
 pub mod console;
+#[cfg(feature = "fault-injection")]
+mod fault_injection;
 pub mod observe;
 pub mod otlp;
 pub mod registry;
@@ -44,6 +48,7 @@ pub mod story;
 pub mod subscription;
 pub mod verify;
 
+pub use canary::CanaryConfig;
 pub use config::{Config, ConfigError, MetricsConfig, Origin, SinkConfig, SourceConfig};
 pub use console::UiConfig;
 pub use otlp::TracingConfig;
@@ -55,6 +60,7 @@ pub use tokio_util::sync::CancellationToken;
 /// What the registry macros expand to; not an API.
 pub mod __private {
     pub use figment::{Error as FigmentError, Figment};
+    pub use outbox_core::Identifier;
     pub use outbox_core::RelayConfig;
     pub use outbox_core::backend::{Backend, BackendConfig, OpenError, OpenOptions};
 }

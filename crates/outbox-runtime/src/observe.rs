@@ -83,6 +83,13 @@ pub(crate) fn recorder() -> Result<metrics_exporter_prometheus::PrometheusRecord
             ],
         )
         .map_err(|e| RuntimeError::Metrics(format!("configuring histogram buckets: {e}")))?
+        .set_buckets_for_metric(
+            metrics_exporter_prometheus::Matcher::Full(m::CANARY_LATENCY_SECONDS.to_owned()),
+            &[
+                0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+            ],
+        )
+        .map_err(|e| RuntimeError::Metrics(format!("configuring histogram buckets: {e}")))?
         .build_recorder())
 }
 

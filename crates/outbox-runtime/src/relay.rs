@@ -10,6 +10,7 @@ use outbox_core::{DynSink, Relay, RelayReport, SinkErrorKind};
 use tokio_util::sync::CancellationToken;
 
 use crate::RuntimeError;
+use crate::canary;
 use crate::config::{Config, Origin, SinkConfig};
 use crate::console::Console;
 use crate::observe::{self, Readiness};
@@ -144,6 +145,34 @@ pub async fn run(
         .map_err(RuntimeError::Source)?;
     crate::retention::spawn(&config.retention, backend.clone(), shutdown.clone());
     let subscriptions = crate::subscription::resolve(&config).map_err(crate::ConfigError::new)?;
+    if config.canary.every.is_some() {
+        let targets = if subscriptions.is_empty() {
+            vec![canary::Target {
+                subscription: None,
+                sink: config.sink.clone(),
+            }]
+        } else {
+            subscriptions
+                .iter()
+                .filter(|s| s.filter.asks_for_probes())
+                .map(|s| canary::Target {
+                    subscription: Some(s.name.clone()),
+                    sink: s.sink.clone(),
+                })
+                .collect()
+        };
+        let status = canary::SharedStatus::default();
+        if let Some(console) = &console {
+            console.attach_canary(status.clone());
+        }
+        tokio::spawn(canary::run(
+            config.canary.clone(),
+            backend.clone(),
+            targets,
+            status,
+            shutdown.clone(),
+        ));
+    }
     if !subscriptions.is_empty() {
         return crate::subscription::run(
             config,
@@ -173,6 +202,9 @@ async fn drive(
         watchdog,
         closed,
     } = pipelines;
+    // `outbox crash-test`'s own test: a relay that breaks order on purpose.
+    #[cfg(feature = "fault-injection")]
+    let sources = crate::fault_injection::reverse_batches(sources);
     let Some(sink) = build_sink(&config.sink, &shutdown).await? else {
         tracing::info!("stopped before the broker became reachable");
         return Ok(RelayReport::default());

@@ -86,13 +86,25 @@ pub struct Filter {
 }
 
 impl Filter {
-    /// Whether `event` passes.
+    /// Whether `event` passes. Canary probes pass only a filter that asks for them
+    /// ([`Filter::asks_for_probes`]).
     pub fn matches(&self, event: &Event) -> bool {
+        if event.aggregate_type == outbox_core::canary::AGGREGATE_TYPE && !self.asks_for_probes() {
+            return false;
+        }
         let any = |patterns: &Option<Vec<String>>, text: &str| match patterns {
             None => true,
             Some(ps) => ps.iter().any(|p| glob(p.as_bytes(), text.as_bytes())),
         };
         any(&self.event_type, &event.event_type) && any(&self.aggregate_type, &event.aggregate_type)
+    }
+}
+
+impl Filter {
+    /// Whether the subscription takes canary probes: its `aggregate_type` names
+    /// `outbox.canary` exactly.
+    pub fn asks_for_probes(&self) -> bool {
+        outbox_core::canary::asked_for(self.aggregate_type.as_deref())
     }
 }
 
@@ -536,5 +548,39 @@ mod tests {
         assert!(g("*", ""));
         assert!(g("exact", "exact"));
         assert!(!g("exact", "exactly"));
+    }
+
+    fn event_of(aggregate_type: &str) -> Event {
+        Event {
+            id: uuid::Uuid::new_v4(),
+            position: outbox_core::Position(1),
+            aggregate_type: aggregate_type.to_owned(),
+            aggregate_id: "a".into(),
+            event_type: "t".into(),
+            payload: Default::default(),
+            headers: Vec::new(),
+            created_at: time::OffsetDateTime::UNIX_EPOCH,
+            attempts: 0,
+        }
+    }
+
+    #[test]
+    fn canary_probes_reach_only_subscriptions_that_name_them() {
+        let probe = event_of(outbox_core::canary::AGGREGATE_TYPE);
+        let all = Filter::default();
+        assert!(all.matches(&event_of("Order")));
+        assert!(!all.matches(&probe), "no filter: every event but probes");
+        let star = Filter {
+            event_type: None,
+            aggregate_type: Some(vec!["*".into()]),
+        };
+        assert!(!star.matches(&probe), "`*` does not ask for probes");
+        let asks = Filter {
+            event_type: None,
+            aggregate_type: Some(vec!["Order".into(), "outbox.canary".into()]),
+        };
+        assert!(asks.asks_for_probes());
+        assert!(asks.matches(&probe));
+        assert!(asks.matches(&event_of("Order")));
     }
 }

@@ -3,6 +3,8 @@
 
 #![allow(dead_code, unreachable_pub, missing_docs)]
 
+pub mod browser;
+
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;

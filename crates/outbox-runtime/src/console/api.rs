@@ -114,6 +114,12 @@ pub(crate) async fn overview(
             "database": b.database(),
         })
     });
+    let canary = console.canary.get().map(|status| {
+        status
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    });
     let (database_ready, sink_ready) = console.readiness.parts();
     // One sink today; a list, so fan-out sinks and subscriptions slot in without a new shape.
     let sinks = vec![json!({
@@ -136,6 +142,7 @@ pub(crate) async fn overview(
         "samples": samples,
         "sinks": sinks,
         "subscriptions": [],
+        "canary": canary,
         "actions": console.ui.allow_actions,
     }))
     .into_response()

@@ -118,6 +118,7 @@ pub struct Console {
     backend: OnceLock<Arc<dyn Backend>>,
     history: Mutex<History>,
     sink_check: Mutex<SinkCheck>,
+    canary: OnceLock<crate::canary::SharedStatus>,
     started: OffsetDateTime,
 }
 
@@ -156,6 +157,7 @@ impl Console {
             backend: OnceLock::new(),
             history: Mutex::new(History::default()),
             sink_check: Mutex::new(SinkCheck::default()),
+            canary: OnceLock::new(),
             started: OffsetDateTime::now_utc(),
         }))
     }
@@ -163,6 +165,11 @@ impl Console {
     /// The database the dead-letter and `why` views read, once the relay opened it.
     pub(crate) fn attach_backend(&self, backend: Arc<dyn Backend>) {
         let _ = self.backend.set(backend);
+    }
+
+    /// The canary's status, for its tile (`[canary]` on).
+    pub(crate) fn attach_canary(&self, status: crate::canary::SharedStatus) {
+        let _ = self.canary.set(status);
     }
 
     /// Adds a chart sample: `backlog` just read, and the counters the relay recorded.

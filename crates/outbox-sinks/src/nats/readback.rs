@@ -37,7 +37,6 @@ const PROGRESS_EVERY: u64 = 5_000;
 
 /// Reads a JetStream sink's streams back.
 pub struct NatsReadBack {
-    client: async_nats::Client,
     jetstream: jetstream::Context,
     url: String,
     destination: Destination,
@@ -60,7 +59,8 @@ pub(super) async fn read_back(config: &NatsConfig) -> Result<NatsReadBack, ReadB
     config
         .validate()
         .map_err(|e| ReadBackError::refused(e.to_string()))?;
-    let (client, jetstream, url) =
+    // The JetStream context keeps its own handle on the connection.
+    let (_client, jetstream, url) =
         super::connect_client(config)
             .await
             .map_err(|e| match e.kind() {
@@ -103,7 +103,6 @@ pub(super) async fn read_back(config: &NatsConfig) -> Result<NatsReadBack, ReadB
         streams.entry(name).or_default().push(subject.clone());
     }
     Ok(NatsReadBack {
-        client,
         jetstream,
         url,
         destination: config.destination.clone(),
@@ -121,6 +120,9 @@ impl NatsReadBack {
         let mut out = ReadOutcome::default();
         // What each subject's consumer has pending, for the progress total.
         let mut consumers = Vec::new();
+        // The ephemeral consumers, deleted once read (after a failed read the server removes
+        // them at their inactivity threshold).
+        let mut readers = Vec::new();
         for (name, subjects) in &self.streams {
             let mut stream = self.jetstream.get_stream(name).await.map_err(|e| {
                 ReadBackError::failed(format!("reading stream `{name}` on {}: {e}", self.url))
@@ -165,6 +167,7 @@ impl NatsReadBack {
                         ))
                     })?;
                 let pending = consumer.cached_info().num_pending;
+                readers.push((stream.clone(), consumer.cached_info().name.clone()));
                 consumers.push((name.clone(), subject.clone(), consumer, pending));
             }
         }
@@ -233,6 +236,9 @@ impl NatsReadBack {
             });
         }
         progress.advance(read, Some(total.max(read)));
+        for (stream, name) in readers {
+            let _ = stream.delete_consumer(&name).await;
+        }
         Ok(out)
     }
 }
@@ -258,11 +264,9 @@ impl ReadBack for NatsReadBack {
         progress: &'a dyn ReadProgress,
     ) -> BoxFuture<'a, Result<ReadOutcome, ReadBackError>> {
         Box::pin(async move {
-            let result = self.read_all(since, progress).await;
-            // Nothing is left behind: ordered consumers are ephemeral and go with the
-            // connection.
-            let _ = self.client.drain().await;
-            result
+            // The connection stays open for the next read (the canary reads at every probe
+            // interval); `read_all` deletes its consumers.
+            self.read_all(since, progress).await
         })
     }
 }

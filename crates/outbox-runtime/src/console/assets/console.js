@@ -108,6 +108,39 @@
     }
   }
 
+  // `[canary]`: one tile, the worst of its destinations. Lost or out of order is red until
+  // the relay restarts (the counters only grow); a destination that cannot be read back says so.
+  function renderCanary(c) {
+    const tile = $("canary");
+    tile.hidden = !c;
+    if (!c) return;
+    const ds = c.destinations || [];
+    const lost = ds.reduce((a, d) => a + d.lost, 0);
+    const disorder = ds.reduce((a, d) => a + d.out_of_order, 0);
+    const readable = ds.filter((d) => d.readable);
+    const latencies = readable.map((d) => d.last_latency_seconds).filter((v) => v != null);
+    const state = $("canary-state");
+    let detail;
+    if (lost || disorder) {
+      state.textContent = (lost ? lost + " lost" : "") + (lost && disorder ? ", " : "") + (disorder ? disorder + " out of order" : "");
+      state.className = "bad";
+      detail = "canary: probes lost or out of order since start";
+    } else if (latencies.length) {
+      state.textContent = secs(Math.max(...latencies));
+      state.className = "ok";
+      detail = "canary: last probe commit\u2192visible";
+    } else {
+      state.textContent = c.written ? "waiting" : "\u2013";
+      state.className = "";
+      detail = ds.length && readable.length === 0 && ds.every((d) => d.readable === false)
+        ? "canary: the destination cannot be read back (consumer-side canary)"
+        : "canary: waiting for the first probe";
+    }
+    const inFlight = ds.reduce((a, d) => a + d.in_flight, 0);
+    $("canary-detail").textContent = detail + " \u00b7 " + num(c.written) + " written, " + num(inFlight) + " in flight";
+    tile.title = ds.map((d) => (d.subscription || "sink") + " (" + d.kind + "): " + d.arrived + " arrived, " + d.lost + " lost, " + d.out_of_order + " out of order" + (d.problem ? "; " + d.problem : "")).join("\n");
+  }
+
   async function poll() {
     try {
       const o = await api("/ui/api/overview?after=" + lastT);
@@ -138,6 +171,7 @@
       $("ready").className = "badge " + (ready ? "ok" : "bad");
       if (o.source) $("source").textContent = o.source.label + " " + o.source.table;
       renderSinks(o.sinks, o.subscriptions);
+      renderCanary(o.canary);
       $("updated").textContent = "updated " + new Date(o.now).toLocaleTimeString();
       document.body.classList.remove("stale");
       if (latest.dead !== undefined && latest.dead !== lastDead) {
