@@ -20,6 +20,12 @@
 //! be told. An ordered subscription would give Pub/Sub's own per-key order, but the Pub/Sub
 //! emulator cannot seek one (`UNIMPLEMENTED`). A message redelivered to the temporary
 //! subscription (same message id) is read once.
+//!
+//! What the Cloud SDK's emulator (0.8.20) does, as tested: it keeps `messageRetentionDuration`
+//! on a topic, and a seek to a time on an unordered subscription brings back exactly what was
+//! published since then; a topic without retention gives nothing, sought or not. Unlike
+//! Google's service, it also hands a new subscription on a retaining topic the retained
+//! messages without any seek; the seek then narrows them to the window.
 
 use std::collections::{BTreeSet, HashSet};
 use std::time::{Duration, Instant};
