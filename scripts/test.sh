@@ -14,7 +14,10 @@
 #    tests as OUTBOX_TEST_DATABASE_URL, OUTBOX_TEST_NATS_URL and OUTBOX_TEST_KAFKA_BROKERS;
 #    likewise ONE redis-server and ONE RabbitMQ node (OUTBOX_TEST_REDIS_URL, OUTBOX_TEST_AMQP_URL;
 #    RabbitMQ boots in 3-8 s, so it is shared by the whole run);
-# 4. runs the whole test suite with cargo-nextest (falls back to `cargo test` without it), then
+# 4. builds the `outbox` binary with the `fault-injection` feature as
+#    target/debug/outbox-fault-injection (OUTBOX_FAULT_BIN: a relay that breaks order on
+#    purpose, for crash-test's own test) when outbox-cli is tested;
+# 5. runs the whole test suite with cargo-nextest (falls back to `cargo test` without it), then
 #    the doc tests.
 #
 # Environment: OUTBOX_TEST_THREADS (parallel tests, default 4: the tests mostly wait on servers),
@@ -95,6 +98,24 @@ for arg in "$@"; do
     prev=$arg
 done
 [ ${#scope[@]} -eq 0 ] && scope=(--workspace)
+
+# `outbox crash-test`'s own test (crates/outbox-cli/tests/crash_test.rs) needs a relay that
+# breaks per-aggregate order on purpose: the `fault-injection` feature, never in a default
+# build. It is built here and copied aside as outbox-fault-injection; then the default binary
+# is linked again over target/debug/outbox (its artifacts stay cached under another hash, so
+# that is a relink). Cost: one build of outbox-runtime and the outbox binary with the feature,
+# about 2-3 min cold on 2 cores, seconds when only the CLI changed.
+case " ${scope[*]} " in
+*" --workspace "* | *" outbox-cli "*)
+    step "outbox with --features fault-injection, for crash-test's own test"
+    target_dir=${CARGO_TARGET_DIR:-target}
+    cargo build -p outbox-cli --features fault-injection
+    cp "$target_dir/debug/outbox" "$target_dir/debug/outbox-fault-injection"
+    cargo build -p outbox-cli
+    OUTBOX_FAULT_BIN="$(cd "$target_dir/debug" && pwd)/outbox-fault-injection"
+    export OUTBOX_FAULT_BIN
+    ;;
+esac
 
 threads=${OUTBOX_TEST_THREADS:-4}
 status=0

@@ -7,6 +7,7 @@
 mod admin;
 mod bench;
 mod capture;
+mod crash_test;
 mod dead;
 mod demo;
 mod doctor;
@@ -61,7 +62,7 @@ enum Command {
     /// Create or upgrade the outbox schema (idempotent, safe to run concurrently).
     Migrate,
     /// Run the relay until SIGTERM/SIGINT, then finish the batch in flight and exit 0.
-    Relay,
+    Relay(RelayArgs),
     /// Show the backlog and what holds delivery back.
     Status {
         /// Print JSON instead of text.
@@ -93,6 +94,20 @@ enum Command {
     /// what the destination holds (lost, phantom, duplicates, order breaks). Exit 0 all
     /// good, 1 something lost, phantom or out of order, 2 cannot verify.
     Verify(verify::VerifyArgs),
+    /// The kill -9 test on your own database and broker, in a scratch table and destination
+    /// it creates and removes: producers with rollbacks, relays killed, paused and restarted,
+    /// then verify. Exit 0 PASS, 1 FAIL, 2 cannot run (refuses what looks like production
+    /// without --yes).
+    CrashTest(crash_test::CrashTestArgs),
+}
+
+/// `outbox relay` arguments.
+#[derive(Debug, clap::Args)]
+struct RelayArgs {
+    /// Relay the scratch outbox of `outbox crash-test` run TAG (set by the crash test for
+    /// the relays it starts).
+    #[arg(long, value_name = "TAG", hide = true)]
+    crash_test_scratch: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -102,7 +117,9 @@ fn main() -> ExitCode {
     // the demo) on stdout, and info-level library chatter on stderr would only repeat or
     // drown it. OUTBOX_LOG=info brings it back.
     let default_level = match cli.command {
-        Command::Relay | Command::Bench(_) | Command::Retention(_) | Command::Replay(_) => "info",
+        Command::Relay(_) | Command::Bench(_) | Command::Retention(_) | Command::Replay(_) => {
+            "info"
+        }
         // The NATS and RabbitMQ clients log a refused connection as ERROR lines of their own; the command's
         // verdict already says it, with the URL.
         _ => "warn,async_nats=off,lapin=off",
@@ -145,10 +162,25 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Verify(args) => return Ok(verify::run(load(), args).await),
         Command::Demo(args) => demo::run(args).await.map(|_| ()),
         Command::Migrate => admin::migrate(&load()?.0).await,
-        Command::Relay => {
+        Command::CrashTest(args) => {
+            let invocation = crash_test::Invocation {
+                config: cli.config.clone(),
+                database_url: cli.database_url.clone(),
+                subscription: cli.subscription.clone(),
+            };
+            return Ok(crash_test::run(load(), invocation, args).await);
+        }
+        Command::Relay(args) => {
             // Signals first: SIGTERM during start-up still means "stop cleanly".
             let shutdown = outbox_runtime::relay::cancel_on_signal()?;
             let (config, origin) = load()?;
+            let config = match &args.crash_test_scratch {
+                Some(tag) => crash_test::scratch::scratch_config(
+                    &config,
+                    &crash_test::scratch::parse_tag(tag)?,
+                )?,
+                None => config,
+            };
             outbox_runtime::relay::run(config, &origin, shutdown)
                 .await
                 .map(drop)

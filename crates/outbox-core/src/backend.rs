@@ -259,6 +259,54 @@ pub trait Producer: Send + Sync {
     fn commit<'a>(&'a self, events: &'a [NewEvent]) -> BoxFuture<'a, Result<(), SourceError>>;
 }
 
+/// How every scratch outbox's name starts (`outbox_crash_1a2b3c4d`): a backend removes
+/// only a table whose name starts so ([`Scratch::remove`]), never the application's.
+pub const SCRATCH_PREFIX: &str = "outbox_crash_";
+
+/// How long a claim (a row lock, a lease) lasts in a scratch config ([`BackendConfig::scratch`]):
+/// short, so that `outbox crash-test` can pause a relay past it within a run of seconds.
+pub const SCRATCH_CLAIM_TIMEOUT: Duration = Duration::from_secs(4);
+
+/// Checks that `tag` names a scratch outbox (it starts with [`SCRATCH_PREFIX`]): what every
+/// [`BackendConfig::scratch`] checks first.
+pub fn check_scratch_tag(tag: &crate::Identifier) -> Result<(), String> {
+    if tag.as_str().starts_with(SCRATCH_PREFIX) {
+        Ok(())
+    } else {
+        Err(format!(
+            "a scratch table's name starts with `{SCRATCH_PREFIX}`"
+        ))
+    }
+}
+
+/// What every [`Backend::scratch`] returns: `ability` when `table` is a scratch outbox's
+/// (named [`SCRATCH_PREFIX`]...), so that removal can never reach the application's table.
+pub fn scratch_only<'a>(
+    kind: &'static str,
+    table: &crate::Identifier,
+    ability: &'a dyn Scratch,
+) -> Result<&'a dyn Scratch, Unsupported> {
+    if table.as_str().starts_with(SCRATCH_PREFIX) {
+        Ok(ability)
+    } else {
+        Err(Unsupported::new(kind, "crash-test").with_hint(format!(
+            "only a scratch outbox table ({SCRATCH_PREFIX}...) can be removed"
+        )))
+    }
+}
+
+/// A scratch outbox of `outbox crash-test`: a table of its own (see [`BackendConfig::scratch`])
+/// that the command writes to, relays, verifies, and removes at the end.
+pub trait Scratch: Send + Sync {
+    /// Writes `events` in one transaction and rolls it back: none of them may ever reach the
+    /// destination (the phantom check of `outbox crash-test`).
+    fn roll_back<'a>(&'a self, events: &'a [NewEvent]) -> BoxFuture<'a, Result<(), SourceError>>;
+    /// Drops the outbox table and everything `migrate` made for it (its bookkeeping tables,
+    /// sequences and functions; a CDC slot and publication); returns what it removed, one
+    /// line each. Removing what is already gone is not an error.
+    fn remove(&self) -> BoxFuture<'_, Result<Vec<String>, SourceError>>;
+}
+
 /// Copying events into this backend's table (the subscription tables of a fan-out,
 /// `[[subscription]]`): each event keeps its id, payload, headers and creation time, and an
 /// event already there is left alone, so copying a batch again after a crash adds nothing.
@@ -335,6 +383,11 @@ pub trait Backend: Send + Sync + 'static {
     fn delivery_ledger(&self) -> Result<&dyn crate::verify::DeliveryLedger, Unsupported> {
         Err(Unsupported::new(self.kind(), "verify"))
     }
+    /// The scratch outbox of `outbox crash-test`; only on a backend opened from a
+    /// [`BackendConfig::scratch`] config (a table named [`SCRATCH_PREFIX`]...).
+    fn scratch(&self) -> Result<&dyn Scratch, Unsupported> {
+        Err(Unsupported::new(self.kind(), "crash-test"))
+    }
 }
 
 /// The table of subscription `name` beside outbox table `table`: `<table>_sub_<name>`.
@@ -403,6 +456,16 @@ pub trait BackendConfig:
         let _ = name;
         Err(format!(
             "[[subscription]] is not supported by source kind = \"{}\"",
+            Self::KIND
+        ))
+    }
+    /// The same database with a scratch outbox named `tag` for `outbox crash-test`: the
+    /// table (and, for CDC, the slot and publication) named after `tag`, claims lasting
+    /// [`SCRATCH_CLAIM_TIMEOUT`]. `Err` says why this kind cannot have one.
+    fn scratch(&self, tag: &crate::Identifier) -> Result<Self, String> {
+        let _ = tag;
+        Err(format!(
+            "`outbox crash-test` is not supported by source kind = \"{}\"",
             Self::KIND
         ))
     }

@@ -215,6 +215,27 @@ pub trait BuildSink:
             Ok(format!("{} sink reachable", Self::KIND))
         })
     }
+    /// The same broker with a scratch destination named after `tag` for `outbox crash-test`
+    /// (a stream, a topic, a key, a file of its own), which [`remove_scratch`](Self::remove_scratch)
+    /// deletes afterwards. The default refuses: the destination cannot be read back, or this
+    /// kind has no scratch destination yet.
+    fn scratch(&self, tag: &crate::Identifier) -> Result<Self, String> {
+        let _ = tag;
+        Err(format!(
+            "`outbox crash-test` has no scratch destination for sink kind = \"{}\": it needs a destination it can create, read back and delete (nats, redis, file); for this one, turn on the relay's canary ([canary] in docs/operations.md)",
+            Self::KIND
+        ))
+    }
+    /// Deletes the scratch destination of a config made by [`scratch`](Self::scratch);
+    /// returns what it removed, for people. Removing what is already gone is not an error.
+    fn remove_scratch(&self) -> BoxFuture<'_, Result<String, SinkError>> {
+        Box::pin(async move {
+            Err(SinkError::rejected(format!(
+                "sink kind = \"{}\" has no scratch destination to remove",
+                Self::KIND
+            )))
+        })
+    }
     /// Connects a reader of the destination for `outbox verify`, which reads it back without
     /// taking messages from its consumers. The default refuses: the destination is one that
     /// consumers take messages from (a queue, a webhook).

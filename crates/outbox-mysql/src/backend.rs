@@ -57,6 +57,10 @@ impl BackendConfig for MySqlConfig {
         format!("MySQL {}", self.url.redacted())
     }
 
+    fn scratch(&self, tag: &outbox_core::Identifier) -> Result<Self, String> {
+        crate::scratch::scratch_config(self, tag)
+    }
+
     fn open(&self, options: OpenOptions) -> BoxFuture<'_, Result<Arc<dyn Backend>, OpenError>> {
         Box::pin(async move {
             let connections = self.max_connections.unwrap_or(options.connections);
@@ -87,6 +91,14 @@ fn fatal(context: &str, e: &(dyn std::error::Error + 'static)) -> SourceError {
 }
 
 impl MySqlBackend {
+    pub(crate) fn config(&self) -> &MySqlConfig {
+        &self.config
+    }
+
+    pub(crate) fn pool(&self) -> &MySqlPool {
+        &self.pool
+    }
+
     fn cdc(&self) -> bool {
         self.config.mode == Mode::Cdc
     }
@@ -567,6 +579,9 @@ impl Backend for MySqlBackend {
     }
     fn delivery_ledger(&self) -> Result<&dyn outbox_core::verify::DeliveryLedger, Unsupported> {
         Ok(&self.ledger)
+    }
+    fn scratch(&self) -> Result<&dyn outbox_core::backend::Scratch, Unsupported> {
+        outbox_core::backend::scratch_only(self.kind(), &self.config.table, self)
     }
 }
 

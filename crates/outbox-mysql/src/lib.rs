@@ -23,6 +23,7 @@ mod lease;
 mod migrate;
 mod poll;
 mod producer;
+mod scratch;
 mod server;
 mod sql;
 mod verify;

@@ -73,6 +73,10 @@ impl BackendConfig for PostgresConfig {
         Ok(config)
     }
 
+    fn scratch(&self, tag: &outbox_core::Identifier) -> Result<Self, String> {
+        crate::scratch::scratch_config(self, tag)
+    }
+
     fn open(&self, options: OpenOptions) -> BoxFuture<'_, Result<Arc<dyn Backend>, OpenError>> {
         Box::pin(async move {
             let pool = crate::connect(self, options.connections)
@@ -104,6 +108,14 @@ pub struct PgBackend {
 }
 
 impl PgBackend {
+    pub(crate) fn config(&self) -> &PostgresConfig {
+        &self.config
+    }
+
+    pub(crate) fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
     /// The backend over `pool` (see [`crate::connect`]).
     pub fn new(pool: PgPool, config: PostgresConfig) -> Self {
         Self {
@@ -458,6 +470,9 @@ impl Backend for PgBackend {
         &self,
     ) -> Result<&dyn outbox_core::verify::DeliveryLedger, outbox_core::Unsupported> {
         Ok(&self.ledger)
+    }
+    fn scratch(&self) -> Result<&dyn outbox_core::backend::Scratch, outbox_core::Unsupported> {
+        outbox_core::backend::scratch_only(self.kind(), &self.config.table, self)
     }
 }
 

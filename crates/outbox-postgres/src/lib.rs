@@ -21,6 +21,7 @@ mod poll;
 mod producer;
 mod replay;
 mod retention;
+mod scratch;
 mod sql;
 mod verify;
 

@@ -57,6 +57,11 @@ macro_rules! source_registry {
             pub fn for_subscription(&self, name: &str) -> Result<Self, String> {
                 match self { $( $(#[cfg($cfg)])? Self::$variant(c) => $crate::__private::BackendConfig::for_subscription(c, name).map(Self::$variant), )+ }
             }
+            /// The same database with a scratch outbox named `tag` (`outbox crash-test`);
+            /// `Err` when this kind cannot have one.
+            pub fn scratch(&self, tag: &$crate::__private::Identifier) -> Result<Self, String> {
+                match self { $( $(#[cfg($cfg)])? Self::$variant(c) => $crate::__private::BackendConfig::scratch(c, tag).map(Self::$variant), )+ }
+            }
             /// Connects.
             pub async fn open(
                 &self,
@@ -117,6 +122,15 @@ macro_rules! sinks {
             /// [`BuildSink::read_back`]).
             pub async fn read_back(&self) -> Result<Box<dyn outbox_core::verify::ReadBack>, outbox_core::verify::ReadBackError> {
                 match self { $( $(#[cfg($cfg)])? Self::$variant(c) => BuildSink::read_back(c).await, )+ }
+            }
+            /// The same broker with a scratch destination named after `tag` (see
+            /// [`BuildSink::scratch`]); `Err` says why this kind has none.
+            pub fn scratch(&self, tag: &outbox_core::Identifier) -> Result<Self, String> {
+                match self { $( $(#[cfg($cfg)])? Self::$variant(c) => BuildSink::scratch(c, tag).map(Self::$variant), )+ }
+            }
+            /// Deletes the scratch destination (see [`BuildSink::remove_scratch`]).
+            pub async fn remove_scratch(&self) -> Result<String, SinkError> {
+                match self { $( $(#[cfg($cfg)])? Self::$variant(c) => BuildSink::remove_scratch(c).await, )+ }
             }
             /// Checks the broker without changing anything (see [`BuildSink::check`]).
             pub async fn check(&self) -> Result<String, SinkError> {

@@ -38,13 +38,15 @@
 /// template a subscription may replace), `check: path` (`outbox doctor` without changing
 /// anything), `read_back: path` (`outbox verify`'s reader of the destination) or
 /// `cannot_read_back: message` (why `outbox verify` cannot read it; without either, the
-/// default refusal of a destination that consumers take messages from).
+/// default refusal of a destination that consumers take messages from), then
+/// `scratch: path, remove_scratch: path` (`outbox crash-test`'s scratch destination).
 macro_rules! build_sink {
     ($config:ty, $kind:literal, |$c:ident, $event:ident| $describe:expr
         $(, destination: $field:ident)?
         $(, check: $check:path)?
         $(, read_back: $read_back:path)?
         $(, cannot_read_back: $why:expr)?
+        $(, scratch: $scratch:path, remove_scratch: $remove_scratch:path)?
     ) => {
         impl outbox_core::BuildSink for $config {
             const KIND: &'static str = $kind;
@@ -109,6 +111,16 @@ macro_rules! build_sink {
                     Box::pin(async move {
                         Err(outbox_core::verify::ReadBackError::unsupported($why))
                     })
+                }
+            )?
+            $(
+                fn scratch(&self, tag: &outbox_core::Identifier) -> Result<Self, String> {
+                    $scratch(self, tag)
+                }
+                fn remove_scratch(
+                    &self,
+                ) -> outbox_core::sink::BoxFuture<'_, Result<String, outbox_core::SinkError>> {
+                    Box::pin($remove_scratch(self))
                 }
             )?
         }

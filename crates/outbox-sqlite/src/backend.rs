@@ -64,6 +64,10 @@ impl BackendConfig for SqliteConfig {
         Ok(config)
     }
 
+    fn scratch(&self, tag: &outbox_core::Identifier) -> Result<Self, String> {
+        crate::scratch::scratch_config(self, tag)
+    }
+
     fn open(&self, _options: OpenOptions) -> BoxFuture<'_, Result<Arc<dyn Backend>, OpenError>> {
         Box::pin(async move {
             let pool = crate::connect(self).await.map_err(|e| {
@@ -91,6 +95,14 @@ pub struct SqliteBackend {
 }
 
 impl SqliteBackend {
+    pub(crate) fn config(&self) -> &SqliteConfig {
+        &self.config
+    }
+
+    pub(crate) fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+
     /// The backend over `pool` (see [`crate::connect`]).
     pub fn new(pool: SqlitePool, config: SqliteConfig) -> Self {
         Self {
@@ -331,6 +343,9 @@ impl Backend for SqliteBackend {
     }
     fn forward(&self) -> Result<&dyn Forward, Unsupported> {
         Ok(&self.producer)
+    }
+    fn scratch(&self) -> Result<&dyn outbox_core::backend::Scratch, Unsupported> {
+        outbox_core::backend::scratch_only(self.kind(), &self.config.table, self)
     }
 }
 

@@ -35,6 +35,7 @@ mod migrate;
 mod poll;
 mod producer;
 mod retention;
+mod scratch;
 mod sql;
 mod timestamp;
 mod verify;

@@ -32,6 +32,7 @@
 
 mod config;
 mod readback;
+mod scratch;
 mod subject;
 
 use std::fmt;
@@ -506,5 +507,7 @@ crate::build_sink!(
     |config, event| format!("NATS subject {}", config.destination.render(event)),
     destination: destination,
     check: check,
-    read_back: readback::read_back
+    read_back: readback::read_back,
+    scratch: scratch::scratch,
+    remove_scratch: scratch::remove_scratch
 );

@@ -42,6 +42,7 @@
 
 mod config;
 mod readback;
+mod scratch;
 
 use std::fmt;
 
@@ -367,7 +368,8 @@ impl Sink for RedisSink {
 crate::build_sink!(RedisConfig, "redis", |config, event| format!(
     "Redis stream {}",
     config.destination.render(event)
-), destination: destination, read_back: readback::read_back);
+), destination: destination, read_back: readback::read_back,
+scratch: scratch::scratch, remove_scratch: scratch::remove_scratch);
 
 #[cfg(test)]
 mod tests {

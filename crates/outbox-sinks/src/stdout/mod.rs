@@ -32,6 +32,7 @@
 
 mod config;
 mod readback;
+mod scratch;
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write as _};
@@ -248,7 +249,9 @@ crate::build_sink!(
     |config, event| format!("file ({})", config.destination.render(event)),
     destination: destination,
     check: check_file,
-    read_back: readback::read_back
+    read_back: readback::read_back,
+    scratch: scratch::scratch,
+    remove_scratch: scratch::remove_scratch
 );
 
 /// `outbox doctor`'s check: an existing file must open for appending; a missing one needs a

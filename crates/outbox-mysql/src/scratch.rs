@@ -1,0 +1,72 @@
+//! `outbox crash-test` on MySQL / MariaDB: the scratch config (a table named after the run's
+//! tag, claims of a few seconds) and its removal.
+//!
+//! Removal is guarded twice: the backend offers it only for a table whose name starts with
+//! [`SCRATCH_PREFIX`](outbox_core::backend::SCRATCH_PREFIX), and the name reaches SQL as a validated, quoted identifier.
+
+use outbox_core::backend::{SCRATCH_CLAIM_TIMEOUT, Scratch};
+use outbox_core::sink::BoxFuture;
+use outbox_core::{Identifier, NewEvent, SourceError};
+use sqlx::Executor;
+
+use crate::backend::MySqlBackend;
+use crate::config::MySqlConfig;
+use crate::sql::{render, statements};
+
+/// `config` with the scratch outbox table `tag` and claims of [`SCRATCH_CLAIM_TIMEOUT`].
+pub(crate) fn scratch_config(
+    config: &MySqlConfig,
+    tag: &Identifier,
+) -> Result<MySqlConfig, String> {
+    outbox_core::backend::check_scratch_tag(tag)?;
+    let scratch = MySqlConfig {
+        table: tag.clone(),
+        claim_timeout: SCRATCH_CLAIM_TIMEOUT,
+        ..config.clone()
+    };
+    scratch.validate()?;
+    Ok(scratch)
+}
+
+impl Scratch for MySqlBackend {
+    fn roll_back<'a>(&'a self, events: &'a [NewEvent]) -> BoxFuture<'a, Result<(), SourceError>> {
+        Box::pin(async move {
+            let outbox = crate::MySqlOutbox::new(self.config().table.clone());
+            let mut tx = self
+                .pool()
+                .begin()
+                .await
+                .map_err(|e| unavailable("beginning a transaction", &e))?;
+            outbox
+                .enqueue_batch(&mut tx, events)
+                .await
+                .map_err(|e| unavailable("writing events", &e))?;
+            tx.rollback()
+                .await
+                .map_err(|e| unavailable("rolling back", &e))
+        })
+    }
+
+    fn remove(&self) -> BoxFuture<'_, Result<Vec<String>, SourceError>> {
+        Box::pin(async move {
+            let table = &self.config().table;
+            let sql = render(include_str!("../queries/scratch_drop.sql"), table);
+            for statement in statements(&sql) {
+                self.pool()
+                    .execute(sqlx::AssertSqlSafe(statement.to_owned()))
+                    .await
+                    .map_err(|e| {
+                        SourceError::fatal(format!(
+                            "dropping the scratch outbox table {table}: {}",
+                            outbox_core::relay::ErrorChain(&e)
+                        ))
+                    })?;
+            }
+            Ok(vec![format!("table {table} (with its bookkeeping tables)")])
+        })
+    }
+}
+
+fn unavailable(what: &str, e: &(dyn std::error::Error + 'static)) -> SourceError {
+    SourceError::unavailable(format!("{what}: {}", outbox_core::relay::ErrorChain(e)))
+}
