@@ -71,7 +71,8 @@ impl std::fmt::Debug for PubSubReadBack {
 }
 
 /// Builds the sink's client (the same endpoint and credentials) and checks that Pub/Sub
-/// answers: the topic (a fixed `topic`) or the project's topics (a template).
+/// answers: the topic (a fixed `topic`, which must retain messages) or the project's topics
+/// (a template).
 pub(super) async fn read_back(config: &PubSubConfig) -> Result<PubSubReadBack, ReadBackError> {
     let sink = config
         .clone()
@@ -98,6 +99,13 @@ pub(super) async fn read_back(config: &PubSubConfig) -> Result<PubSubReadBack, R
     let (status, body) = readback.call(Method::GET, &url, None).await?;
     if !status.is_success() && status != StatusCode::NOT_FOUND {
         return Err(readback.refusal(status, &body, &format!("reading {what}")));
+    }
+    // A fixed topic without retention is refused now, before anything is read.
+    if sink.topic.is_fixed()
+        && status.is_success()
+        && retention(&serde_json::from_slice(&body).unwrap_or_default()).is_none()
+    {
+        return Err(readback.keeps_nothing(sink.topic.template()));
     }
     Ok(readback)
 }
@@ -191,6 +199,15 @@ impl PubSubReadBack {
         }
     }
 
+    /// The refusal of a topic without message retention.
+    fn keeps_nothing(&self, topic: &str) -> ReadBackError {
+        ReadBackError::unsupported(format!(
+            "Pub/Sub topic `{}` on {} keeps no messages (no message retention on the topic): a subscription made now cannot be sought back to the window's start, so `outbox verify` would find nothing and cannot check it. Set the topic's message retention to cover the windows you verify (e.g. `gcloud pubsub topics update {topic} --message-retention-duration=7d`); retention on a subscription (retain_acked_messages) does not help a new one",
+            self.sink.topic_path(topic),
+            self.sink.place
+        ))
+    }
+
     fn subscription_url(&self, name: &str, suffix: &str) -> String {
         format!(
             "{}/v1/projects/{}/subscriptions/{name}{suffix}",
@@ -269,10 +286,7 @@ impl PubSubReadBack {
             }
             let info: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
             let Some(kept) = retention(&info) else {
-                return Err(ReadBackError::unsupported(format!(
-                    "Pub/Sub topic `{path}` on {} keeps no messages (no message retention on the topic): a subscription made now cannot be sought back to the window's start, so `outbox verify` would find nothing and cannot check it. Set the topic's message retention to cover the windows you verify (e.g. `gcloud pubsub topics update {topic} --message-retention-duration=7d`); retention on a subscription (retain_acked_messages) does not help a new one",
-                    self.sink.place
-                )));
+                return Err(self.keeps_nothing(&topic));
             };
             let retained_from = started - kept;
             if since < retained_from {
