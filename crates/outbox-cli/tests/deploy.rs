@@ -505,8 +505,9 @@ refresh_interval = "100ms"
     let (mut exposed, scraped_labels) = exposition(&body);
     // Emitted only by a PostgreSQL backend (the polling watchdog, the CDC slot check), only
     // when the database fails (source errors, unrecorded batches), or only with `[tracing]`
-    // set (dropped spans; tests/tracing.rs scrapes it): checked against the names the relay
-    // registers them under instead of a scrape.
+    // set (dropped spans; tests/tracing.rs scrapes it), or only with `[canary]` and a probe
+    // lost or out of order (tests/canary.rs scrapes the lost counter): checked against the
+    // names the relay registers them under instead of a scrape.
     exposed.extend(
         [
             outbox_core::metrics::TRACE_SPANS_DROPPED,
@@ -516,6 +517,8 @@ refresh_interval = "100ms"
             outbox_core::metrics::REPLICATION_SLOT_RETAINED_WAL_BYTES,
             outbox_core::metrics::SOURCE_ERRORS,
             outbox_core::metrics::SETTLE_FAILURES,
+            outbox_core::metrics::CANARY_LOST,
+            outbox_core::metrics::CANARY_OUT_OF_ORDER,
         ]
         .map(str::to_owned),
     );

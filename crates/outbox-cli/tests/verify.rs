@@ -680,7 +680,7 @@ async fn verify_says_what_it_cannot_verify() -> anyhow::Result<()> {
         .await?;
     ensure!(out.code == Some(2), "{out:?}");
     out.assert_clear_error("cannot be read back without taking messages from its consumers")?;
-    ensure!(out.stderr.contains("canary (planned"), "{out:?}");
+    ensure!(out.stderr.contains("consumer-side canary"), "{out:?}");
 
     // Rows deleted on delivery: nothing in the table says what should be at the destination.
     let deleting = work.write_config(

@@ -346,7 +346,7 @@ impl ReadBackError {
     /// The default refusal of a sink `kind` whose destination consumers take messages from.
     pub fn consumed_destination(kind: &str) -> Self {
         Self::unsupported(format!(
-            "a kind = \"{kind}\" destination cannot be read back without taking messages from its consumers, so `outbox verify` cannot check it; the canary (planned: a probe event the relay writes and reads back) will cover it"
+            "a kind = \"{kind}\" destination cannot be read back without taking messages from its consumers, so `outbox verify` cannot check it; its consumers can check it with the canary's probes (`[canary]`, a consumer-side canary: docs/operations.md#canary)"
         ))
     }
 }

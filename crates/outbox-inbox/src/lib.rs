@@ -35,6 +35,7 @@
 //! kind CONSUMER, a child of the message's `traceparent` (`docs/observability.md`, "Traces"),
 //! and `InboxMessage::trace_context` reads that parent for loops of your own.
 
+pub mod canary;
 mod error;
 pub mod lane;
 mod message;

@@ -92,7 +92,7 @@ pub(super) async fn read_back(config: &NatsConfig) -> Result<NatsReadBack, ReadB
             RetentionPolicy::Limits => {}
             other => {
                 return Err(ReadBackError::unsupported(format!(
-                    "JetStream stream `{name}` on {url} has {} retention: it removes messages once its consumers acknowledged them, so it cannot be read back to check delivery; the canary (planned: a probe event the relay writes and reads back) will cover it",
+                    "JetStream stream `{name}` on {url} has {} retention: it removes messages once its consumers acknowledged them, so it cannot be read back to check delivery; its consumers can check it with the canary's probes (`[canary]`, a consumer-side canary: docs/operations.md#canary)",
                     match other {
                         RetentionPolicy::WorkQueue => "workqueue",
                         _ => "interest",
