@@ -2,9 +2,10 @@
 //! template, every topic of the project it could render) is read through a **temporary
 //! subscription** of its own: created on the topic, sought to the window's start
 //! (`subscriptions.seek` with a time), pulled until nothing published before the read began
-//! is left, acknowledged on that subscription only, then deleted. The topic's own
-//! subscriptions see nothing of it. The temporary subscription expires by itself after a day
-//! unused (`expirationPolicy`), should verify be killed before it deletes it.
+//! is left, acknowledged on that subscription only, then deleted (in the background when the
+//! read is abandoned midway, as by a caller's timeout). The topic's own subscriptions see
+//! nothing of it. The temporary subscription expires by itself after a day unused
+//! (`expirationPolicy`), should the process be killed before it deletes it.
 //!
 //! A new subscription only holds what is published after its creation; a seek to an earlier
 //! time brings back older messages only when the **topic** retains them
@@ -28,6 +29,7 @@
 //! messages without any seek; the seek then narrows them to the window.
 
 use std::collections::{BTreeSet, HashSet};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
@@ -58,8 +60,9 @@ const PROGRESS_EVERY: u64 = 5_000;
 const PERMISSIONS: &str = "pubsub.topics.get and pubsub.topics.attachSubscription on the topic, pubsub.subscriptions.create, .consume and .delete on the project (roles/pubsub.editor, or roles/pubsub.subscriber with roles/pubsub.viewer)";
 
 /// Reads a Pub/Sub sink's topics back.
+#[derive(Clone)]
 pub struct PubSubReadBack {
-    sink: PubSubSink,
+    sink: Arc<PubSubSink>,
 }
 
 impl std::fmt::Debug for PubSubReadBack {
@@ -79,7 +82,9 @@ pub(super) async fn read_back(config: &PubSubConfig) -> Result<PubSubReadBack, R
         .build()
         .await
         .map_err(|e| ReadBackError::refused(e.report()))?;
-    let readback = PubSubReadBack { sink };
+    let readback = PubSubReadBack {
+        sink: Arc::new(sink),
+    };
     let sink = &readback.sink;
     let (url, what) = if sink.topic.is_fixed() {
         let topic = sink.topic.template();
@@ -308,10 +313,14 @@ impl PubSubReadBack {
             let lane = u32::try_from(out.lanes.len()).unwrap_or(u32::MAX);
             let name = format!("outbox-verify-{}", uuid::Uuid::now_v7().simple());
             self.create_subscription(&topic, &name).await?;
+            let temporary = Temporary {
+                reader: Some(self.clone()),
+                name: name.clone(),
+            };
             let result = self
                 .read_topic(&name, lane, since, started, &mut read, progress)
                 .await;
-            if let Err(e) = self.delete_subscription(&name).await {
+            if let Err(e) = temporary.delete().await {
                 out.notes.push(e);
             }
             let mut messages = result?;
@@ -481,6 +490,37 @@ impl PubSubReadBack {
                 m
             })
             .collect())
+    }
+}
+
+/// A temporary subscription, deleted by [`Temporary::delete`] or, when a read is abandoned
+/// midway (a caller's timeout drops it), by a task of its own.
+struct Temporary {
+    reader: Option<PubSubReadBack>,
+    name: String,
+}
+
+impl Temporary {
+    async fn delete(mut self) -> Result<(), String> {
+        match self.reader.take() {
+            Some(reader) => reader.delete_subscription(&self.name).await,
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Temporary {
+    fn drop(&mut self) {
+        if let Some(reader) = self.reader.take()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            let name = std::mem::take(&mut self.name);
+            runtime.spawn(async move {
+                if let Err(e) = reader.delete_subscription(&name).await {
+                    tracing::warn!(reason = %e, "Pub/Sub read-back abandoned midway");
+                }
+            });
+        }
     }
 }
 
