@@ -1,7 +1,8 @@
 //! `[canary]` with a real relay: probes written into PostgreSQL arrive in NATS JetStream and
 //! are timed, with nothing lost and nothing out of order, and the console's tile (in
 //! Chromium) shows it; a destination that acknowledges probes and then does not hold them
-//! (a file sink whose file is swapped for /dev/null) is caught as lost; a relay whose
+//! (a file sink whose file is swapped for /dev/null) is caught as lost; a relay built to
+//! publish its batches in reverse (`fault-injection`) is caught out of order; a relay whose
 //! destination cannot be read back still writes probes, for a consumer-side canary.
 
 mod support;
@@ -259,6 +260,72 @@ name = "webhook-canary"
     ensure!(
         log.contains("cannot be read back by the relay"),
         "no line saying the destination cannot be read back:\n{log}"
+    );
+    terminate(&mut relay, Duration::from_secs(30)).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_that_breaks_order_on_purpose_is_caught_by_its_canary() -> anyhow::Result<()> {
+    let Some(fault_bin) = std::env::var_os("OUTBOX_FAULT_BIN") else {
+        ensure!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "OUTBOX_FAULT_BIN is not set: scripts/test.sh builds the fault-injection binary"
+        );
+        eprintln!(
+            "skipped: OUTBOX_FAULT_BIN is not set (scripts/test.sh builds target/debug/outbox-fault-injection with `cargo build -p outbox-cli --features fault-injection`)"
+        );
+        return Ok(());
+    };
+    let port = free_port()?;
+    let work = Workdir::new()?;
+    let out = work.path().join("events.jsonl");
+    // A relay that fetches once a second while probes are written ten times a second: each
+    // batch holds several probes, and this binary publishes every batch in reverse order.
+    let config = work.write_config(
+        "outbox.toml",
+        &format!(
+            r#"
+[source]
+kind = "sqlite"
+path = "{db}"
+[relay]
+poll_interval = "1s"
+idle_interval = "1s"
+[sink]
+kind = "file"
+path = "{out}"
+[metrics]
+listen = "127.0.0.1:{port}"
+[canary]
+every = "100ms"
+"#,
+            db = work.path().join("outbox.db").display(),
+            out = out.display()
+        ),
+    )?;
+    let cfg = config.to_str().context("path")?;
+    let migrate = work.run(&["migrate", "--config", cfg]).await?;
+    ensure!(migrate.code == Some(0), "migrate failed: {migrate:?}");
+    std::fs::write(&out, "")?;
+    let log = std::fs::File::create(work.path().join("relay.log"))?;
+    let mut relay = tokio::process::Command::new(&fault_bin)
+        .args(["relay", "--config", cfg])
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .context("spawning the fault-injection relay")?;
+    metric_reaches(port, "outbox_canary_out_of_order_total", 1.0, &work).await?;
+    ensure!(
+        metric(port, "outbox_canary_lost_total").await? == 0.0,
+        "a reversed batch loses nothing:\n{}",
+        work.read_log("relay.log")
+    );
+    let log = work.read_log("relay.log");
+    ensure!(
+        log.contains("per-aggregate order was broken"),
+        "no error line for the order break:\n{log}"
     );
     terminate(&mut relay, Duration::from_secs(30)).await?;
     Ok(())
