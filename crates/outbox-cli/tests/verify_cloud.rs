@@ -175,6 +175,19 @@ async fn verify_catches_each_fault_on_kinesis() -> anyhow::Result<()> {
         report["destination"]["lanes"].as_array().map(Vec::len) == Some(2),
         "one lane per shard: {report:#}"
     );
+    // A window older than the stream's retention (24 hours): what is older may have expired,
+    // and nothing of this window is.
+    let path = config.to_str().context("path")?;
+    let out = work
+        .run(&["verify", "--config", path, "--since", "25h", "--json"])
+        .await?;
+    let report: Value = serde_json::from_str(&out.stdout).context("a JSON report")?;
+    expect(out.code.unwrap_or(-1), &report, (0, 0, 0, 0), 0)?;
+    ensure!(
+        report["destination"]["trimmed"][0]["destination"] == stream.as_str()
+            && report["expired_at_destination"]["count"] == 0,
+        "{report:#}"
+    );
 
     // A duplicate: a copy of a delivered record, as boto3 reads it.
     let copied = events[4].0;
@@ -386,6 +399,11 @@ async fn verify_catches_each_fault_on_pubsub() -> anyhow::Result<()> {
     expect(code, &report, (0, 0, 0, 0), 0)?;
     ensure!(
         report["matched"] == 12 && report["destination"]["read"] == 12,
+        "{report:#}"
+    );
+    // The topic keeps 10 minutes, the window (with verify's margin) starts 11 minutes ago.
+    ensure!(
+        report["destination"]["trimmed"][0]["destination"] == topic.as_str(),
         "{report:#}"
     );
 
