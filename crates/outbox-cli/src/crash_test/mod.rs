@@ -174,25 +174,19 @@ async fn run_in_scratch(
         progress,
     )
     .await;
+    // Verify while the relays still run (idle: the table is drained): a change stream (CDC)
+    // confirms the server's latest position only while a relay streams, and verify waits
+    // for that confirmation.
+    let checked = match run {
+        Ok((rolled_back, drain)) => verify(scratch, started_at, progress)
+            .await
+            .map(|verified| (rolled_back, drain, verified)),
+        Err(e) => Err(e),
+    };
     progress.stage("stopping the relays");
     relays.stop().await;
-    let (rolled_back, drain) = run?;
-
-    let since = started_at - time::Duration::seconds(5);
-    progress.stage("verifying the scratch destination against the scratch table");
-    let options = outbox_runtime::verify::Options { since, max_ids: 10 };
-    let verified = outbox_runtime::verify::verify(scratch, &options, progress)
-        .await
-        .map_err(|e| anyhow!("{}", e.0))?;
-    if verified.verdict == Verdict::CannotVerify {
-        return Err(anyhow!(
-            "{}",
-            verified
-                .cannot_verify
-                .clone()
-                .unwrap_or_else(|| "verify could not check the destination".to_owned())
-        ));
-    }
+    let (rolled_back, drain, verified) = checked?;
+    let since = verified.window.since;
     progress.stage("looking for rolled-back events at the destination");
     let rolled_back_seen = rolled_back_at_destination(scratch, since, &rolled_back).await?;
     let failed = verified.verdict == Verdict::Failed
@@ -222,6 +216,33 @@ async fn run_in_scratch(
         logs: failed.then_some(logs),
         log_tails,
     })
+}
+
+/// `outbox verify` over the scratch config, from just before the run; `Err` when it cannot
+/// verify.
+async fn verify(
+    scratch: &Config,
+    started_at: OffsetDateTime,
+    progress: &Progress,
+) -> anyhow::Result<outbox_runtime::verify::Report> {
+    progress.stage("verifying the scratch destination against the scratch table");
+    let options = outbox_runtime::verify::Options {
+        since: started_at - time::Duration::seconds(5),
+        max_ids: 10,
+    };
+    let verified = outbox_runtime::verify::verify(scratch, &options, progress)
+        .await
+        .map_err(|e| anyhow!("{}", e.0))?;
+    if verified.verdict == Verdict::CannotVerify {
+        return Err(anyhow!(
+            "{}",
+            verified
+                .cannot_verify
+                .clone()
+                .unwrap_or_else(|| "verify could not check the destination".to_owned())
+        ));
+    }
+    Ok(verified)
 }
 
 /// How the drain ended.
