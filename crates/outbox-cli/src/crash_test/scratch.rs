@@ -69,13 +69,27 @@ pub(crate) struct Created {
     pub(crate) destination: Option<String>,
 }
 
-/// One removal: what, and whether it went.
-#[derive(Debug, Clone, serde::Serialize)]
+/// One removal: what, and whether it went (`--json`: `created`, then `removed`, the lines
+/// of what went, or `error`, why it could not).
+#[derive(Debug, Clone)]
 pub(crate) struct Removal {
     /// What was created.
     pub(crate) created: String,
     /// What was removed (one line each), or why it could not be.
     pub(crate) removed: Result<Vec<String>, String>,
+}
+
+impl serde::Serialize for Removal {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = serializer.serialize_map(Some(2))?;
+        map.serialize_entry("created", &self.created)?;
+        match &self.removed {
+            Ok(lines) => map.serialize_entry("removed", lines)?,
+            Err(e) => map.serialize_entry("error", e)?,
+        }
+        map.end()
+    }
 }
 
 /// Removes what `created` lists (relays must be stopped first: a CDC slot in use cannot be
