@@ -109,7 +109,18 @@ pub(crate) async fn run(
         }
     }
     let mut created = Created::default();
-    let result = run_in_scratch(&scratch, &tag, &invocation, &args, &mut created, &progress).await;
+    // SIGINT / SIGTERM end the run early, but not the clean-up: the run (with its relays,
+    // killed as they are dropped) is abandoned, and the scratch is removed as after any run.
+    let interrupted = outbox_runtime::relay::cancel_on_signal().ok();
+    let result = tokio::select! {
+        result = run_in_scratch(&scratch, &tag, &invocation, &args, &mut created, &progress) => result,
+        () = async {
+            match &interrupted {
+                Some(token) => token.cancelled().await,
+                None => std::future::pending().await,
+            }
+        } => Err(anyhow!("interrupted by a signal before the verdict")),
+    };
     progress.stage("removing the scratch table and destination");
     let removals = scratch::remove(&scratch, &created).await;
     progress.finish();
