@@ -108,6 +108,9 @@ async fn checks(config: &Config, args: &DoctorArgs) -> Vec<DoctorCheck> {
         format!("valid: {} source, {described}", config.source.kind()),
         None,
     )];
+    if let Some(schemas) = schemas(config) {
+        out.push(schemas);
+    }
     // The database and the broker are checked at the same time: with both down, the answer
     // takes one timeout, not two.
     let database = async {
@@ -143,6 +146,44 @@ async fn checks(config: &Config, args: &DoctorArgs) -> Vec<DoctorCheck> {
     out.extend(database);
     out.extend(subscriptions.into_iter().flatten());
     out
+}
+
+/// `[payload] schemas`: every schema file compiled, as the relay compiles them at start; a
+/// broken one is red, named. `None` when no schemas are configured.
+fn schemas(config: &Config) -> Option<DoctorCheck> {
+    let dir = config.payload.schemas.as_deref()?;
+    Some(match outbox_runtime::schemas::Schemas::load(dir) {
+        Ok(schemas) => {
+            let files = schemas.files();
+            check(
+                "payload_schemas",
+                Health::Ok,
+                format!(
+                    "{} schema(s) in {} compile: {}",
+                    files.len(),
+                    dir.display(),
+                    if files.is_empty() {
+                        "none (every event passes unvalidated)".to_owned()
+                    } else {
+                        files.join(", ")
+                    }
+                ),
+                None,
+            )
+        }
+        Err(errors) => check(
+            "payload_schemas",
+            Health::Red,
+            errors
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("; "),
+            Some(
+                "fix or remove the file named above: the relay refuses to start with it (docs/payloads.md)",
+            ),
+        ),
+    })
 }
 
 /// A subscription's table (it exists: `outbox migrate` created it) and its sink.

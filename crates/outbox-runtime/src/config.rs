@@ -75,6 +75,10 @@ pub struct Config {
     /// A probe event written and read back on a schedule (`[canary]`, off by default).
     #[serde(default)]
     pub canary: crate::canary::CanaryConfig,
+    /// What the relay checks in payloads before publishing them: `schemas`, a directory of
+    /// JSON Schema files (`[payload]`, off by default; docs/payloads.md).
+    #[serde(default)]
+    pub payload: crate::schemas::PayloadConfig,
 }
 
 /// `[metrics]`: the HTTP endpoint (`/metrics`, `/healthz`, `/readyz`) and the watchdog.
@@ -188,6 +192,7 @@ impl Config {
             #[serde(skip_serializing_if = "<[_]>::is_empty")]
             capture: &'a [outbox_core::capture::CaptureConfig],
             canary: &'a crate::canary::CanaryConfig,
+            payload: &'a crate::schemas::PayloadConfig,
         }
         toml::to_string_pretty(&WithoutSink {
             source: &self.source,
@@ -200,6 +205,7 @@ impl Config {
             tracing: &self.tracing,
             capture: &self.capture,
             canary: &self.canary,
+            payload: &self.payload,
         })
         .map_err(|e| error(&e))
     }

@@ -10,7 +10,8 @@
 //! - [`story`]: what `outbox why` and `outbox dead show` tell, for the CLI and the console;
 //! - [`otlp`]: `[tracing]`, a span per publish attempt exported over OTLP/HTTP;
 //! - [`verify`]: `outbox verify`, the table's deliveries reconciled with the destination;
-//! - [`canary`]: `[canary]`, a probe event the relay writes and reads back on a schedule.
+//! - [`canary`]: `[canary]`, a probe event the relay writes and reads back on a schedule;
+//! - [`schemas`]: `[payload] schemas`, payloads validated against JSON Schema files.
 //!
 //! ```no_run
 //! use tokio_util::sync::CancellationToken;
@@ -44,6 +45,7 @@ pub mod otlp;
 pub mod registry;
 pub mod relay;
 pub mod retention;
+pub mod schemas;
 pub mod story;
 pub mod subscription;
 pub mod verify;
@@ -54,6 +56,7 @@ pub use console::UiConfig;
 pub use otlp::TracingConfig;
 pub use outbox_core::RelayReport;
 pub use retention::RetentionConfig;
+pub use schemas::PayloadConfig;
 pub use tokio_util::sync::CancellationToken;
 
 #[doc(hidden)]

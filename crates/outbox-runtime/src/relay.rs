@@ -102,6 +102,12 @@ pub async fn run(
     origin: &Origin,
     shutdown: CancellationToken,
 ) -> Result<RelayReport, RuntimeError> {
+    // `[payload] schemas`: every schema compiled before anything else starts; a broken one
+    // stops the start, naming its file.
+    let schemas = crate::schemas::Schemas::from_config(&config.payload)?;
+    if let Some(schemas) = &schemas {
+        tracing::info!(dir = %schemas.dir().display(), files = %schemas.files().join(", "), "payloads validated against JSON Schema");
+    }
     let readiness = Arc::new(Readiness::default());
     let console = match config.metrics.listen {
         Some(listen) => {
@@ -178,13 +184,17 @@ pub async fn run(
             config,
             subscriptions,
             pipelines,
+            schemas,
             readiness,
             console,
             shutdown,
         )
         .await;
     }
-    drive(config, backend, pipelines, readiness, console, shutdown).await
+    drive(
+        config, backend, pipelines, schemas, readiness, console, shutdown,
+    )
+    .await
 }
 
 /// Runs the relay over `pipelines` with the watchdog beside it.
@@ -192,6 +202,7 @@ async fn drive(
     config: Config,
     _backend: Arc<dyn Backend>,
     pipelines: Pipelines,
+    schemas: Option<Arc<crate::schemas::Schemas>>,
     readiness: Arc<Readiness>,
     console: Option<Arc<Console>>,
     shutdown: CancellationToken,
@@ -209,7 +220,7 @@ async fn drive(
         tracing::info!("stopped before the broker became reachable");
         return Ok(RelayReport::default());
     };
-    let sink = Arc::new(sink);
+    let sink = Arc::new(crate::schemas::wrap(sink, schemas.as_ref()));
     let watcher = tokio::spawn(observe::watch(
         inspector,
         watchdog,

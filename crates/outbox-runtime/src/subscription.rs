@@ -348,6 +348,7 @@ pub(crate) async fn run(
     config: Config,
     subscriptions: Vec<Resolved>,
     pipelines: Pipelines,
+    schemas: Option<Arc<crate::schemas::Schemas>>,
     readiness: Arc<Readiness>,
     console: Option<Arc<Console>>,
     shutdown: CancellationToken,
@@ -390,6 +391,7 @@ pub(crate) async fn run(
         let readiness = readiness.clone();
         readiness.expect_sink(&sub.name);
         let tracer = traces.as_ref().map(|t| t.tracer());
+        let schemas = schemas.clone();
         tasks.spawn(async move {
             let Pipelines {
                 sources,
@@ -409,7 +411,7 @@ pub(crate) async fn run(
                     )));
                 }
             };
-            let sink = Arc::new(sink);
+            let sink = Arc::new(crate::schemas::wrap(sink, schemas.as_ref()));
             let watcher = tokio::spawn(observe::watch_labeled(
                 inspector,
                 watchdog,
