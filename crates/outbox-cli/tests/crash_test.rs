@@ -156,6 +156,15 @@ async fn a_destination_that_cannot_be_read_back_is_refused() -> anyhow::Result<(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duration_under_a_second_is_refused() -> anyhow::Result<()> {
+    let work = Workdir::new()?;
+    let out = work.run(&["crash-test", "--duration", "0s"]).await?;
+    ensure!(out.code == Some(2), "{out:?}");
+    ensure!(out.stderr.contains("must be at least 1s"), "{out:?}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_database_that_looks_like_production_is_refused_without_yes() -> anyhow::Result<()> {
     let nats = Nats::shared().await?;
     let work = Workdir::new()?;

@@ -47,7 +47,7 @@ use self::scratch::Created;
 #[derive(Debug, Args)]
 pub(crate) struct CrashTestArgs {
     /// How long the producers write while relays are killed and paused (`60s`, `5m`).
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "60s")]
+    #[arg(long, value_parser = parse_duration, default_value = "60s")]
     duration: Duration,
     /// Relay processes running side by side.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=16))]
@@ -73,6 +73,15 @@ pub(crate) struct Invocation {
     pub(crate) database_url: Option<String>,
     /// `--subscription`.
     pub(crate) subscription: Option<String>,
+}
+
+/// `--duration`: a humantime duration of at least a second.
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let duration = humantime::parse_duration(text).map_err(|e| e.to_string())?;
+    if duration < Duration::from_secs(1) {
+        return Err("must be at least 1s".to_owned());
+    }
+    Ok(duration)
 }
 
 /// How long the drain may make no progress before the run gives up on it.
@@ -197,6 +206,12 @@ async fn run_in_scratch(
     progress.stage("stopping the relays");
     relays.stop().await;
     let (rolled_back, drain, verified) = checked?;
+    // A run that committed nothing tested nothing: never a PASS.
+    anyhow::ensure!(
+        written.committed.load(Ordering::Relaxed) > 0,
+        "no event was committed during the run, so nothing was tested ({} write(s) failed); try a longer --duration",
+        written.failed.load(Ordering::Relaxed)
+    );
     let since = verified.window.since;
     progress.stage("looking for rolled-back events at the destination");
     let rolled_back_seen = rolled_back_at_destination(scratch, since, &rolled_back).await?;
