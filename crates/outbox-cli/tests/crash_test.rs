@@ -156,6 +156,40 @@ async fn a_destination_that_cannot_be_read_back_is_refused() -> anyhow::Result<(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_public_database_host_is_refused_and_yes_overrides_it() -> anyhow::Result<()> {
+    let nats = Nats::shared().await?;
+    let work = Workdir::new()?;
+    // 192.0.2.1 (TEST-NET-1, documentation only): public, and nothing answers there.
+    let config = work.write_config(
+        "outbox.toml",
+        &format!(
+            "[source]\nkind = \"postgres\"\nurl = \"postgres://app:secret@192.0.2.1:5432/app\"\nconnect_timeout = \"1s\"\n[sink]\nkind = \"nats\"\nurl = \"{}\"\n",
+            nats.url()
+        ),
+    )?;
+    let out = crash_test(BIN, &work, &config, &[]).await?;
+    ensure!(out.code == Some(2), "{out:?}");
+    ensure!(
+        out.stderr
+            .contains("`192.0.2.1` is neither local nor on a private network")
+            && !out.stderr.contains("secret"),
+        "{out:?}"
+    );
+    // With --yes it runs, finds the database unreachable, and says so: exit 2, never a PASS.
+    let out = crash_test(BIN, &work, &config, &["--yes"]).await?;
+    ensure!(out.code == Some(2), "{out:?}");
+    ensure!(
+        out.stderr.contains("crash-test cannot run")
+            && out.stderr.contains("192.0.2.1")
+            && !out.stderr.contains("looks like production")
+            && !out.stderr.contains("secret"),
+        "{out:?}"
+    );
+    ensure!(!out.stdout.contains("PASS"), "{out:?}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_duration_under_a_second_is_refused() -> anyhow::Result<()> {
     let work = Workdir::new()?;
     let out = work.run(&["crash-test", "--duration", "0s"]).await?;
