@@ -27,7 +27,9 @@ fn config(schemas: &str) -> String {
     )
 }
 
-async fn sqlite(work: &Workdir) -> anyhow::Result<sqlx::SqlitePool> {
+/// `outbox migrate --config CFG`, then a pool on its SQLite file.
+async fn migrated(work: &Workdir, cfg: &str) -> anyhow::Result<sqlx::SqlitePool> {
+    work.run_ok(&["migrate", "--config", cfg]).await?;
     Ok(sqlx::SqlitePool::connect(&format!(
         "sqlite://{}",
         work.path().join("app.db").display()
@@ -57,6 +59,44 @@ async fn refused_relay(work: &Workdir, cfg: &str, what: &str) -> anyhow::Result<
     .with_context(|| format!("the relay started {what}"))?
 }
 
+/// Writes `(aggregate_type, aggregate_id, event_type, payload)` rows as a producer would.
+async fn insert(
+    pool: &sqlx::SqlitePool,
+    events: &[(&str, &str, &str, &str)],
+) -> anyhow::Result<()> {
+    for (aggregate_type, aggregate_id, event_type, payload) in events {
+        sqlx::query("INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES (?, ?, ?, ?)")
+            .bind(aggregate_type)
+            .bind(aggregate_id)
+            .bind(event_type)
+            .bind(payload.as_bytes())
+            .execute(pool)
+            .await?;
+    }
+    Ok(())
+}
+
+/// Runs the relay of `cfg` until `table` holds `n` settled (delivered or dead) events.
+async fn relay_until_settled(
+    work: &Workdir,
+    cfg: &std::path::Path,
+    pool: &sqlx::SqlitePool,
+    table: &str,
+    n: i64,
+) -> anyhow::Result<()> {
+    let mut relay = work.spawn_relay(cfg, "relay.log")?;
+    let query = format!("SELECT count(*) FROM {table} WHERE state IN ('dead', 'delivered')");
+    let settled = outbox_testkit::wait::eventually(Duration::from_secs(30), || async {
+        sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(query.clone()))
+            .fetch_one(pool)
+            .await
+            .is_ok_and(|found| found == n)
+    })
+    .await;
+    terminate(&mut relay, Duration::from_secs(10)).await?;
+    settled.with_context(|| format!("not every event settled:\n{}", work.read_log("relay.log")))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalid_events_are_dead_lettered_with_the_path_and_rule_while_valid_ones_flow()
 -> anyhow::Result<()> {
@@ -66,63 +106,23 @@ async fn invalid_events_are_dead_lettered_with_the_path_and_rule_while_valid_one
         ("README.md", "not a schema: left alone"),
     ])?;
     let cfg_str = cfg.to_str().context("utf-8 path")?;
-    work.run_ok(&["migrate", "--config", cfg_str]).await?;
-    let pool = sqlite(&work).await?;
-    // (aggregate_type, aggregate_id, event_type, payload, valid)
-    let events: [(&str, &str, &str, &str, bool); 7] = [
-        (
-            "Order",
-            "o1",
-            "order.placed",
-            r#"{"total_cents":100}"#,
-            true,
-        ),
-        (
-            "Order",
-            "o2",
-            "order.placed",
-            r#"{"total_cents":-5}"#,
-            false,
-        ),
-        ("Order", "o3", "order.placed", "not json", false),
-        (
-            "Order",
-            "o1",
-            "order.placed",
-            r#"{"total_cents":200}"#,
-            true,
-        ),
-        ("Invoice", "i1", "invoice.sent", r#"{"n":1}"#, true),
-        ("Invoice", "i2", "invoice.sent", "42", false),
-        (
-            "Order",
-            "o1",
-            "order.placed",
-            r#"{"total_cents":300}"#,
-            true,
-        ),
-    ];
-    for (aggregate_type, aggregate_id, event_type, payload, _) in events {
-        sqlx::query("INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES (?, ?, ?, ?)")
-            .bind(aggregate_type)
-            .bind(aggregate_id)
-            .bind(event_type)
-            .bind(payload.as_bytes())
-            .execute(&pool)
-            .await?;
-    }
-    let mut relay = work.spawn_relay(&cfg, "relay.log")?;
-    let settled = outbox_testkit::wait::eventually(Duration::from_secs(30), || async {
-        sqlx::query_scalar::<_, i64>(
-            "SELECT count(*) FROM outbox WHERE state IN ('dead', 'delivered')",
-        )
-        .fetch_one(&pool)
-        .await
-        .is_ok_and(|n| n == 7)
-    })
-    .await;
-    terminate(&mut relay, Duration::from_secs(10)).await?;
-    settled.with_context(|| format!("not every event settled:\n{}", work.read_log("relay.log")))?;
+    let pool = migrated(&work, cfg_str).await?;
+    // Valid: o1 (three), i1; invalid: o2 (minimum), o3 (not JSON), i2 (default.json: not an
+    // object).
+    insert(
+        &pool,
+        &[
+            ("Order", "o1", "order.placed", r#"{"total_cents":100}"#),
+            ("Order", "o2", "order.placed", r#"{"total_cents":-5}"#),
+            ("Order", "o3", "order.placed", "not json"),
+            ("Order", "o1", "order.placed", r#"{"total_cents":200}"#),
+            ("Invoice", "i1", "invoice.sent", r#"{"n":1}"#),
+            ("Invoice", "i2", "invoice.sent", "42"),
+            ("Order", "o1", "order.placed", r#"{"total_cents":300}"#),
+        ],
+    )
+    .await?;
+    relay_until_settled(&work, &cfg, &pool, "outbox", 7).await?;
 
     // Dead-lettered at once: refused by the schema, never retried.
     let dead: Vec<(String, i64)> = sqlx::query_as(
@@ -227,10 +227,9 @@ async fn a_broken_schema_is_refused_at_start_naming_the_file_and_doctor_reports_
     work.run_ok(&["migrate", "--config", cfg]).await?;
     let doctor = work.run(&["doctor", "--config", cfg]).await?;
     ensure!(
-        doctor
-            .stdout
-            .lines()
-            .any(|l| l.contains("ok") && l.contains("payload_schemas") && l.contains("order.placed.json")),
+        doctor.stdout.lines().any(|l| l.contains("ok")
+            && l.contains("payload_schemas")
+            && l.contains("order.placed.json")),
         "{doctor:?}"
     );
 
@@ -251,10 +250,9 @@ async fn a_broken_schema_is_refused_at_start_naming_the_file_and_doctor_reports_
     let doctor = work.run(&["doctor", "--config", cfg]).await?;
     ensure!(doctor.code.is_some_and(|c| c != 0), "{doctor:?}");
     ensure!(
-        doctor
-            .stdout
-            .lines()
-            .any(|l| l.contains("RED") && l.contains("payload_schemas") && l.contains("order.paid.json")),
+        doctor.stdout.lines().any(|l| l.contains("RED")
+            && l.contains("payload_schemas")
+            && l.contains("order.paid.json")),
         "{doctor:?}"
     );
 
@@ -267,5 +265,53 @@ async fn a_broken_schema_is_refused_at_start_naming_the_file_and_doctor_reports_
     )
     .await?;
     relay.assert_clear_error("no-such-dir")?;
+    Ok(())
+}
+
+/// With `[[subscription]]` entries, each subscription's sink validates: the invalid event is
+/// dead-lettered in the subscription's own table, the valid one reaches its file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_subscription_validates_and_dead_letters_in_its_own_table() -> anyhow::Result<()> {
+    let (work, _, _) = with_schemas(&[("order.placed.json", ORDER_PLACED)])?;
+    let cfg = work.write_config(
+        "fanout.toml",
+        "[source]\nkind = \"sqlite\"\npath = \"app.db\"\n[sinks.files]\nkind = \"file\"\npath = \"events.jsonl\"\n[[subscription]]\nname = \"all\"\nsink = \"files\"\n[payload]\nschemas = \"schemas/\"\n",
+    )?;
+    let cfg_str = cfg.to_str().context("utf-8 path")?;
+    let pool = migrated(&work, cfg_str).await?;
+    insert(
+        &pool,
+        &[
+            ("Order", "o1", "order.placed", r#"{"total_cents":-1}"#),
+            ("Order", "o2", "order.placed", r#"{"total_cents":1}"#),
+        ],
+    )
+    .await?;
+    relay_until_settled(&work, &cfg, &pool, "outbox_sub_all", 2).await?;
+    let list = work
+        .run_ok(&[
+            "dead",
+            "list",
+            "--config",
+            cfg_str,
+            "--subscription",
+            "all",
+            "--json",
+        ])
+        .await?;
+    let list: serde_json::Value = serde_json::from_str(&list)?;
+    ensure!(
+        list.as_array().is_some_and(|a| a.len() == 1)
+            && list[0]["aggregate_id"] == "o1"
+            && list[0]["reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("/total_cents: -1 is less than the minimum of 0")),
+        "{list}"
+    );
+    let lines = std::fs::read_to_string(work.path().join("events.jsonl"))?;
+    ensure!(
+        lines.lines().count() == 1 && lines.contains("\"aggregate_id\":\"o2\""),
+        "{lines}"
+    );
     Ok(())
 }
