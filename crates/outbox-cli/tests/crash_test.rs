@@ -16,7 +16,7 @@ mod support;
 use std::path::Path;
 
 use anyhow::{Context, ensure};
-use outbox_testkit::services::{MariaDb, Nats, Postgres, Redis};
+use outbox_testkit::services::{Kafka, MariaDb, Nats, Postgres, Redis};
 use serde_json::Value;
 use support::{BIN, Workdir};
 
@@ -101,6 +101,42 @@ async fn crash_test_passes_on_sqlite_with_redis_streams() -> anyhow::Result<()> 
         .query_async(&mut connection)
         .await?;
     ensure!(left.is_empty(), "scratch key(s) left behind: {left:?}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_test_passes_on_sqlite_with_kafka() -> anyhow::Result<()> {
+    let kafka = Kafka::shared().await?;
+    let work = Workdir::new()?;
+    let config = work.write_config(
+        "outbox.toml",
+        &format!(
+            "[source]\nkind = \"sqlite\"\npath = \"app.db\"\n[sink]\nkind = \"kafka\"\nbrokers = \"{}\"\n",
+            kafka.brokers()
+        ),
+    )?;
+    let out = crash_test(BIN, &work, &config, &["--json"]).await?;
+    let report: Value =
+        serde_json::from_str(&out.stdout).with_context(|| format!("the --json report: {out:?}"))?;
+    ensure!(
+        out.code == Some(0),
+        "expected PASS: {report:#}\n{}",
+        out.stderr
+    );
+    scratch_removed(&report)?;
+    // The scratch topic is gone from the cluster's metadata.
+    use rdkafka::consumer::Consumer;
+    let consumer: rdkafka::consumer::BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", kafka.brokers())
+        .create()?;
+    let metadata = consumer.fetch_metadata(None, std::time::Duration::from_secs(30))?;
+    let left: Vec<&str> = metadata
+        .topics()
+        .iter()
+        .map(rdkafka::metadata::MetadataTopic::name)
+        .filter(|t| t.starts_with("outbox_crash_"))
+        .collect();
+    ensure!(left.is_empty(), "scratch topic(s) left behind: {left:?}");
     Ok(())
 }
 

@@ -222,7 +222,7 @@ pub trait BuildSink:
     fn scratch(&self, tag: &crate::Identifier) -> Result<Self, String> {
         let _ = tag;
         Err(format!(
-            "`outbox crash-test` has no scratch destination for sink kind = \"{}\": it needs a destination it can create, read back and delete (nats, redis, file); for this one, turn on the relay's canary ([canary] in docs/operations.md)",
+            "`outbox crash-test` has no scratch destination for sink kind = \"{}\": it needs a destination it can create, read back and delete (nats, kafka, redis, file); for this one, turn on the relay's canary ([canary] in docs/operations.md)",
             Self::KIND
         ))
     }

@@ -41,6 +41,7 @@
 mod client;
 mod config;
 mod readback;
+mod scratch;
 mod topic;
 
 use std::collections::BTreeSet;
@@ -587,7 +588,8 @@ impl Sink for KafkaSink {
 crate::build_sink!(KafkaConfig, "kafka", |config, event| format!(
     "Kafka topic {}",
     config.destination.render(event)
-), destination: destination, read_back: readback::read_back);
+), destination: destination, read_back: readback::read_back,
+scratch: scratch::scratch, remove_scratch: scratch::remove_scratch);
 
 #[cfg(test)]
 mod tests {
