@@ -425,7 +425,7 @@ mod tests {
     }
 
     /// The validation cost per event (docs/benchmarks.md, "Schema validation"):
-    /// `cargo test --release -p outbox-runtime --no-default-features --lib schemas::tests::validation_cost -- --ignored --nocapture`.
+    /// `cargo test --release -p outbox-runtime --no-default-features --features postgres --lib schemas::tests::validation_cost -- --ignored --nocapture`.
     #[test]
     #[ignore = "a benchmark: run it in release, see the doc comment"]
     fn validation_cost() {
