@@ -48,6 +48,15 @@ async fn metric_reaches(
     })
 }
 
+/// Writes `toml` as the work directory's `outbox.toml` and runs `outbox migrate` on it.
+async fn migrated_config(work: &Workdir, toml: &str) -> anyhow::Result<std::path::PathBuf> {
+    let config = work.write_config("outbox.toml", toml)?;
+    let cfg = config.to_str().context("path")?;
+    let migrate = work.run(&["migrate", "--config", cfg]).await?;
+    ensure!(migrate.code == Some(0), "migrate failed: {migrate:?}");
+    Ok(config)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn probes_arrive_in_jetstream_timed_in_order_and_the_console_tile_shows_them()
 -> anyhow::Result<()> {
@@ -58,8 +67,8 @@ async fn probes_arrive_in_jetstream_timed_in_order_and_the_console_tile_shows_th
     let tag = format!("canary{}", uuid::Uuid::new_v4().simple());
     let port = free_port()?;
     let work = Workdir::new()?;
-    let config = work.write_config(
-        "outbox.toml",
+    let config = migrated_config(
+        &work,
         &format!(
             r#"
 [source]
@@ -81,10 +90,8 @@ name = "canary-test"
 "#,
             nats = nats.url()
         ),
-    )?;
-    let cfg = config.to_str().context("path")?;
-    let migrate = work.run(&["migrate", "--config", cfg]).await?;
-    ensure!(migrate.code == Some(0), "migrate failed: {migrate:?}");
+    )
+    .await?;
     let mut relay = work.spawn_relay(&config, "relay.log")?;
 
     metric_reaches(port, "outbox_canary_latency_seconds_count", 5.0, &work).await?;
@@ -152,8 +159,8 @@ async fn probes_acknowledged_and_then_not_held_by_the_destination_are_counted_lo
     let port = free_port()?;
     let work = Workdir::new()?;
     let out = work.path().join("events.jsonl");
-    let config = work.write_config(
-        "outbox.toml",
+    let config = migrated_config(
+        &work,
         &format!(
             r#"
 [source]
@@ -173,10 +180,8 @@ lost_after = "1s"
             db = work.path().join("outbox.db").display(),
             out = out.display()
         ),
-    )?;
-    let cfg = config.to_str().context("path")?;
-    let migrate = work.run(&["migrate", "--config", cfg]).await?;
-    ensure!(migrate.code == Some(0), "migrate failed: {migrate:?}");
+    )
+    .await?;
     std::fs::write(&out, "")?;
     let mut relay = work.spawn_relay(&config, "relay.log")?;
     metric_reaches(port, "outbox_canary_latency_seconds_count", 2.0, &work).await?;
@@ -201,8 +206,8 @@ async fn a_destination_that_cannot_be_read_back_still_gets_probes() -> anyhow::R
     let hooks = HttpReceiver::start().await?;
     let port = free_port()?;
     let work = Workdir::new()?;
-    let config = work.write_config(
-        "outbox.toml",
+    let config = migrated_config(
+        &work,
         &format!(
             r#"
 [source]
@@ -222,10 +227,8 @@ name = "webhook-canary"
             db = work.path().join("outbox.db").display(),
             hook = hooks.url_for("/in")
         ),
-    )?;
-    let cfg = config.to_str().context("path")?;
-    let migrate = work.run(&["migrate", "--config", cfg]).await?;
-    ensure!(migrate.code == Some(0), "migrate failed: {migrate:?}");
+    )
+    .await?;
     let mut relay = work.spawn_relay(&config, "relay.log")?;
     outbox_testkit::wait::eventually(Duration::from_secs(90), || async {
         hooks
@@ -282,8 +285,8 @@ async fn a_relay_that_breaks_order_on_purpose_is_caught_by_its_canary() -> anyho
     let out = work.path().join("events.jsonl");
     // A relay that fetches once a second while probes are written ten times a second: each
     // batch holds several probes, and this binary publishes every batch in reverse order.
-    let config = work.write_config(
-        "outbox.toml",
+    let config = migrated_config(
+        &work,
         &format!(
             r#"
 [source]
@@ -303,10 +306,9 @@ every = "100ms"
             db = work.path().join("outbox.db").display(),
             out = out.display()
         ),
-    )?;
+    )
+    .await?;
     let cfg = config.to_str().context("path")?;
-    let migrate = work.run(&["migrate", "--config", cfg]).await?;
-    ensure!(migrate.code == Some(0), "migrate failed: {migrate:?}");
     std::fs::write(&out, "")?;
     let log = std::fs::File::create(work.path().join("relay.log"))?;
     let mut relay = tokio::process::Command::new(&fault_bin)
