@@ -97,7 +97,16 @@ async fn settle_while<S: outbox_core::Source>(
             Instant::now() < deadline,
             "the source did not deliver what was expected within {timeout:?}"
         );
-        let fetched = source.fetch(batch, time::OffsetDateTime::now_utc()).await?;
+        let fetched = match source.fetch(batch, time::OffsetDateTime::now_utc()).await {
+            Ok(fetched) => fetched,
+            // As the relay does: a database that went away (a reset connection) is retried;
+            // nothing was recorded, so the batch comes again.
+            Err(e) if e.kind() == outbox_core::source::SourceErrorKind::Unavailable => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
         if fetched.events.is_empty() {
             source.wait_for_events(Duration::from_millis(200)).await;
             continue;
