@@ -1,0 +1,206 @@
+//! `key = "aws-kms:<key id, ARN or alias>"`: data keys from KMS `GenerateDataKey`, unwrapped
+//! by consumers with KMS `Decrypt`.
+//!
+//! Every failure of the relay's `GenerateDataKey` says nothing about the event (KMS cannot
+//! be reached, refuses the caller, or the key is missing or disabled), so all are
+//! `Unavailable`: the relay pauses and retries, nothing is dead-lettered.
+
+use std::time::Duration;
+
+use aws_config::retry::RetryConfig;
+use aws_config::timeout::TimeoutConfig;
+use aws_config::{BehaviorVersion, Region};
+use aws_sdk_kms::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
+use aws_sdk_kms::primitives::Blob;
+use aws_sdk_kms::types::DataKeySpec;
+use base64::Engine as _;
+use outbox_core::SinkError;
+
+use super::data_key::{AesKey, DataKey};
+use crate::DecodeError;
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+const TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A KMS client, and where it sends (for messages).
+pub(super) struct Kms {
+    client: aws_sdk_kms::Client,
+    endpoint: String,
+}
+
+impl std::fmt::Debug for Kms {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Kms")
+            .field("endpoint", &self.endpoint)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Kms {
+    /// A client through the standard AWS chain, `region` and `endpoint_url` when set. One
+    /// SDK retry: an outage surfaces quickly and the relay backs off itself. No request.
+    pub(super) async fn new(region: Option<&str>, endpoint_url: Option<&str>) -> Self {
+        let mut loader = aws_config::defaults(BehaviorVersion::latest())
+            .retry_config(RetryConfig::standard().with_max_attempts(2))
+            .timeout_config(
+                TimeoutConfig::builder()
+                    .connect_timeout(CONNECT_TIMEOUT)
+                    .operation_attempt_timeout(TIMEOUT)
+                    .build(),
+            );
+        if let Some(region) = region {
+            loader = loader.region(Region::new(region.to_owned()));
+        }
+        if let Some(url) = endpoint_url {
+            loader = loader.endpoint_url(url);
+        }
+        let sdk = loader.load().await;
+        let endpoint = match sdk.endpoint_url() {
+            Some(url) => format!("KMS at {}", outbox_core::redact::redact_url(url)),
+            None => format!(
+                "KMS in {}",
+                sdk.region().map_or("the default region", |r| r.as_ref())
+            ),
+        };
+        Self {
+            client: aws_sdk_kms::Client::new(&sdk),
+            endpoint,
+        }
+    }
+
+    /// A new data key of `key_id` (`GenerateDataKey`, AES_256): its id is the key ARN KMS
+    /// answers with, its wrapped form the `CiphertextBlob`.
+    pub(super) async fn new_data_key(&self, key_id: &str) -> Result<DataKey, SinkError> {
+        let output = self
+            .client
+            .generate_data_key()
+            .key_id(key_id)
+            .key_spec(DataKeySpec::Aes256)
+            .send()
+            .await
+            .map_err(|e| self.generate_error(key_id, e))?;
+        let (Some(plaintext), Some(blob)) = (output.plaintext(), output.ciphertext_blob()) else {
+            return Err(SinkError::unavailable(format!(
+                "{} answered GenerateDataKey on {key_id} without a data key",
+                self.endpoint
+            )));
+        };
+        let len = plaintext.as_ref().len();
+        let key = AesKey::take(&mut plaintext.as_ref().to_vec()).ok_or_else(|| {
+            SinkError::unavailable(format!(
+                "{} answered GenerateDataKey on {key_id} with a data key of {len} bytes, not 32",
+                self.endpoint
+            ))
+        })?;
+        Ok(DataKey {
+            key,
+            key_id: output.key_id().unwrap_or(key_id).to_owned(),
+            wrapped: base64::engine::general_purpose::STANDARD.encode(blob.as_ref()),
+        })
+    }
+
+    fn generate_error<E>(&self, key_id: &str, err: SdkError<E>) -> SinkError
+    where
+        E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    {
+        let endpoint = &self.endpoint;
+        let Some((code, detail)) = refusal(&err) else {
+            if let SdkError::ConstructionFailure(_) = err {
+                return SinkError::unavailable(format!(
+                    "cannot sign GenerateDataKey on {key_id} to {endpoint} (are AWS credentials \
+                     configured?): {}",
+                    DisplayErrorContext(&err)
+                ));
+            }
+            return SinkError::unavailable(format!(
+                "cannot reach {endpoint} (GenerateDataKey on {key_id}): {}",
+                DisplayErrorContext(&err)
+            ));
+        };
+        SinkError::unavailable(match code.as_str() {
+            "AccessDeniedException" | "AccessDenied" => format!(
+                "KMS refused GenerateDataKey on {key_id}: give the relay kms:GenerateDataKey on \
+                 that key ({detail})"
+            ),
+            "NotFoundException" => {
+                format!("KMS has no key {key_id} ({detail}): check encryption.key and the region")
+            }
+            "DisabledException" => format!(
+                "the KMS key {key_id} is disabled ({detail}): enable it, or change encryption.key"
+            ),
+            "KMSInvalidStateException" => format!(
+                "the KMS key {key_id} cannot be used in its state ({detail}): it may be pending \
+                 deletion or import"
+            ),
+            _ => format!("GenerateDataKey on {key_id} to {endpoint} failed: {detail}"),
+        })
+    }
+
+    /// The data key wrapped as `blob` (KMS `Decrypt`; the blob names its key).
+    pub(super) async fn unwrap(&self, blob: Vec<u8>, key_id: &str) -> Result<AesKey, DecodeError> {
+        let output = self
+            .client
+            .decrypt()
+            .ciphertext_blob(Blob::new(blob))
+            .send()
+            .await
+            .map_err(|e| self.decrypt_error(key_id, e))?;
+        let Some(plaintext) = output.plaintext() else {
+            return Err(DecodeError::Unavailable(format!(
+                "{} answered Decrypt of a data key of {key_id} without the key",
+                self.endpoint
+            )));
+        };
+        AesKey::take(&mut plaintext.as_ref().to_vec()).ok_or_else(|| {
+            DecodeError::Invalid(format!(
+                "the data key of {key_id} that KMS decrypted is not a 256-bit key"
+            ))
+        })
+    }
+
+    fn decrypt_error<E>(&self, key_id: &str, err: SdkError<E>) -> DecodeError
+    where
+        E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    {
+        let endpoint = &self.endpoint;
+        let Some((code, detail)) = refusal(&err) else {
+            return DecodeError::Unavailable(format!(
+                "cannot reach {endpoint} (Decrypt of a data key of {key_id}): {}",
+                DisplayErrorContext(&err)
+            ));
+        };
+        match code.as_str() {
+            "InvalidCiphertextException" | "IncorrectKeyException" => {
+                DecodeError::Invalid(format!(
+                    "KMS cannot decrypt the data key of {key_id} ({detail}): the \
+                     encryption_data_key header was altered or belongs to another key"
+                ))
+            }
+            "AccessDeniedException" | "AccessDenied" => DecodeError::Unavailable(format!(
+                "KMS refused Decrypt with {key_id}: give the consumer kms:Decrypt on that key \
+                 ({detail})"
+            )),
+            _ => DecodeError::Unavailable(format!(
+                "Decrypt of a data key of {key_id} to {endpoint} failed: {detail}"
+            )),
+        }
+    }
+}
+
+/// The error code and the service's message when KMS answered with a refusal; `None` when
+/// it was not reached (or the request could not be made).
+fn refusal<E: ProvideErrorMetadata>(err: &SdkError<E>) -> Option<(String, String)> {
+    let SdkError::ServiceError(service) = err else {
+        return None;
+    };
+    let status = service.raw().status().as_u16();
+    let code = service.err().code().unwrap_or("").to_owned();
+    // The code and the message; the full context would dump the response.
+    let detail = match (service.err().code(), service.err().message()) {
+        (Some(code), Some(message)) => format!("{code}: {message}"),
+        (Some(code), None) => format!("{code} (HTTP {status})"),
+        (None, Some(message)) => message.to_owned(),
+        (None, None) => format!("HTTP {status}"),
+    };
+    Some((code, detail))
+}
