@@ -20,8 +20,17 @@ use std::time::Duration;
 use bytes::Bytes;
 use outbox_core::{Event, SinkError};
 use serde::{Deserialize, Serialize};
+use sha2::{Digest as _, Sha256};
 
+use crate::header::{CLAIM_CHECK, CLAIM_CHECK_SHA256, CLAIM_CHECK_SIZE};
 use crate::{ByteSize, DecodeError};
+
+mod file;
+mod location;
+#[cfg(feature = "aws")]
+mod s3;
+
+use location::Location;
 
 /// `claim_check = { store = "s3://bucket/prefix", above = "200KiB" }`.
 #[derive(Clone, Deserialize, Serialize, PartialEq, Eq)]
@@ -48,6 +57,14 @@ fn default_keep() -> Duration {
     Duration::from_secs(7 * 24 * 3600)
 }
 
+/// Seconds in a day: S3 lifecycle rules count whole days.
+const DAY: u64 = 24 * 3600;
+
+/// `keep` in whole days, rounded up.
+fn keep_days(keep: Duration) -> u64 {
+    (keep.as_secs() + u64::from(keep.subsec_nanos() > 0)).div_ceil(DAY)
+}
+
 impl std::fmt::Debug for ClaimCheckConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ClaimCheckConfig")
@@ -57,7 +74,10 @@ impl std::fmt::Debug for ClaimCheckConfig {
             .field("region", &self.region)
             .field(
                 "endpoint_url",
-                &self.endpoint_url.as_deref().map(outbox_core::redact::redact_url),
+                &self
+                    .endpoint_url
+                    .as_deref()
+                    .map(outbox_core::redact::redact_url),
             )
             .finish()
     }
@@ -68,8 +88,87 @@ impl ClaimCheckConfig {
     /// `keep`) and says what is wrong. `sink_limit` is the sink's own message limit: `above`
     /// is required when it is `None`, and may not exceed it.
     pub fn validate(&self, sink_limit: Option<usize>) -> Result<(), String> {
-        let _ = sink_limit;
-        Err("claim_check: not built yet".into())
+        let location = Location::parse(&self.store)?;
+        #[cfg(not(feature = "aws"))]
+        if location.is_s3() {
+            return Err(format!(
+                "store: `{}` is not available: this relay was built without the `aws` feature \
+                 (the S3 client); write file:///absolute/dir, or build with it",
+                outbox_core::redact::redact_url(&self.store)
+            ));
+        }
+        match (self.above, sink_limit) {
+            (None, None) => {
+                return Err(
+                    "above: is required for this sink, which has no message limit of \
+                            its own"
+                        .into(),
+                );
+            }
+            (Some(above), _) if above.0 == 0 => {
+                return Err("above: must be greater than 0".into());
+            }
+            (Some(above), Some(limit)) if above.bytes() > limit => {
+                return Err(format!(
+                    "above: {above} is over the sink's own message limit of {limit} bytes: the \
+                     sink would refuse such messages anyway; leave above out to use the limit"
+                ));
+            }
+            (None, Some(0)) => {
+                return Err("above: is required: the sink's message limit is 0".into());
+            }
+            _ => {}
+        }
+        let keep = humantime_serde::re::humantime::format_duration(self.keep);
+        if self.keep.is_zero() {
+            return Err("keep: must be greater than 0".into());
+        }
+        if location.is_s3() {
+            if self.keep < Duration::from_secs(DAY) {
+                return Err(format!(
+                    "keep: {keep} is under a day; S3 expires objects in whole days (keep is \
+                     rounded up), so write at least 1d"
+                ));
+            }
+            if i32::try_from(keep_days(self.keep)).is_err() {
+                return Err(format!("keep: {keep} is too long"));
+            }
+        } else {
+            for (key, set) in [
+                ("region", self.region.is_some()),
+                ("endpoint_url", self.endpoint_url.is_some()),
+            ] {
+                if set {
+                    return Err(format!("{key}: only an s3:// store uses it"));
+                }
+            }
+        }
+        if let Some(region) = &self.region
+            && (region.is_empty()
+                || !region
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-'))
+        {
+            return Err(format!(
+                "region: `{region}` is not an AWS region name (like `eu-west-1`)"
+            ));
+        }
+        if let Some(url) = &self.endpoint_url {
+            let shown = outbox_core::redact::redact_url(url);
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                return Err(format!(
+                    "endpoint_url: `{shown}` must start with http:// or https://"
+                ));
+            }
+            let authority = url.split("://").nth(1).unwrap_or("").split('/').next();
+            if authority.is_some_and(|a| a.contains('@')) {
+                return Err(format!(
+                    "endpoint_url: `{shown}` must not carry a user or password: AWS requests \
+                     are signed with the keys of the standard credential chain"
+                ));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -81,9 +180,37 @@ pub fn message_size(event: &Event) -> usize {
     size
 }
 
+/// The message body of a claim-checked event: the reference, as compact JSON in this order.
+#[derive(Serialize)]
+struct Reference<'a> {
+    claim_check: &'a str,
+    claim_check_sha256: &'a str,
+    claim_check_size: usize,
+}
+
+/// `{"claim_check":"<url>","claim_check_sha256":"<hex>","claim_check_size":<n>}`.
+fn reference_body(url: &str, sha256: &str, size: usize) -> Bytes {
+    let reference = Reference {
+        claim_check: url,
+        claim_check_sha256: sha256,
+        claim_check_size: size,
+    };
+    // A struct of strings and a number always serializes.
+    Bytes::from(serde_json::to_vec(&reference).unwrap_or_default())
+}
+
+/// Where the payloads go.
+enum Store {
+    File(file::FileStore),
+    #[cfg(feature = "aws")]
+    S3(s3::S3Store),
+}
+
 /// The relay's side: offloads the payloads of large messages.
 pub struct ClaimCheck {
-    _private: (),
+    location: Location,
+    above: usize,
+    store: Store,
 }
 
 impl ClaimCheck {
@@ -92,51 +219,232 @@ impl ClaimCheck {
         config: &ClaimCheckConfig,
         sink_limit: Option<usize>,
     ) -> Result<Self, SinkError> {
-        let _ = (config, sink_limit);
-        Err(SinkError::rejected("claim_check: not built yet"))
+        let refuse = |e: String| SinkError::rejected(format!("claim_check.{e}"));
+        config.validate(sink_limit).map_err(refuse)?;
+        let location = Location::parse(&config.store).map_err(refuse)?;
+        let above = config
+            .above
+            .map(ByteSize::bytes)
+            .or(sink_limit)
+            .ok_or_else(|| refuse("above: is required".into()))?;
+        let store = match &location {
+            Location::File { dir } => Store::File(file::FileStore::new(dir)),
+            #[cfg(feature = "aws")]
+            Location::S3 { bucket, prefix } => Store::S3(
+                s3::S3Store::connect(
+                    bucket,
+                    prefix,
+                    i32::try_from(keep_days(config.keep)).unwrap_or(i32::MAX),
+                    config.region.as_deref(),
+                    config.endpoint_url.as_deref(),
+                )
+                .await,
+            ),
+            #[cfg(not(feature = "aws"))]
+            Location::S3 { .. } => {
+                return Err(refuse(
+                    "store: s3:// needs the relay built with the `aws` feature".into(),
+                ));
+            }
+        };
+        Ok(Self {
+            location,
+            above,
+            store,
+        })
     }
 
     /// The threshold in bytes.
     pub fn above(&self) -> usize {
-        0
+        self.above
     }
 
     /// `event` unchanged when its message fits, else with its payload stored and replaced
     /// by the reference (see the module documentation).
-    pub async fn apply(&self, event: Event) -> Result<Event, SinkError> {
+    pub async fn apply(&self, mut event: Event) -> Result<Event, SinkError> {
+        if message_size(&event) <= self.above {
+            return Ok(event);
+        }
+        let key = self.location.key(&event.aggregate_type, event.id);
+        let url = self.location.url(&key);
+        let stored = std::mem::take(&mut event.payload);
+        let sha256 = hex::encode(Sha256::digest(&stored));
+        event.payload = reference_body(&url, &sha256, stored.len());
+        event.headers.extend([
+            (CLAIM_CHECK.to_owned(), url),
+            (CLAIM_CHECK_SHA256.to_owned(), sha256),
+            (CLAIM_CHECK_SIZE.to_owned(), stored.len().to_string()),
+        ]);
+        // Checked before the write: an event that cannot be sent leaves no object behind.
+        let size = message_size(&event);
+        if size > self.above {
+            let headers = size - event.payload.len();
+            let above = self.above;
+            let why = if headers > above {
+                format!("its headers alone are {headers} bytes")
+            } else {
+                format!(
+                    "its headers ({headers} bytes) and the reference body ({} bytes) are {size} \
+                     bytes",
+                    event.payload.len()
+                )
+            };
+            return Err(SinkError::rejected(format!(
+                "the message still does not fit after claim-check: {why}, over the limit of \
+                 {above} (claim_check.above)"
+            )));
+        }
+        match &self.store {
+            Store::File(store) => store.put(&key, &stored).await?,
+            #[cfg(feature = "aws")]
+            Store::S3(store) => {
+                let content_type = event
+                    .headers
+                    .iter()
+                    .find(|(name, _)| name.eq_ignore_ascii_case("content-type"))
+                    .map_or("application/octet-stream", |(_, value)| value.as_str());
+                let id = event.id.hyphenated().to_string();
+                store
+                    .put(s3::Put {
+                        key: &key,
+                        body: &stored,
+                        event_id: &id,
+                        aggregate_type: &event.aggregate_type,
+                        event_type: &event.event_type,
+                        content_type,
+                    })
+                    .await?;
+            }
+        }
         Ok(event)
     }
 
     /// `outbox doctor`: the store answers, a write is allowed, and (S3) the expiry rule
     /// exists. `Ok` says what was checked; `Err` what is wrong.
     pub async fn check(&self) -> Result<String, SinkError> {
-        Err(SinkError::rejected("claim_check: not built yet"))
+        match &self.store {
+            Store::File(store) => store.check().await,
+            #[cfg(feature = "aws")]
+            Store::S3(store) => store.check().await,
+        }
     }
 
     /// `outbox migrate`: sets the expiry rule (S3 lifecycle for the prefix). `Ok` says what
     /// was done.
     pub async fn ensure_expiry(&self) -> Result<String, SinkError> {
-        Err(SinkError::rejected("claim_check: not built yet"))
+        match &self.store {
+            Store::File(store) => Ok(store.ensure_expiry()),
+            #[cfg(feature = "aws")]
+            Store::S3(store) => store.ensure_expiry().await,
+        }
     }
 }
 
 /// The consumer's side: fetches a claim-checked payload and checks its size and hash.
 pub struct ClaimCheckFetcher {
-    _private: (),
+    #[cfg(feature = "aws")]
+    region: Option<String>,
+    #[cfg(feature = "aws")]
+    endpoint_url: Option<String>,
+    /// The S3 client and where it sends, made on the first `s3://` fetch.
+    #[cfg(feature = "aws")]
+    s3: tokio::sync::OnceCell<(aws_sdk_s3::Client, String)>,
 }
 
 impl ClaimCheckFetcher {
     /// A fetcher of `file://` URLs, and of `s3://` URLs through the standard AWS chain
     /// (`region`, `endpoint_url` as in the config).
     pub async fn new(region: Option<&str>, endpoint_url: Option<&str>) -> Self {
+        #[cfg(not(feature = "aws"))]
         let _ = (region, endpoint_url);
-        Self { _private: () }
+        Self {
+            #[cfg(feature = "aws")]
+            region: region.map(str::to_owned),
+            #[cfg(feature = "aws")]
+            endpoint_url: endpoint_url.map(str::to_owned),
+            #[cfg(feature = "aws")]
+            s3: tokio::sync::OnceCell::new(),
+        }
     }
 
     /// `Ok(None)` when `headers` has no `claim_check`; else the stored bytes, checked
     /// against `claim_check_size` and `claim_check_sha256`.
     pub async fn fetch(&self, headers: &[(String, String)]) -> Result<Option<Bytes>, DecodeError> {
-        let _ = headers;
-        Ok(None)
+        let header = |name: &str| {
+            headers
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.as_str())
+        };
+        let Some(url) = header(CLAIM_CHECK) else {
+            return Ok(None);
+        };
+        let size = header(CLAIM_CHECK_SIZE)
+            .ok_or_else(|| {
+                DecodeError::Invalid(format!(
+                    "the message has {CLAIM_CHECK} but no {CLAIM_CHECK_SIZE} header"
+                ))
+            })?
+            .parse::<usize>()
+            .map_err(|_| {
+                DecodeError::Invalid(format!(
+                    "the {CLAIM_CHECK_SIZE} header is not a number of bytes"
+                ))
+            })?;
+        let sha256 = header(CLAIM_CHECK_SHA256).ok_or_else(|| {
+            DecodeError::Invalid(format!(
+                "the message has {CLAIM_CHECK} but no {CLAIM_CHECK_SHA256} header"
+            ))
+        })?;
+        if sha256.len() != 64 || !sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(DecodeError::Invalid(format!(
+                "the {CLAIM_CHECK_SHA256} header is not 64 hex digits"
+            )));
+        }
+        let bytes = if let Some(path) = url.strip_prefix("file://") {
+            file::read(url, path).await?
+        } else if url.starts_with("s3://") {
+            self.read_s3(url).await?
+        } else {
+            return Err(DecodeError::Invalid(format!(
+                "claim_check `{}` is neither an s3:// nor a file:// URL",
+                outbox_core::redact::redact_url(url)
+            )));
+        };
+        if bytes.len() != size {
+            return Err(DecodeError::Invalid(format!(
+                "the claim-checked payload at {url} is {} bytes, but {CLAIM_CHECK_SIZE} says \
+                 {size}",
+                bytes.len()
+            )));
+        }
+        let actual = hex::encode(Sha256::digest(&bytes));
+        if !actual.eq_ignore_ascii_case(sha256) {
+            return Err(DecodeError::Invalid(format!(
+                "the claim-checked payload at {url} has sha256 {actual}, but \
+                 {CLAIM_CHECK_SHA256} says {sha256}"
+            )));
+        }
+        Ok(Some(bytes))
+    }
+
+    #[cfg(feature = "aws")]
+    async fn read_s3(&self, url: &str) -> Result<Bytes, DecodeError> {
+        let (client, endpoint) = self
+            .s3
+            .get_or_init(|| s3::client(self.region.as_deref(), self.endpoint_url.as_deref()))
+            .await;
+        s3::read(client, endpoint, url).await
+    }
+
+    #[cfg(not(feature = "aws"))]
+    async fn read_s3(&self, url: &str) -> Result<Bytes, DecodeError> {
+        Err(DecodeError::Invalid(format!(
+            "the payload is claim-checked in S3 ({url}), and this consumer was built without \
+             the `aws` feature (the S3 client)"
+        )))
     }
 }
+
+#[cfg(test)]
+mod tests;
