@@ -204,3 +204,83 @@ fn refusal<E: ProvideErrorMetadata>(err: &SdkError<E>) -> Option<(String, String
     };
     Some((code, detail))
 }
+
+#[cfg(test)]
+mod tests {
+    use aws_sdk_kms::error::ErrorMetadata;
+    use aws_sdk_kms::operation::decrypt::DecryptError;
+    use aws_sdk_kms::operation::generate_data_key::GenerateDataKeyError;
+    use aws_smithy_runtime_api::http::{Response, StatusCode};
+    use aws_smithy_types::body::SdkBody;
+    use outbox_core::SinkErrorKind;
+
+    use super::*;
+
+    /// KMS's answer `code` with HTTP 400, as the SDK hands it over.
+    fn answer<E>(error: E) -> SdkError<E> {
+        let status = StatusCode::try_from(400u16).unwrap_or_else(|_| unreachable!());
+        SdkError::service_error(error, Response::new(status, SdkBody::empty()))
+    }
+
+    fn meta(code: &str) -> ErrorMetadata {
+        ErrorMetadata::builder()
+            .code(code)
+            .message("arn:aws:kms:eu-west-1:1:key/k says no")
+            .build()
+    }
+
+    async fn kms() -> Kms {
+        Kms::new(Some("eu-west-1"), Some("http://127.0.0.1:9")).await
+    }
+
+    /// moto does not emulate these refusals; the mapping of KMS's documented codes.
+    #[tokio::test]
+    async fn refusals_of_generate_data_key_are_unavailable_and_say_what_to_do() {
+        let kms = kms().await;
+        for (code, expected) in [
+            (
+                "AccessDeniedException",
+                "KMS refused GenerateDataKey on alias/k: give the relay kms:GenerateDataKey",
+            ),
+            ("DisabledException", "the KMS key alias/k is disabled"),
+            ("NotFoundException", "KMS has no key alias/k"),
+            (
+                "KMSInvalidStateException",
+                "the KMS key alias/k cannot be used",
+            ),
+            (
+                "KMSInternalException",
+                "GenerateDataKey on alias/k to KMS at",
+            ),
+        ] {
+            let err =
+                kms.generate_error("alias/k", answer(GenerateDataKeyError::generic(meta(code))));
+            assert_eq!(err.kind(), SinkErrorKind::Unavailable, "{code}");
+            assert!(err.to_string().starts_with(expected), "{code}: {err}");
+            assert!(err.to_string().contains(code), "{code}: {err}");
+        }
+    }
+
+    #[tokio::test]
+    async fn refusals_of_decrypt_say_whether_to_wait() {
+        let kms = kms().await;
+        let err = kms.decrypt_error(
+            "k",
+            answer(DecryptError::generic(meta("AccessDeniedException"))),
+        );
+        assert!(
+            matches!(&err, DecodeError::Unavailable(m) if m.contains("give the consumer kms:Decrypt")),
+            "{err:?}"
+        );
+        let err = kms.decrypt_error(
+            "k",
+            answer(DecryptError::generic(meta("InvalidCiphertextException"))),
+        );
+        assert!(matches!(err, DecodeError::Invalid(_)), "{err:?}");
+        let err = kms.decrypt_error(
+            "k",
+            answer(DecryptError::generic(meta("DisabledException"))),
+        );
+        assert!(matches!(err, DecodeError::Unavailable(_)), "{err:?}");
+    }
+}
