@@ -400,3 +400,49 @@ async fn the_consumer_refuses_a_payload_of_the_wrong_size_or_hash_or_bad_headers
         "the message has claim_check but no claim_check_size header"
     );
 }
+
+#[tokio::test]
+async fn with_encryption_the_ciphertext_is_stored_and_the_decoder_undoes_both() {
+    use crate::encryption::{EncryptionConfig, KeyRing};
+    use crate::{Decoder, Encoder, PayloadOptions};
+
+    let dir = tempfile::tempdir().unwrap();
+    let key_file = dir.path().join("key");
+    std::fs::write(&key_file, hex::encode([7u8; 32])).unwrap();
+    let store = dir.path().join("store");
+    let options = PayloadOptions {
+        claim_check: Some(config(&file_store(&store), Some(1000))),
+        encryption: Some(EncryptionConfig {
+            key: format!("file:{}", key_file.display()),
+            rotate: Duration::from_secs(3600),
+            fields: Vec::new(),
+            region: None,
+            endpoint_url: None,
+        }),
+    };
+    let encoder = Encoder::connect(&options, None).await.unwrap().unwrap();
+    let plain: Vec<u8> = (0..6000u32).map(|i| (i % 97) as u8).collect();
+    let out = encoder.encode(&event(plain.clone())).await.unwrap();
+
+    let stored = std::fs::read(store.join("Order").join(ID_TEXT)).unwrap();
+    assert_ne!(stored, plain, "the store holds ciphertext");
+    assert_eq!(
+        header(&out, "claim_check_sha256"),
+        Some(hex::encode(Sha256::digest(&stored)).as_str()),
+        "the hash is of the stored bytes"
+    );
+    assert_eq!(
+        header(&out, "claim_check_size"),
+        Some(stored.len().to_string().as_str())
+    );
+    assert!(header(&out, "encryption").is_some());
+
+    let decoder = Decoder::new()
+        .with_claim_check(ClaimCheckFetcher::new(None, None).await)
+        .with_keys(KeyRing::new().with_key_file(&key_file).unwrap());
+    let decoded = decoder
+        .decode(out.id, &out.payload, &out.headers)
+        .await
+        .unwrap();
+    assert_eq!(decoded, plain);
+}
