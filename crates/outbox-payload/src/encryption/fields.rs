@@ -48,7 +48,8 @@ impl Members {
 /// What is wrong and where, without the parser's message (it may quote the payload).
 fn describe(err: serde_json::Error) -> String {
     let what = match err.classify() {
-        serde_json::error::Category::Data => "its top level is another JSON value",
+        // Only the top level can be of the wrong type (member values are taken as they are).
+        serde_json::error::Category::Data => return "its top level is another JSON value".into(),
         serde_json::error::Category::Eof => "it ends early",
         serde_json::error::Category::Syntax | serde_json::error::Category::Io => "it is not JSON",
     };

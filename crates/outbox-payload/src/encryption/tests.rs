@@ -245,12 +245,11 @@ async fn fields_mode_rejects_a_payload_that_is_not_an_object_and_skips_one_witho
         .await
         .expect_err("an array");
     assert_eq!(err.kind(), SinkErrorKind::Rejected);
-    assert!(
-        err.to_string()
-            .starts_with("encryption.fields is set and the payload is not a JSON object: "),
-        "{err}"
+    assert_eq!(
+        err.to_string(),
+        "encryption.fields is set and the payload is not a JSON object: its top level is \
+         another JSON value"
     );
-    assert!(!err.to_string().contains("4111"), "{err}");
 
     let original = event(br#"{"total": 3}"#);
     let sent = encryptor.apply(original.clone()).await.expect("no field");
