@@ -83,6 +83,11 @@ fn unavailable<T: std::fmt::Debug>(result: Result<T, SinkError>) -> SinkError {
 /// What tests/support/decrypt.py prints for `event`, with `env` added to its environment.
 async fn python_decrypt(event: &Event, env: &[(&str, &str)]) -> anyhow::Result<Vec<u8>> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/decrypt.py");
+    run_python(&script, event, env).await
+}
+
+/// What the Python `script` prints for `event` as JSON on its stdin.
+async fn run_python(script: &Path, event: &Event, env: &[(&str, &str)]) -> anyhow::Result<Vec<u8>> {
     let headers: serde_json::Map<String, serde_json::Value> = event
         .headers
         .iter()
@@ -94,7 +99,7 @@ async fn python_decrypt(event: &Event, env: &[(&str, &str)]) -> anyhow::Result<V
         "headers": headers,
     });
     let mut child = tokio::process::Command::new("python3")
-        .arg(&script)
+        .arg(script)
         .envs(env.iter().copied())
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
@@ -110,7 +115,8 @@ async fn python_decrypt(event: &Event, env: &[(&str, &str)]) -> anyhow::Result<V
     let output = child.wait_with_output().await?;
     anyhow::ensure!(
         output.status.success(),
-        "decrypt.py failed ({}): {}",
+        "{} failed ({}): {}",
+        script.display(),
         output.status,
         String::from_utf8_lossy(&output.stderr)
     );
@@ -178,6 +184,56 @@ async fn kms_encrypted_fields_are_decrypted_by_the_key_ring_and_by_a_python_cons
     assert_eq!(
         serde_json::from_slice::<serde_json::Value>(&by_python)?,
         expected
+    );
+    Ok(())
+}
+
+/// The Python example of docs/payloads.md ("Reading it as a consumer"), run as it is written
+/// there, on a KMS message of each mode.
+#[tokio::test]
+async fn the_python_example_in_the_docs_decrypts_kms_messages() -> anyhow::Result<()> {
+    let docs = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/payloads.md"),
+    )?;
+    let section = docs
+        .split_once("\n## Encryption\n")
+        .map(|(_, rest)| rest)
+        .ok_or_else(|| anyhow::anyhow!("docs/payloads.md has no Encryption section"))?;
+    let example = section
+        .split_once("```python\n")
+        .and_then(|(_, rest)| rest.split_once("```"))
+        .map(|(code, _)| code)
+        .ok_or_else(|| anyhow::anyhow!("the Encryption section has no Python example"))?;
+    let dir = tempfile::tempdir()?;
+    let script = dir.path().join("docs_example.py");
+    std::fs::write(
+        &script,
+        format!(
+            "{example}\n\
+             import sys\n\
+             message = json.load(sys.stdin)\n\
+             sys.stdout.buffer.write(decrypt(message['id'], \
+             base64.b64decode(message['payload']), message['headers']))\n"
+        ),
+    )?;
+
+    Moto::set_aws_env();
+    let moto = Moto::shared().await?;
+    let (key_id, _) = create_key(&kms(moto).await).await?;
+    let env = [("AWS_ENDPOINT_URL", moto.url())];
+    let plain = br#"{"card":"4111","email":"a@b.example","total":12}"#;
+
+    let whole = Encryptor::connect(&config(moto, &key_id, &[])).await?;
+    let sent = whole.apply(event(plain)).await?;
+    assert_eq!(run_python(&script, &sent, &env).await?, plain);
+
+    let fields = Encryptor::connect(&config(moto, &key_id, &["card"])).await?;
+    let sent = fields.apply(event(plain)).await?;
+    let by_python: serde_json::Value =
+        serde_json::from_slice(&run_python(&script, &sent, &env).await?)?;
+    assert_eq!(
+        by_python,
+        serde_json::from_slice::<serde_json::Value>(plain)?
     );
     Ok(())
 }

@@ -176,3 +176,60 @@ impl DataKeyCache {
         Ok(key)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    fn data_key(n: u8) -> DataKey {
+        DataKey {
+            key: AesKey::new(&[n; KEY_LEN]).unwrap_or_else(|| unreachable!()),
+            key_id: "test".into(),
+            wrapped: n.to_string(),
+        }
+    }
+
+    /// Callers that find no key at the same time wait for one `make`: each `make` yields to
+    /// the others several times before it answers, as a KMS call would.
+    #[tokio::test]
+    async fn concurrent_callers_share_one_new_data_key() {
+        let cache = Arc::new(DataKeyCache::new(
+            Duration::from_secs(60),
+            Arc::new(Instant::now),
+        ));
+        let made = Arc::new(AtomicUsize::new(0));
+        let tasks: Vec<_> = (0..16)
+            .map(|_| {
+                let cache = Arc::clone(&cache);
+                let made = Arc::clone(&made);
+                tokio::spawn(async move {
+                    let key = cache
+                        .get(|| async {
+                            let n = made.fetch_add(1, Ordering::SeqCst);
+                            for _ in 0..5 {
+                                tokio::task::yield_now().await;
+                            }
+                            Ok::<_, ()>(data_key(n as u8))
+                        })
+                        .await;
+                    key.map(|k| k.wrapped.clone())
+                })
+            })
+            .collect();
+        for task in tasks {
+            assert_eq!(task.await.expect("task"), Ok("0".to_owned()));
+        }
+        assert_eq!(made.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_failed_make_is_returned_and_the_next_caller_tries_again() {
+        let cache = DataKeyCache::new(Duration::from_secs(60), Arc::new(Instant::now));
+        let failed = cache.get(|| async { Err::<DataKey, _>("kms down") }).await;
+        assert_eq!(failed.err(), Some("kms down"));
+        let key = cache.get(|| async { Ok::<_, ()>(data_key(1)) }).await;
+        assert_eq!(key.map(|k| k.wrapped.clone()), Ok("1".to_owned()));
+    }
+}

@@ -360,25 +360,6 @@ async fn a_data_key_is_replaced_after_rotate() {
     }
 }
 
-#[tokio::test]
-async fn concurrent_callers_share_one_data_key() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let path = key_file(&dir);
-    let encryptor = Arc::new(Encryptor::connect(&config(&path)).await.expect("connect"));
-    let tasks: Vec<_> = (0..16)
-        .map(|_| {
-            let encryptor = Arc::clone(&encryptor);
-            tokio::spawn(async move { encryptor.apply(event(b"x")).await })
-        })
-        .collect();
-    let mut keys = std::collections::HashSet::new();
-    for task in tasks {
-        let sent = task.await.expect("task").expect("encrypt");
-        keys.insert(header(&sent, header::ENCRYPTION_DATA_KEY).map(str::to_owned));
-    }
-    assert_eq!(keys.len(), 1, "{keys:?}");
-}
-
 #[test]
 fn validate_names_the_key_and_the_problem() {
     let dir = tempfile::tempdir().expect("temp dir");
