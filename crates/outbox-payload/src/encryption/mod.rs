@@ -136,6 +136,12 @@ impl EncryptionConfig {
             if field.is_empty() {
                 return Err("fields: a field name is empty".into());
             }
+            if field.contains(',') {
+                return Err(format!(
+                    "fields: `{field}` has a comma, which separates the names in the \
+                     encryption_fields header"
+                ));
+            }
             if self.fields[..i].contains(field) {
                 return Err(format!("fields: `{field}` is listed twice"));
             }

@@ -390,6 +390,10 @@ fn validate_names_the_key_and_the_problem() {
         &|c| c.fields = vec!["a".into(), "a".into()],
         "fields: `a` is listed twice",
     );
+    check(
+        &|c| c.fields = vec!["a,b".into()],
+        "fields: `a,b` has a comma",
+    );
     check(&|c| c.region = Some("eu-west-1".into()), "region: ");
 
     let bad = dir.path().join("bad");
