@@ -35,8 +35,39 @@ pub(crate) async fn migrate(config: &Config) -> anyhow::Result<()> {
         for line in backend.migrate().await.map_err(source_error)? {
             println!("subscription `{}`: {line}", sub.name);
         }
+        if let Some(line) = claim_check_expiry(config, &one.sink).await? {
+            println!("subscription `{}`: {line}", sub.name);
+        }
+    }
+    if config.subscriptions.is_empty()
+        && let Some(line) = claim_check_expiry(config, &config.sink).await?
+    {
+        println!("{line}");
     }
     Ok(())
+}
+
+/// `outbox migrate`'s part for a sink with a claim-check store: the rule that expires stored
+/// payloads after `keep` (docs/payloads.md). `None` without claim-check.
+async fn claim_check_expiry(
+    config: &Config,
+    sink: &outbox_runtime::SinkConfig,
+) -> anyhow::Result<Option<String>> {
+    let options = sink.payload(&config.payload.options());
+    if options.claim_check.is_none() {
+        return Ok(None);
+    }
+    let Some(encoder) = outbox_payload::Encoder::connect(&options, sink.message_limit())
+        .await
+        .map_err(|e| anyhow::anyhow!("claim_check: {}", e.report()))?
+    else {
+        return Ok(None);
+    };
+    match encoder.ensure_expiry().await {
+        Some(Ok(done)) => Ok(Some(format!("claim_check: {done}"))),
+        Some(Err(e)) => Err(anyhow::anyhow!("claim_check: {}", e.report())),
+        None => Ok(None),
+    }
 }
 
 /// Prints the backlog and what holds delivery back.

@@ -131,9 +131,14 @@ async fn checks(config: &Config, args: &DoctorArgs) -> Vec<DoctorCheck> {
         }
     };
     if config.subscriptions.is_empty() {
-        let (database, sink) = tokio::join!(database, sink(&config.sink, None, args.sink_timeout));
+        let (database, sink, payload) = tokio::join!(
+            database,
+            sink(&config.sink, None, args.sink_timeout),
+            payload(config, &config.sink, None, args.sink_timeout)
+        );
         out.extend(database);
         out.push(sink);
+        out.extend(payload);
         return out;
     }
     let subscriptions = futures::future::join_all(
@@ -220,8 +225,71 @@ async fn subscription(config: &Config, name: &str, timeout: Duration) -> Vec<Doc
             ),
         }
     };
-    let (table, sink) = tokio::join!(table, sink(&one.sink, Some(name), timeout));
-    vec![table, sink]
+    let (table, sink, payload) = tokio::join!(
+        table,
+        sink(&one.sink, Some(name), timeout),
+        payload(config, &one.sink, Some(name), timeout)
+    );
+    let mut out = vec![table, sink];
+    out.extend(payload);
+    out
+}
+
+/// The sink's `encryption` and `claim_check` (its own or `[payload]`'s), each checked as the
+/// relay will use it: a data key made, the store written to and its expiry rule in place.
+async fn payload(
+    config: &Config,
+    sink: &outbox_runtime::SinkConfig,
+    subscription: Option<&str>,
+    timeout: Duration,
+) -> Vec<DoctorCheck> {
+    let prefix = subscription.map_or_else(String::new, |name| format!("`{name}`: "));
+    let options = sink.payload(&config.payload.options());
+    let encoder = match outbox_payload::Encoder::connect(&options, sink.message_limit()).await {
+        Ok(Some(encoder)) => encoder,
+        Ok(None) => return Vec::new(),
+        Err(e) => {
+            return vec![check(
+                "payload",
+                Health::Red,
+                format!("{prefix}{}", e.report()),
+                Some("fix `claim_check` / `encryption` as named above (docs/payloads.md)"),
+            )];
+        }
+    };
+    let Ok(results) = tokio::time::timeout(timeout, encoder.check()).await else {
+        return vec![check(
+            "payload",
+            Health::Red,
+            format!(
+                "{prefix}the claim-check store or the key service did not answer within {timeout:?}"
+            ),
+            Some("check the network path to S3 / KMS and the endpoint_url"),
+        )];
+    };
+    results
+        .into_iter()
+        .map(|(part, result)| {
+            let name = if part == "encryption" {
+                "payload_encryption"
+            } else {
+                "payload_claim_check"
+            };
+            match result {
+                Ok(found) => check(name, Health::Ok, format!("{prefix}{found}"), None),
+                Err(e) => check(
+                    name,
+                    Health::Red,
+                    format!("{prefix}{}", e.report()),
+                    Some(if part == "encryption" {
+                        "give the relay kms:GenerateDataKey on the key, or fix encryption.key (docs/payloads.md, \"Encryption\")"
+                    } else {
+                        "run `outbox migrate` (it sets the expiry rule), and give the relay s3:PutObject on the prefix (docs/payloads.md, \"Claim-check\")"
+                    }),
+                ),
+            }
+        })
+        .collect()
 }
 
 /// Checks the broker as the relay's sink would reach it, changing nothing (no stream or file

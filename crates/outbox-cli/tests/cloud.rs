@@ -8,7 +8,6 @@ mod support;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{Context, ensure};
@@ -119,22 +118,9 @@ async fn produce(work: &Workdir, sink: &str) -> anyhow::Result<(sqlx::PgPool, Ve
 
 /// Runs the boto3 script (`tests/support/aws_consumer.py`) with `args`; its stdout.
 async fn aws_consumer(moto: &Moto, args: &[&str]) -> anyhow::Result<String> {
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/support/aws_consumer.py");
-    let out = tokio::process::Command::new("python3")
-        .arg(script)
-        .arg(moto.url())
-        .args(args)
-        .stdin(Stdio::null())
-        .kill_on_drop(true)
-        .output()
-        .await
-        .context("running python3 (boto3 comes with moto[server])")?;
-    ensure!(
-        out.status.success(),
-        "aws_consumer.py {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(String::from_utf8(out.stdout)?)
+    let mut all = vec![moto.url()];
+    all.extend_from_slice(args);
+    support::python_consumer("aws_consumer.py", &all).await
 }
 
 /// What a boto3 consumer command read: one JSON object per line.

@@ -198,6 +198,12 @@ pub trait BuildSink:
     fn build(&self) -> BoxFuture<'_, Result<Box<dyn DynSink>, SinkError>>;
     /// Where `event` goes, for people: `NATS subject outbox.event.Order`.
     fn describe_destination(&self, event: &Event) -> String;
+    /// The largest message this sink sends, in bytes (payload plus headers), when it has a
+    /// limit: a claim-check's default threshold (docs/payloads.md). `None`: no limit of its
+    /// own (HTTP, stdout, files).
+    fn message_limit(&self) -> Option<usize> {
+        None
+    }
     /// The destination template (topic, subject, routing key, stream), for a subscription's
     /// `destination` to replace; `None` for a kind whose target is a URL or an ARN (give such
     /// a subscription a `[sinks.NAME]` of its own).

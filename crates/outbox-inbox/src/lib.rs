@@ -31,6 +31,9 @@
 //! | `kafka` | `kafka::KafkaConsumer`: consumer group, contiguous offset commits | `<topic>.dead` |
 //! | `http` | [`http::WebhookReceiver`]: Standard Webhooks verification (401), 500 on error | the sender's |
 //!
+//! With the `payload` feature, `payload::decoding` wraps a handler so that it receives the
+//! producer's payload from a claim-checked or encrypted message (docs/payloads.md).
+//!
 //! With the `otel` feature every loop runs each handler attempt in an OpenTelemetry span of
 //! kind CONSUMER, a child of the message's `traceparent` (`docs/observability.md`, "Traces"),
 //! and `InboxMessage::trace_context` reads that parent for loops of your own.
@@ -54,6 +57,8 @@ pub mod http;
 pub mod kafka;
 #[cfg(feature = "nats")]
 pub mod nats;
+#[cfg(feature = "payload")]
+pub mod payload;
 #[cfg(feature = "rabbitmq")]
 pub mod rabbitmq;
 #[cfg(feature = "redis")]

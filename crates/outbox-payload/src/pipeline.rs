@@ -35,7 +35,10 @@ impl PayloadOptions {
                 .claim_check
                 .clone()
                 .or_else(|| global.claim_check.clone()),
-            encryption: self.encryption.clone().or_else(|| global.encryption.clone()),
+            encryption: self
+                .encryption
+                .clone()
+                .or_else(|| global.encryption.clone()),
         }
     }
 
@@ -48,7 +51,9 @@ impl PayloadOptions {
                 .map_err(|e| format!("claim_check.{e}"))?;
         }
         if let Some(encryption) = &self.encryption {
-            encryption.validate().map_err(|e| format!("encryption.{e}"))?;
+            encryption
+                .validate()
+                .map_err(|e| format!("encryption.{e}"))?;
         }
         Ok(())
     }

@@ -83,8 +83,11 @@ fn config(moto: &Moto, store: String) -> ClaimCheckConfig {
     }
 }
 
-async fn fetcher(moto: &Moto) -> ClaimCheckFetcher {
-    ClaimCheckFetcher::new(Some(Moto::REGION), Some(moto.url())).await
+/// A consumer's fetcher of every bucket these tests make (`s3://` + the bucket).
+async fn fetcher(moto: &Moto, bucket: &str) -> ClaimCheckFetcher {
+    ClaimCheckFetcher::new(Some(Moto::REGION), Some(moto.url()))
+        .await
+        .allow(&format!("s3://{bucket}"))
 }
 
 /// `len` bytes that are not all alike (a changed byte anywhere changes the hash).
@@ -178,7 +181,7 @@ async fn a_large_payload_is_stored_in_s3_and_fetched_back_bit_exact() -> anyhow:
     assert!(object.body.collect().await?.into_bytes() == original);
 
     // The consumer's side.
-    let fetched = fetcher(moto).await.fetch(&out.headers).await?;
+    let fetched = fetcher(moto, &bucket).await.fetch(&out.headers).await?;
     assert!(fetched.is_some_and(|f| f == original), "not bit-exact");
 
     // A retry writes the same key: still one object.
@@ -331,7 +334,7 @@ async fn a_stopped_store_is_unavailable_for_the_relay_and_the_consumer() -> anyh
     let claim_check = connect(&moto, format!("s3://{bucket}/outbox")).await?;
     let stored = claim_check.apply(event(payload(300 << 10))).await?;
     assert!(header(&stored, "claim_check").is_some());
-    let fetcher = fetcher(&moto).await;
+    let fetcher = fetcher(&moto, &bucket).await;
 
     moto.stop().await?;
     let err = unavailable(claim_check.apply(event(payload(300 << 10))).await);
@@ -364,7 +367,7 @@ async fn a_corrupted_or_deleted_object_is_invalid_for_the_consumer() -> anyhow::
         key.starts_with("Order/"),
         "no prefix: the key starts at the aggregate type"
     );
-    let fetcher = fetcher(moto).await;
+    let fetcher = fetcher(moto, &bucket).await;
 
     // Same size, one byte changed.
     let mut corrupt = original;

@@ -75,10 +75,11 @@ pub struct Config {
     /// A probe event written and read back on a schedule (`[canary]`, off by default).
     #[serde(default)]
     pub canary: crate::canary::CanaryConfig,
-    /// What the relay checks in payloads before publishing them: `schemas`, a directory of
-    /// JSON Schema files (`[payload]`, off by default; docs/payloads.md).
+    /// What the relay does with payloads before publishing them: `schemas` (a directory of
+    /// JSON Schema files), `claim_check` and `encryption` for every sink (`[payload]`, all off
+    /// by default; docs/payloads.md).
     #[serde(default)]
-    pub payload: crate::schemas::PayloadConfig,
+    pub payload: crate::payload::PayloadConfig,
 }
 
 /// `[metrics]`: the HTTP endpoint (`/metrics`, `/healthz`, `/readyz`) and the watchdog.
@@ -192,7 +193,7 @@ impl Config {
             #[serde(skip_serializing_if = "<[_]>::is_empty")]
             capture: &'a [outbox_core::capture::CaptureConfig],
             canary: &'a crate::canary::CanaryConfig,
-            payload: &'a crate::schemas::PayloadConfig,
+            payload: &'a crate::payload::PayloadConfig,
         }
         toml::to_string_pretty(&WithoutSink {
             source: &self.source,
@@ -221,6 +222,16 @@ impl Config {
         }
         self.source.validate(&self.relay).map_err(ConfigError)?;
         self.sink.validate().map_err(ConfigError)?;
+        if self.subscriptions.is_empty() {
+            self.payload
+                .validate_for(&self.sink, "[sink]")
+                .map_err(ConfigError)?;
+        }
+        for (name, sink) in &self.sinks {
+            self.payload
+                .validate_for(sink, &format!("[sinks.{name}]"))
+                .map_err(ConfigError)?;
+        }
         self.ui.validate(&self.metrics).map_err(ConfigError)?;
         self.tracing.validate().map_err(ConfigError)?;
         self.canary.validate().map_err(ConfigError)?;

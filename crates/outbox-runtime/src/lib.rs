@@ -42,6 +42,7 @@ pub mod console;
 mod fault_injection;
 pub mod observe;
 pub mod otlp;
+pub mod payload;
 pub mod registry;
 pub mod relay;
 pub mod retention;
@@ -55,8 +56,8 @@ pub use config::{Config, ConfigError, MetricsConfig, Origin, SinkConfig, SourceC
 pub use console::UiConfig;
 pub use otlp::TracingConfig;
 pub use outbox_core::RelayReport;
+pub use payload::PayloadConfig;
 pub use retention::RetentionConfig;
-pub use schemas::PayloadConfig;
 pub use tokio_util::sync::CancellationToken;
 
 #[doc(hidden)]

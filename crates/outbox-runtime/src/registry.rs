@@ -95,20 +95,25 @@ macro_rules! source_registry {
     };
 }
 
-/// Generates [`SinkConfig`]: the `[sink]` section, tagged by `kind`.
+/// Generates [`BrokerConfig`]: the broker part of a `[sink]` section, tagged by `kind`.
 macro_rules! sinks {
     ($( #[doc = $doc:literal] $(#[cfg($cfg:meta)])? $variant:ident($config:ty) ),+ $(,)?) => {
-        /// `[sink]`: the broker, chosen by `kind`.
+        /// The broker of a `[sink]`, chosen by `kind`, with its own keys.
         #[derive(Debug, Clone, serde::Deserialize, serde::Serialize)]
         #[serde(tag = "kind", rename_all = "lowercase")]
-        pub enum SinkConfig {
+        pub enum BrokerConfig {
             $( #[doc = $doc] $(#[cfg($cfg)])? $variant($config), )+
         }
 
-        impl SinkConfig {
+        impl BrokerConfig {
             /// The `kind`.
             pub fn kind(&self) -> &'static str {
                 match self { $( $(#[cfg($cfg)])? Self::$variant(_) => <$config as BuildSink>::KIND, )+ }
+            }
+            /// The largest message it sends, if it has a limit (see
+            /// [`BuildSink::message_limit`]).
+            pub fn message_limit(&self) -> Option<usize> {
+                match self { $( $(#[cfg($cfg)])? Self::$variant(c) => BuildSink::message_limit(c), )+ }
             }
             /// Checks what serde cannot.
             pub fn validate(&self) -> Result<(), String> {
@@ -226,9 +231,133 @@ impl Default for SourceConfig {
     }
 }
 
-impl Default for SinkConfig {
+impl Default for BrokerConfig {
     /// The embedded default: JSON lines on stdout.
     fn default() -> Self {
         Self::Stdout(outbox_sinks::StdoutConfig::default())
+    }
+}
+
+/// `[sink]` or one `[sinks.NAME]`: the broker (its `kind` and keys) and what happens to
+/// payloads on their way to it (`claim_check`, `encryption`: docs/payloads.md).
+#[derive(Debug, Clone, Default, serde::Deserialize, serde::Serialize)]
+pub struct SinkConfig {
+    /// Large payloads to a store, a reference on the broker. Unset: `[payload]`'s, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim_check: Option<outbox_payload::claim_check::ClaimCheckConfig>,
+    /// Payloads (or some JSON fields) encrypted. Unset: `[payload]`'s, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encryption: Option<outbox_payload::encryption::EncryptionConfig>,
+    /// The broker. Flattened: its `kind` and keys sit in the same table (each broker's own
+    /// type refuses unknown keys).
+    #[serde(flatten)]
+    pub broker: BrokerConfig,
+}
+
+/// The keys of a `[sink]` table that are not the broker's.
+pub(crate) const PAYLOAD_KEYS: [&str; 2] = ["claim_check", "encryption"];
+
+impl From<BrokerConfig> for SinkConfig {
+    fn from(broker: BrokerConfig) -> Self {
+        Self {
+            broker,
+            claim_check: None,
+            encryption: None,
+        }
+    }
+}
+
+impl SinkConfig {
+    /// The broker's `kind`.
+    pub fn kind(&self) -> &'static str {
+        self.broker.kind()
+    }
+    /// Checks what serde cannot: the broker's keys, then the payload options against its
+    /// message limit.
+    pub fn validate(&self) -> Result<(), String> {
+        self.broker.validate()?;
+        self.own_payload()
+            .validate(self.broker.message_limit())
+            .map_err(|e| format!("sink.{e}"))
+    }
+    /// This sink's own `claim_check` and `encryption`.
+    pub fn own_payload(&self) -> outbox_payload::PayloadOptions {
+        outbox_payload::PayloadOptions {
+            claim_check: self.claim_check.clone(),
+            encryption: self.encryption.clone(),
+        }
+    }
+    /// What applies to this sink's payloads: its own keys, each unset one from `global`
+    /// (`[payload]`).
+    pub fn payload(
+        &self,
+        global: &outbox_payload::PayloadOptions,
+    ) -> outbox_payload::PayloadOptions {
+        self.own_payload().or(global)
+    }
+    /// Connects to the broker (the payload options are applied by the relay around it).
+    pub async fn build(&self) -> Result<Box<dyn DynSink>, SinkError> {
+        self.broker.build().await
+    }
+    /// See [`BrokerConfig::read_back`].
+    pub async fn read_back(
+        &self,
+    ) -> Result<Box<dyn outbox_core::verify::ReadBack>, outbox_core::verify::ReadBackError> {
+        self.broker.read_back().await
+    }
+    /// The same sink with a scratch destination (see [`BrokerConfig::scratch`]).
+    pub fn scratch(&self, tag: &outbox_core::Identifier) -> Result<Self, String> {
+        Ok(Self {
+            broker: self.broker.scratch(tag)?,
+            ..self.clone()
+        })
+    }
+    /// See [`BrokerConfig::remove_scratch`].
+    pub async fn remove_scratch(&self) -> Result<String, SinkError> {
+        self.broker.remove_scratch().await
+    }
+    /// See [`BrokerConfig::check`].
+    pub async fn check(&self) -> Result<String, SinkError> {
+        self.broker.check().await
+    }
+    /// See [`BrokerConfig::set_destination`].
+    pub fn set_destination(&mut self, destination: outbox_core::Destination) -> Result<(), String> {
+        self.broker.set_destination(destination)
+    }
+    /// See [`BrokerConfig::describe_destination`].
+    pub fn describe_destination(&self, event: &Event) -> String {
+        self.broker.describe_destination(event)
+    }
+    /// See [`BrokerConfig::message_limit`].
+    pub fn message_limit(&self) -> Option<usize> {
+        self.broker.message_limit()
+    }
+    /// See [`SourceConfig::extract_error`]; the payload keys are read on their own.
+    pub fn extract_error(kind: &str, section: &Figment) -> Option<figment::Error> {
+        #[derive(serde::Deserialize)]
+        #[allow(dead_code)]
+        struct Payload {
+            claim_check: Option<outbox_payload::claim_check::ClaimCheckConfig>,
+            encryption: Option<outbox_payload::encryption::EncryptionConfig>,
+        }
+        if let Err(e) = section.extract::<Payload>() {
+            return Some(e);
+        }
+        let mut keys: figment::value::Dict = section.extract().ok()?;
+        for key in PAYLOAD_KEYS {
+            keys.remove(key);
+        }
+        let broker = Figment::from(figment::providers::Serialized::defaults(keys));
+        let mut error = BrokerConfig::extract_error(kind, &broker)?;
+        // The broker's type knows only its own keys; the table takes the payload keys too.
+        if let figment::error::Kind::UnknownField(found, expected) = &error.kind {
+            let all: Vec<&'static str> = expected.iter().copied().chain(PAYLOAD_KEYS).collect();
+            // Leaked once, on the way to a config error that stops the process.
+            error.kind = figment::error::Kind::UnknownField(
+                found.clone(),
+                Box::leak(all.into_boxed_slice()),
+            );
+        }
+        Some(error)
     }
 }

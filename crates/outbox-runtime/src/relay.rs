@@ -220,7 +220,12 @@ async fn drive(
         tracing::info!("stopped before the broker became reachable");
         return Ok(RelayReport::default());
     };
-    let sink = Arc::new(crate::schemas::wrap(sink, schemas.as_ref()));
+    let stage = crate::payload::PayloadStage::for_sink(&config.sink, &config.payload, schemas)
+        .await
+        .map_err(|e| {
+            RuntimeError::Sink(format!("sink `{}`: {}", config.sink.kind(), e.report()))
+        })?;
+    let sink = Arc::new(stage.wrap(sink));
     let watcher = tokio::spawn(observe::watch(
         inspector,
         watchdog,

@@ -21,19 +21,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use outbox_core::sink::{BoxFuture, Delivery};
-use outbox_core::{DynSink, Event, SinkError};
-use serde::{Deserialize, Serialize};
-
-/// `[payload]`: what the relay checks in payloads before publishing them.
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields, default)]
-pub struct PayloadConfig {
-    /// A directory of JSON Schema files named by event type (`order.placed.json`), then
-    /// aggregate type (`Order.json`), then `default.json`. Unset: no validation.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub schemas: Option<PathBuf>,
-}
+use outbox_core::{Event, SinkError};
 
 /// At most this many failures are named in one reason; the rest are counted.
 const ERRORS_NAMED: usize = 5;
@@ -115,7 +103,9 @@ impl Schemas {
     }
 
     /// `[payload] schemas` compiled, or `None` when unset. The error names every broken file.
-    pub fn from_config(config: &PayloadConfig) -> Result<Option<Arc<Self>>, crate::ConfigError> {
+    pub fn from_config(
+        config: &crate::payload::PayloadConfig,
+    ) -> Result<Option<Arc<Self>>, crate::ConfigError> {
         let Some(dir) = &config.schemas else {
             return Ok(None);
         };
@@ -214,77 +204,6 @@ fn compile(path: &Path) -> Result<jsonschema::Validator, String> {
             format!("not a valid JSON Schema: at {at}: {e}")
         }
     })
-}
-
-/// The sink wrapped so that every event is checked against its schema first: a refused event
-/// gets its own `Rejected` delivery, the others are published by `inner` in their order.
-pub struct Validating {
-    inner: Box<dyn DynSink>,
-    schemas: Arc<Schemas>,
-}
-
-impl Validating {
-    /// `inner`, validating with `schemas`.
-    pub fn new(inner: Box<dyn DynSink>, schemas: Arc<Schemas>) -> Self {
-        Self { inner, schemas }
-    }
-}
-
-/// `sink` behind schema validation when `schemas` is set, else `sink` itself.
-pub fn wrap(sink: Box<dyn DynSink>, schemas: Option<&Arc<Schemas>>) -> Box<dyn DynSink> {
-    match schemas {
-        Some(schemas) => Box::new(Validating::new(sink, schemas.clone())),
-        None => sink,
-    }
-}
-
-impl DynSink for Validating {
-    fn dyn_name(&self) -> &'static str {
-        self.inner.dyn_name()
-    }
-
-    fn dyn_publish<'a>(
-        &'a self,
-        batch: &'a [Event],
-    ) -> BoxFuture<'a, Result<Vec<Delivery>, SinkError>> {
-        Box::pin(async move {
-            let refused: Vec<Option<SinkError>> = batch
-                .iter()
-                .map(|event| self.schemas.check(event).err())
-                .collect();
-            if refused.iter().all(Option::is_none) {
-                // The common case: the batch as it came, nothing copied.
-                return self.inner.dyn_publish(batch).await;
-            }
-            let valid: Vec<Event> = batch
-                .iter()
-                .zip(&refused)
-                .filter(|(_, r)| r.is_none())
-                .map(|(e, _)| e.clone())
-                .collect();
-            let mut published = if valid.is_empty() {
-                Vec::new()
-            } else {
-                self.inner.dyn_publish(&valid).await?
-            }
-            .into_iter();
-            Ok(refused
-                .into_iter()
-                .map(|r| match r {
-                    Some(error) => Err(error),
-                    None => published.next().unwrap_or_else(|| {
-                        Err(SinkError::transient(
-                            "the sink returned fewer deliveries than events",
-                        ))
-                    }),
-                })
-                .collect())
-        })
-    }
-
-    fn dyn_healthcheck(&self) -> BoxFuture<'_, Result<(), SinkError>> {
-        self.inner.dyn_healthcheck()
-    }
 }
 
 #[cfg(test)]

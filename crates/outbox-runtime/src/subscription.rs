@@ -411,7 +411,21 @@ pub(crate) async fn run(
                     )));
                 }
             };
-            let sink = Arc::new(crate::schemas::wrap(sink, schemas.as_ref()));
+            let stage =
+                match crate::payload::PayloadStage::for_sink(&sub.sink, &config.payload, schemas)
+                    .await
+                {
+                    Ok(stage) => stage,
+                    Err(e) => {
+                        shutdown.cancel();
+                        return Err(RuntimeError::Sink(format!(
+                            "subscription `{}`: {}",
+                            sub.name,
+                            e.report()
+                        )));
+                    }
+                };
+            let sink = Arc::new(stage.wrap(sink));
             let watcher = tokio::spawn(observe::watch_labeled(
                 inspector,
                 watchdog,

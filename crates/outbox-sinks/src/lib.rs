@@ -34,7 +34,8 @@
 
 /// Implements [`outbox_core::BuildSink`] for a sink's config type: its `kind`, and how to
 /// describe where an event goes (`|config, event| ...`). `validate` and `build` are the
-/// config's own inherent methods. Optional, in this order: `destination: field` (the
+/// config's own inherent methods. Optional, in this order: `message_limit: |c| bytes` (the
+/// largest message it sends, see [`outbox_core::BuildSink::message_limit`]), `destination: field` (the
 /// template a subscription may replace), `check: path` (`outbox doctor` without changing
 /// anything), `read_back: path` (`outbox verify`'s reader of the destination) or
 /// `cannot_read_back: message` (why `outbox verify` cannot read it; without either, the
@@ -42,6 +43,7 @@
 /// `scratch: path, remove_scratch: path` (`outbox crash-test`'s scratch destination).
 macro_rules! build_sink {
     ($config:ty, $kind:literal, |$c:ident, $event:ident| $describe:expr
+        $(, message_limit: |$lc:ident| $limit:expr)?
         $(, destination: $field:ident)?
         $(, check: $check:path)?
         $(, read_back: $read_back:path)?
@@ -69,6 +71,12 @@ macro_rules! build_sink {
                 let $c = self;
                 $describe
             }
+            $(
+                fn message_limit(&self) -> Option<usize> {
+                    let $lc = self;
+                    Some($limit)
+                }
+            )?
             $(
                 fn destination_mut(&mut self) -> Option<&mut outbox_core::Destination> {
                     Some(&mut self.$field)

@@ -26,7 +26,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use outbox_core::backend::{Backend, OpenOptions};
 use outbox_core::trace::PublishTracer;
 use outbox_core::{DynSink, NewEvent, Relay, RelayConfig, RelayReport, Source};
-use outbox_runtime::{Config, SinkConfig, SourceConfig};
+use outbox_runtime::{Config, SourceConfig};
 use probe::{CountedSource, NullSink, Progress, TimedSink};
 use report::{BenchReport, Latency, ProducerReport};
 use tokio_util::sync::CancellationToken;
@@ -297,7 +297,7 @@ async fn sink(
     let inner: Box<dyn DynSink> = match choice {
         SinkChoice::Null => Box::new(NullSink),
         SinkChoice::Config => {
-            if matches!(config.sink, SinkConfig::Stdout(_)) {
+            if config.sink.kind() == "stdout" {
                 bail!(
                     "the configured sink is `stdout`, which would print every event into the report; pass `--sink null` or configure a broker in [sink]"
                 );
@@ -308,6 +308,14 @@ async fn sink(
             }
         }
     };
+    // What the relay does to payloads first (schemas, encryption, claim-check), whatever the
+    // sink: `--sink null` then measures that cost alone.
+    let schemas = outbox_runtime::schemas::Schemas::from_config(&config.payload)?;
+    let stage =
+        outbox_runtime::payload::PayloadStage::for_sink(&config.sink, &config.payload, schemas)
+            .await
+            .map_err(|e| anyhow::anyhow!("payload options: {}", e.report()))?;
+    let inner = stage.wrap(inner);
     Ok(Some(Arc::new(TimedSink::new(inner, record_latency))))
 }
 

@@ -17,6 +17,28 @@ pub mod verify;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_outbox");
 
+/// Runs the Python consumer `tests/support/SCRIPT` with `args` (boto3 and cryptography come
+/// with moto[server]); its stdout, or an error with its stderr.
+pub async fn python_consumer(script: &str, args: &[&str]) -> anyhow::Result<String> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/support")
+        .join(script);
+    let out = Command::new("python3")
+        .arg(path)
+        .args(args)
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output()
+        .await
+        .context("running python3 (boto3 comes with moto[server])")?;
+    ensure!(
+        out.status.success(),
+        "{script} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8(out.stdout)?)
+}
+
 /// A scratch directory with a config file in it.
 pub struct Workdir {
     pub dir: tempfile::TempDir,

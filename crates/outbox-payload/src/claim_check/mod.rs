@@ -199,6 +199,17 @@ fn reference_body(url: &str, sha256: &str, size: usize) -> Bytes {
     Bytes::from(serde_json::to_vec(&reference).unwrap_or_default())
 }
 
+/// Room the default `above` leaves under a sink's limit for the headers and the sink's own
+/// framing (SQS and SNS attribute types, CloudEvents attributes).
+const HEADROOM: usize = 8 * 1024;
+
+/// `above` when the config leaves it out: three quarters of what the sink's limit leaves after
+/// 8 KiB, because a sink may send a binary payload as base64 (SQS, SNS, structured
+/// CloudEvents), which is 4/3 of its size. 186 KiB for SQS' 256 KiB, 762 KiB for NATS' 1 MiB.
+pub fn default_above(sink_limit: usize) -> usize {
+    sink_limit.saturating_sub(HEADROOM) / 4 * 3
+}
+
 /// Where the payloads go.
 enum Store {
     File(file::FileStore),
@@ -225,7 +236,7 @@ impl ClaimCheck {
         let above = config
             .above
             .map(ByteSize::bytes)
-            .or(sink_limit)
+            .or(sink_limit.map(default_above))
             .ok_or_else(|| refuse("above: is required".into()))?;
         let store = match &location {
             Location::File { dir } => Store::File(file::FileStore::new(dir)),
@@ -342,6 +353,8 @@ impl ClaimCheck {
 
 /// The consumer's side: fetches a claim-checked payload and checks its size and hash.
 pub struct ClaimCheckFetcher {
+    /// The stores whose objects it fetches (`s3://bucket/prefix`, `file:///dir`).
+    allowed: Vec<String>,
     #[cfg(feature = "aws")]
     region: Option<String>,
     #[cfg(feature = "aws")]
@@ -358,6 +371,7 @@ impl ClaimCheckFetcher {
         #[cfg(not(feature = "aws"))]
         let _ = (region, endpoint_url);
         Self {
+            allowed: Vec::new(),
             #[cfg(feature = "aws")]
             region: region.map(str::to_owned),
             #[cfg(feature = "aws")]
@@ -367,8 +381,17 @@ impl ClaimCheckFetcher {
         }
     }
 
+    /// Fetches objects of `store` (the relay's `claim_check.store`, e.g.
+    /// `s3://bucket/prefix`). A fetcher follows only the stores it was given: a message
+    /// cannot make the consumer read another bucket or a local file of its choosing.
+    pub fn allow(mut self, store: &str) -> Self {
+        self.allowed.push(store.trim_end_matches('/').to_owned());
+        self
+    }
+
     /// `Ok(None)` when `headers` has no `claim_check`; else the stored bytes, checked
-    /// against `claim_check_size` and `claim_check_sha256`.
+    /// against `claim_check_size` and `claim_check_sha256`. A URL outside the allowed
+    /// stores is [`DecodeError::Invalid`].
     pub async fn fetch(&self, headers: &[(String, String)]) -> Result<Option<Bytes>, DecodeError> {
         let header = |name: &str| {
             headers
@@ -379,6 +402,21 @@ impl ClaimCheckFetcher {
         let Some(url) = header(CLAIM_CHECK) else {
             return Ok(None);
         };
+        if !self.allowed.iter().any(|store| {
+            url.strip_prefix(store.as_str())
+                .is_some_and(|rest| rest.starts_with('/'))
+        }) {
+            return Err(DecodeError::Invalid(format!(
+                "claim_check `{}` is not in a store this consumer allows ({}); add the relay's \
+                 claim_check.store with ClaimCheckFetcher::allow",
+                outbox_core::redact::redact_url(url),
+                if self.allowed.is_empty() {
+                    "none given".to_owned()
+                } else {
+                    self.allowed.join(", ")
+                }
+            )));
+        }
         let size = header(CLAIM_CHECK_SIZE)
             .ok_or_else(|| {
                 DecodeError::Invalid(format!(

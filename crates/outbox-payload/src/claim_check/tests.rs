@@ -161,7 +161,9 @@ async fn without_the_aws_feature_an_s3_store_is_refused_clearly() {
         ),
         "{e}"
     );
-    let fetcher = ClaimCheckFetcher::new(None, None).await;
+    let fetcher = ClaimCheckFetcher::new(None, None)
+        .await
+        .allow("s3://orders-big/outbox");
     let headers = [
         ("claim_check", "s3://orders-big/outbox/Order/x"),
         ("claim_check_size", "3"),
@@ -230,7 +232,9 @@ async fn a_large_payload_goes_to_the_file_store_and_the_message_carries_the_refe
         payload
     );
 
-    let fetcher = ClaimCheckFetcher::new(None, None).await;
+    let fetcher = ClaimCheckFetcher::new(None, None)
+        .await
+        .allow(&format!("file://{}", dir.path().display()));
     let fetched = fetcher.fetch(&out.headers).await.unwrap().unwrap();
     assert_eq!(fetched, payload);
     assert_eq!(fetcher.fetch(&event(vec![]).headers).await, Ok(None));
@@ -239,18 +243,18 @@ async fn a_large_payload_goes_to_the_file_store_and_the_message_carries_the_refe
 #[tokio::test]
 async fn a_message_that_fits_passes_unchanged_and_writes_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let claim_check = ClaimCheck::connect(&config(&file_store(dir.path()), None), Some(1000))
+    let claim_check = ClaimCheck::connect(&config(&file_store(dir.path()), None), Some(256 << 10))
         .await
         .unwrap();
     assert_eq!(
         claim_check.above(),
-        1000,
-        "above defaults to the sink's limit"
+        186 << 10,
+        "above defaults to 3/4 of the sink's limit less 8 KiB (room for base64 and headers)"
     );
     let small = event(vec![b'x'; 100]);
     // Exactly at the threshold still fits.
-    let edge = event(vec![b'x'; 1000 - message_size(&event(vec![]))]);
-    assert_eq!(message_size(&edge), 1000);
+    let edge = event(vec![b'x'; (186 << 10) - message_size(&event(vec![]))]);
+    assert_eq!(message_size(&edge), 186 << 10);
     assert_eq!(claim_check.apply(small.clone()).await.unwrap(), small);
     assert_eq!(claim_check.apply(edge.clone()).await.unwrap(), edge);
     assert!(files(dir.path()).is_empty());
@@ -338,7 +342,9 @@ async fn the_consumer_refuses_a_payload_of_the_wrong_size_or_hash_or_bad_headers
     let dir = tempfile::tempdir().unwrap();
     let claim_check = on_files(dir.path(), 500).await;
     let out = claim_check.apply(event(vec![3; 4000])).await.unwrap();
-    let fetcher = ClaimCheckFetcher::new(None, None).await;
+    let fetcher = ClaimCheckFetcher::new(None, None)
+        .await
+        .allow(&format!("file://{}", dir.path().display()));
     let path = dir.path().join("Order").join(ID_TEXT);
     let invalid = |r: Result<Option<Bytes>, DecodeError>| match r {
         Err(DecodeError::Invalid(text)) => text,
@@ -389,8 +395,8 @@ async fn the_consumer_refuses_a_payload_of_the_wrong_size_or_hash_or_bad_headers
             .await,
     );
     assert!(
-        text.contains("is neither an s3:// nor a file:// URL"),
-        "{text}"
+        text.contains("is not in a store this consumer allows"),
+        "a URL of another kind is outside every allowed store: {text}"
     );
     let mut no_size = out.headers.clone();
     no_size.retain(|(n, _)| n != "claim_check_size");
@@ -438,11 +444,51 @@ async fn with_encryption_the_ciphertext_is_stored_and_the_decoder_undoes_both() 
     assert!(header(&out, "encryption").is_some());
 
     let decoder = Decoder::new()
-        .with_claim_check(ClaimCheckFetcher::new(None, None).await)
+        .with_claim_check(
+            ClaimCheckFetcher::new(None, None)
+                .await
+                .allow(&format!("file://{}", store.display())),
+        )
         .with_keys(KeyRing::new().with_key_file(&key_file).unwrap());
     let decoded = decoder
         .decode(out.id, &out.payload, &out.headers)
         .await
         .unwrap();
     assert_eq!(decoded, plain);
+}
+
+/// A fetcher follows only the stores it was given: a message naming another directory (or a
+/// sibling whose name merely starts the same) is refused before anything is read.
+#[tokio::test]
+async fn the_consumer_fetches_only_from_the_stores_it_allows() {
+    let dir = tempfile::tempdir().unwrap();
+    let claim_check = on_files(dir.path(), 500).await;
+    let out = claim_check.apply(event(vec![5; 4000])).await.unwrap();
+    let allowed = format!("file://{}", dir.path().display());
+    for fetcher in [
+        ClaimCheckFetcher::new(None, None).await,
+        ClaimCheckFetcher::new(None, None)
+            .await
+            .allow("file:///etc"),
+        ClaimCheckFetcher::new(None, None)
+            .await
+            .allow(&allowed[..allowed.len() - 1]),
+    ] {
+        match fetcher.fetch(&out.headers).await {
+            Err(DecodeError::Invalid(text)) => {
+                assert!(
+                    text.contains("not in a store this consumer allows"),
+                    "{text}"
+                );
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+    let fetched = ClaimCheckFetcher::new(None, None)
+        .await
+        .allow(&format!("{allowed}/"))
+        .fetch(&out.headers)
+        .await
+        .unwrap();
+    assert_eq!(fetched.as_deref(), Some(&[5u8; 4000][..]));
 }

@@ -588,7 +588,7 @@ impl Sink for KafkaSink {
 crate::build_sink!(KafkaConfig, "kafka", |config, event| format!(
     "Kafka topic {}",
     config.destination.render(event)
-), destination: destination, read_back: readback::read_back,
+), message_limit: |c| usize::try_from(c.max_message_bytes.get()).unwrap_or(usize::MAX), destination: destination, read_back: readback::read_back,
 scratch: scratch::scratch, remove_scratch: scratch::remove_scratch);
 
 #[cfg(test)]

@@ -77,7 +77,7 @@ crate::build_sink!(KinesisConfig, "kinesis", |c, event| {
         Some(stream) => format!("Kinesis stream {}", stream.render(event)),
         None => "Kinesis (no stream)".to_owned(),
     }
-}, read_back: super::readback::read_back);
+}, message_limit: |c| c.max_message_size, read_back: super::readback::read_back);
 
 #[cfg(test)]
 mod tests {

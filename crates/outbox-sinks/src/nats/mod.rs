@@ -501,10 +501,16 @@ impl Sink for NatsSink {
     }
 }
 
+/// nats-server's default `max_payload` (1 MiB): the claim-check threshold when
+/// `max_payload` is not configured (the server's own may be lower; it is learned only on
+/// connect).
+const NATS_DEFAULT_MAX_PAYLOAD: usize = 1024 * 1024;
+
 crate::build_sink!(
     NatsConfig,
     "nats",
     |config, event| format!("NATS subject {}", config.destination.render(event)),
+    message_limit: |c| c.max_payload.map_or(NATS_DEFAULT_MAX_PAYLOAD, std::num::NonZeroUsize::get),
     destination: destination,
     check: check,
     read_back: readback::read_back,

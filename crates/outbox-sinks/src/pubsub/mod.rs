@@ -768,7 +768,7 @@ crate::build_sink!(PubSubConfig, "pubsub", |config, event| format!(
     "Pub/Sub topic projects/{}/topics/{}",
     config.project.trim(),
     config.topic.render(event)
-), destination: topic, read_back: readback::read_back);
+), message_limit: |c| c.max_payload.map_or(MAX_REQUEST_BYTES, std::num::NonZeroUsize::get), destination: topic, read_back: readback::read_back);
 
 #[cfg(test)]
 mod tests {

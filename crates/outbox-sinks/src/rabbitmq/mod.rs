@@ -376,7 +376,7 @@ impl Sink for RabbitMqSink {
 crate::build_sink!(RabbitMqConfig, "rabbitmq", |config, event| format!(
     "RabbitMQ routing key {}",
     config.destination.render(event)
-), destination: destination);
+), message_limit: |c| c.max_message_size.get(), destination: destination);
 
 #[cfg(test)]
 mod tests {

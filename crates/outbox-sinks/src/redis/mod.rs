@@ -368,7 +368,7 @@ impl Sink for RedisSink {
 crate::build_sink!(RedisConfig, "redis", |config, event| format!(
     "Redis stream {}",
     config.destination.render(event)
-), destination: destination, read_back: readback::read_back,
+), message_limit: |c| c.max_payload.map_or(DEFAULT_MAX_BULK_LEN, std::num::NonZeroUsize::get), destination: destination, read_back: readback::read_back,
 scratch: scratch::scratch, remove_scratch: scratch::remove_scratch);
 
 #[cfg(test)]

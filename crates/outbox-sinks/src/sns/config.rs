@@ -94,7 +94,7 @@ crate::build_sink!(SnsConfig, "sns", |c, event| {
         Some(arn) => format!("SNS topic {}", arn.render(event)),
         None => "SNS (no topic_arn)".to_owned(),
     }
-});
+}, message_limit: |c| c.max_message_size);
 
 #[cfg(test)]
 mod tests {

@@ -101,7 +101,7 @@ crate::build_sink!(SqsConfig, "sqs", |c, event| {
         Some(url) => format!("SQS queue {}", redact_url(&url.render(event))),
         None => "SQS (no queue_url)".to_owned(),
     }
-});
+}, message_limit: |c| c.max_message_size);
 
 #[cfg(test)]
 mod tests {
