@@ -10,6 +10,9 @@
 //!   under a data key from AWS KMS (`GenerateDataKey`) or wrapped by a local key file; the
 //!   event id is the additional authenticated data.
 //!
+//! - [`schemas`] (feature `schemas`): JSON payloads checked against JSON Schema files, by the
+//!   relay before it publishes and, opt-in, by the producer before it writes.
+//!
 //! Both are opt-in, per sink or for all sinks ([`PayloadOptions`]); with both, the payload is
 //! encrypted first, then offloaded. [`Encoder`] is the relay's side, [`Decoder`] the
 //! consumer's (the inbox uses it under its `payload` feature).
@@ -18,6 +21,8 @@ pub mod claim_check;
 pub mod encryption;
 pub mod header;
 mod pipeline;
+#[cfg(feature = "schemas")]
+pub mod schemas;
 mod size;
 
 pub use pipeline::{DecodeError, Decoder, Encoder, PayloadOptions};

@@ -104,7 +104,7 @@ pub async fn run(
 ) -> Result<RelayReport, RuntimeError> {
     // `[payload] schemas`: every schema compiled before anything else starts; a broken one
     // stops the start, naming its file.
-    let schemas = crate::schemas::Schemas::from_config(&config.payload)?;
+    let schemas = crate::schemas::from_config(&config.payload)?;
     if let Some(schemas) = &schemas {
         tracing::info!(dir = %schemas.dir().display(), files = %schemas.files().join(", "), "payloads validated against JSON Schema");
     }

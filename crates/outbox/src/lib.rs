@@ -53,6 +53,28 @@ pub mod mysql {
     };
 }
 
+/// The relay's JSON Schema check, in the producer (feature `schemas`, opt-in): load the same
+/// directory as the relay's `[payload] schemas` once, then check each event before writing
+/// it, inside the transaction; a refused event is the caller's to roll back.
+///
+/// ```no_run
+/// # async fn example(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+/// let schemas = outbox::schemas::Schemas::load("schemas/".as_ref())
+///     .map_err(|errors| errors[0].to_string())?;
+/// let event = outbox::NewEvent::new("Order", "o_1", "order.placed", r#"{"total_cents":-5}"#);
+/// let mut tx = pool.begin().await?;
+/// // Err: "payload does not match schema order.placed.json: /total_cents: -5 is less than
+/// // the minimum of 0", the reason the relay would have dead-lettered it with.
+/// schemas.check_new(&event)?;
+/// outbox::postgres::enqueue(&mut *tx, &event).await?;
+/// tx.commit().await?;
+/// # Ok(()) }
+/// ```
+#[cfg(feature = "schemas")]
+pub mod schemas {
+    pub use outbox_payload::schemas::{SchemaError, SchemaViolation, Schemas};
+}
+
 /// The consumer side (feature `inbox`): [`PgInbox`](inbox::PgInbox),
 /// [`SqliteInbox`](inbox::SqliteInbox) and the consumer loops; see `docs/inbox.md`.
 #[cfg(feature = "inbox")]

@@ -310,7 +310,7 @@ async fn sink(
     };
     // What the relay does to payloads first (schemas, encryption, claim-check), whatever the
     // sink: `--sink null` then measures that cost alone.
-    let schemas = outbox_runtime::schemas::Schemas::from_config(&config.payload)?;
+    let schemas = outbox_runtime::schemas::from_config(&config.payload)?;
     let stage =
         outbox_runtime::payload::PayloadStage::for_sink(&config.sink, &config.payload, schemas)
             .await
