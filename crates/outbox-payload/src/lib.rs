@@ -17,6 +17,7 @@
 //! encrypted first, then offloaded. [`Encoder`] is the relay's side, [`Decoder`] the
 //! consumer's (the inbox uses it under its `payload` feature).
 
+mod aws;
 pub mod claim_check;
 pub mod encryption;
 pub mod header;

@@ -4,7 +4,6 @@
 use std::error::Error as StdError;
 use std::time::Duration;
 
-use aws_config::{BehaviorVersion, Region};
 use aws_sdk_s3::Client;
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{
@@ -15,11 +14,8 @@ use aws_smithy_runtime_api::client::orchestrator::HttpResponse;
 use aws_smithy_runtime_api::client::result::SdkError;
 use aws_smithy_types::error::display::DisplayErrorContext;
 use aws_smithy_types::error::metadata::ProvideErrorMetadata;
-use aws_smithy_types::retry::RetryConfig;
-use aws_smithy_types::timeout::TimeoutConfig;
 use bytes::Bytes;
 use outbox_core::SinkError;
-use outbox_core::redact::redact_url;
 use percent_encoding::{AsciiSet, CONTROLS, utf8_percent_encode};
 use uuid::Uuid;
 
@@ -39,32 +35,12 @@ const METADATA: &AsciiSet = &CONTROLS.add(b'%');
 /// attempts per request, 3 s to connect and 30 s per attempt. Also returns where requests
 /// go, for messages (`S3 at http://127.0.0.1:5000`, credentials masked).
 pub(super) async fn client(region: Option<&str>, endpoint_url: Option<&str>) -> (Client, String) {
-    let mut loader = aws_config::defaults(BehaviorVersion::latest())
-        .retry_config(RetryConfig::standard().with_max_attempts(2))
-        .timeout_config(
-            TimeoutConfig::builder()
-                .connect_timeout(CONNECT_TIMEOUT)
-                .operation_attempt_timeout(ATTEMPT_TIMEOUT)
-                .build(),
-        );
-    if let Some(region) = region {
-        loader = loader.region(Region::new(region.to_owned()));
-    }
-    if let Some(url) = endpoint_url {
-        loader = loader.endpoint_url(url);
-    }
-    let sdk = loader.load().await;
+    let sdk = crate::aws::sdk_config(region, endpoint_url, CONNECT_TIMEOUT, ATTEMPT_TIMEOUT).await;
     let mut config = aws_sdk_s3::config::Builder::from(&sdk);
     if endpoint_url.is_some() {
         config = config.force_path_style(true);
     }
-    let endpoint = match endpoint_url {
-        Some(url) => format!("S3 at {}", redact_url(url)),
-        None => format!(
-            "S3 in {}",
-            sdk.region().map_or("the default region", |r| r.as_ref())
-        ),
-    };
+    let endpoint = crate::aws::describe("S3", &sdk);
     (Client::from_conf(config.build()), endpoint)
 }
 

@@ -7,9 +7,6 @@
 
 use std::time::Duration;
 
-use aws_config::retry::RetryConfig;
-use aws_config::timeout::TimeoutConfig;
-use aws_config::{BehaviorVersion, Region};
 use aws_sdk_kms::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_sdk_kms::primitives::Blob;
 use aws_sdk_kms::types::DataKeySpec;
@@ -40,28 +37,8 @@ impl Kms {
     /// A client through the standard AWS chain, `region` and `endpoint_url` when set. One
     /// SDK retry: an outage surfaces quickly and the relay backs off itself. No request.
     pub(super) async fn new(region: Option<&str>, endpoint_url: Option<&str>) -> Self {
-        let mut loader = aws_config::defaults(BehaviorVersion::latest())
-            .retry_config(RetryConfig::standard().with_max_attempts(2))
-            .timeout_config(
-                TimeoutConfig::builder()
-                    .connect_timeout(CONNECT_TIMEOUT)
-                    .operation_attempt_timeout(TIMEOUT)
-                    .build(),
-            );
-        if let Some(region) = region {
-            loader = loader.region(Region::new(region.to_owned()));
-        }
-        if let Some(url) = endpoint_url {
-            loader = loader.endpoint_url(url);
-        }
-        let sdk = loader.load().await;
-        let endpoint = match sdk.endpoint_url() {
-            Some(url) => format!("KMS at {}", outbox_core::redact::redact_url(url)),
-            None => format!(
-                "KMS in {}",
-                sdk.region().map_or("the default region", |r| r.as_ref())
-            ),
-        };
+        let sdk = crate::aws::sdk_config(region, endpoint_url, CONNECT_TIMEOUT, TIMEOUT).await;
+        let endpoint = crate::aws::describe("KMS", &sdk);
         Self {
             client: aws_sdk_kms::Client::new(&sdk),
             endpoint,

@@ -181,32 +181,7 @@ impl EncryptionConfig {
     }
 
     fn validate_aws(&self) -> Result<(), String> {
-        if let Some(region) = &self.region
-            && (region.is_empty()
-                || !region
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '-'))
-        {
-            return Err(format!(
-                "region: `{region}` is not an AWS region name (like `eu-west-1`)"
-            ));
-        }
-        if let Some(url) = &self.endpoint_url {
-            let shown = outbox_core::redact::redact_url(url);
-            if !(url.starts_with("http://") || url.starts_with("https://")) {
-                return Err(format!(
-                    "endpoint_url: `{shown}` must start with http:// or https://"
-                ));
-            }
-            let authority = url.split("://").nth(1).unwrap_or("").split('/').next();
-            if authority.is_some_and(|a| a.contains('@')) {
-                return Err(format!(
-                    "endpoint_url: `{shown}` must not carry a user or password: KMS requests are \
-                     signed with the keys of the standard credential chain"
-                ));
-            }
-        }
-        Ok(())
+        crate::aws::validate(self.region.as_deref(), self.endpoint_url.as_deref(), "KMS")
     }
 }
 
