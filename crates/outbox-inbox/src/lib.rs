@@ -10,6 +10,8 @@
 //! - [`PgInbox`] (PostgreSQL), [`SqliteInbox`] (SQLite) and `MySqlInbox` (MySQL / MariaDB,
 //!   feature `mysql`): `migrate`, `begin` (returns the open transaction, or `None` for a
 //!   duplicate), `process` (runs a handler in it), `purge_older_than` (retention).
+//! - `DynamoDbInbox` (feature `dynamodb`): the dedup item put with `attribute_not_exists` in
+//!   the handler's own `TransactWriteItems` (`transaction`, then `commit`), TTL retention.
 //! - [`InboxMessage`]: a delivered message with the contract headers parsed back.
 //!
 //! Each database is a feature (`postgres`, `sqlite`: both on by default; `mysql`: off by
@@ -39,6 +41,8 @@
 //! and `InboxMessage::trace_context` reads that parent for loops of your own.
 
 pub mod canary;
+#[cfg(feature = "dynamodb")]
+pub mod dynamodb;
 mod error;
 pub mod lane;
 mod message;
@@ -64,6 +68,8 @@ pub mod rabbitmq;
 #[cfg(feature = "redis")]
 pub mod redis;
 
+#[cfg(feature = "dynamodb")]
+pub use dynamodb::{DynamoDbInbox, DynamoDbInboxError, DynamoDbOrderGate, InboxTransaction};
 pub use error::{InboxError, MigrateError, MigrationReport};
 pub use lane::{
     ConsumerError, ConsumerOrder, ConsumerReport, LanePolicy, MessageHandler, OrderGate,
