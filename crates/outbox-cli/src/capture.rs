@@ -1,6 +1,7 @@
 //! `outbox capture install|remove|list`: business tables as event sources (docs/capture.md),
-//! through the backend's capture support (PostgreSQL: one row trigger per `[[capture]]`
-//! entry, writing the event into the outbox table in the business transaction).
+//! through the backend's capture support (PostgreSQL, SQLite, MySQL/MariaDB: row triggers
+//! per `[[capture]]` entry, writing the event into the outbox table in the business
+//! transaction).
 
 use anyhow::bail;
 use clap::Subcommand;
@@ -133,7 +134,7 @@ fn describe(c: &InstalledCapture) -> String {
             }
         ),
         None => format!(
-            "{:<20} NO TRIGGER: function {} is not called by any table; `outbox capture install` or `remove` it",
+            "{:<20} NO TRIGGER: {} is installed but no table's trigger uses it; `outbox capture install` or `remove` it",
             c.name, c.function
         ),
     };

@@ -11,7 +11,8 @@
 //!   an event type from a column, literal values that need quoting, a NULL that cannot
 //!   become an event.
 //! - Bad input: a clear error naming the key, and nothing created.
-//! - `capture remove`; `capture install` on SQLite.
+//! - `capture remove`.
+//! - SQLite: the same, through AFTER INSERT / AFTER UPDATE triggers, relayed to a file.
 
 mod support;
 
@@ -577,20 +578,377 @@ async fn a_removed_capture_makes_no_more_events() -> anyhow::Result<()> {
     Ok(())
 }
 
+// ---------------------------------------------------------------------------------------
+// SQLite: AFTER INSERT / AFTER UPDATE triggers, the entry recorded in `outbox_capture`.
+
+const SQLITE_BOOKINGS: &str = "CREATE TABLE bookings (
+    id          TEXT    PRIMARY KEY,
+    customer_id TEXT,
+    seats       INTEGER NOT NULL,
+    price       REAL,
+    note        TEXT,
+    status      TEXT,
+    doc         JSON,
+    raw         BLOB
+)";
+
+const SQLITE_CAPTURE: &str = r#"
+[[capture]]
+table = "bookings"
+aggregate_type = "Customer 'O\\Brien'"
+aggregate_id = "customer_id"
+event_type = "booking.changed"
+on = ["insert", "update"]
+
+[[capture]]
+table = "bookings"
+name = "bookings_docs"
+aggregate_type = "Doc"
+aggregate_id = "id"
+event_type_column = "status"
+payload = "doc"
+"#;
+
+fn sqlite_config(extra: &str) -> String {
+    format!(
+        "[source]\nkind = \"sqlite\"\npath = \"outbox.db\"\n[relay]\nbatch_size = 7\npoll_interval = \"5ms\"\n[sink]\nkind = \"file\"\npath = \"events.jsonl\"\n{extra}"
+    )
+}
+
+/// The outbox file, migrated, with `ddl` run; a pool on it.
+async fn sqlite_database(work: &Workdir, ddl: &str) -> anyhow::Result<sqlx::SqlitePool> {
+    let cfg = work.write_config("migrate.toml", &sqlite_config(""))?;
+    run_ok(
+        work,
+        &["migrate", "--config", cfg.to_str().context("path")?],
+    )
+    .await?;
+    let options = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(work.path().join("outbox.db"))
+        .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
+        .busy_timeout(Duration::from_secs(30));
+    let pool = sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(2)
+        .connect_with(options)
+        .await?;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(ddl.to_owned()))
+        .execute(&pool)
+        .await?;
+    Ok(pool)
+}
+
+/// Triggers and capture records in the SQLite file.
+async fn sqlite_capture_objects(pool: &sqlx::SqlitePool) -> anyhow::Result<(i64, i64)> {
+    let triggers: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM sqlite_schema WHERE type = 'trigger'")
+            .fetch_one(pool)
+            .await?;
+    let has_records: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = 'outbox_capture'",
+    )
+    .fetch_one(pool)
+    .await?;
+    let records = if has_records == 0 {
+        0
+    } else {
+        sqlx::query_scalar("SELECT count(*) FROM outbox_capture")
+            .fetch_one(pool)
+            .await?
+    };
+    Ok((triggers, records))
+}
+
+type SqliteEvent = (String, String, String, Vec<u8>, String);
+
+/// An expected event: aggregate type and id, event type, the payload as JSON (a row) or as
+/// bytes (a column), headers.
+type Expected = (
+    String,
+    String,
+    String,
+    Option<serde_json::Value>,
+    Vec<u8>,
+    String,
+);
+
+async fn sqlite_events(pool: &sqlx::SqlitePool) -> anyhow::Result<Vec<SqliteEvent>> {
+    Ok(sqlx::query_as(
+        "SELECT aggregate_type, aggregate_id, event_type, payload, headers FROM outbox ORDER BY seq",
+    )
+    .fetch_all(pool)
+    .await?)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn capture_on_sqlite_is_a_clear_unsupported_error() -> anyhow::Result<()> {
+async fn sqlite_capture_turns_inserts_and_updates_into_events_in_commit_order() -> anyhow::Result<()>
+{
     let work = Workdir::new()?;
-    let cfg_path = work.write_config(
-        "outbox.toml",
-        &format!("[source]\nkind = \"sqlite\"\npath = \"outbox.db\"\n{BOOKINGS_CAPTURE}"),
-    )?;
-    let out = work
-        .run(&[
+    let pool = sqlite_database(&work, SQLITE_BOOKINGS).await?;
+    let cfg_path = work.write_config("outbox.toml", &sqlite_config(SQLITE_CAPTURE))?;
+    let cfg = cfg_path.to_str().context("path")?;
+    let out = run_ok(&work, &["capture", "install", "--config", cfg]).await?;
+    ensure!(
+        out.stdout.contains("capture bookings: installed trigger bookings_outbox_capture_insert, bookings_outbox_capture_update on bookings (insert, update)")
+            && out.stdout.contains("capture bookings_docs: installed trigger bookings_docs_outbox_capture_insert on bookings (insert)"),
+        "{out:?}"
+    );
+    // Idempotent: a second install replaces, it does not add triggers.
+    let out = run_ok(&work, &["capture", "install", "--config", cfg]).await?;
+    ensure!(out.stdout.contains("capture bookings: replaced"), "{out:?}");
+    ensure!(
+        sqlite_capture_objects(&pool).await? == (3, 2),
+        "three triggers, two records: {:?}",
+        sqlite_capture_objects(&pool).await?
+    );
+
+    // Insert, then update, then a rolled-back insert, then a second customer.
+    let mut tx = pool.begin().await?;
+    sqlx::query("INSERT INTO bookings VALUES ('b1', 'c1', 2, 9.5, 'it''s \"x\" ☂', 'booking.placed', '{\"n\":1}', x'ff00')")
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    sqlx::query("UPDATE bookings SET seats = 3 WHERE id = 'b1'")
+        .execute(&pool)
+        .await?;
+    let mut tx = pool.begin().await?;
+    sqlx::query("INSERT INTO bookings (id, customer_id, seats, status, doc) VALUES ('b2', 'c1', 1, 's', '{}')")
+        .execute(&mut *tx)
+        .await?;
+    tx.rollback().await?;
+    sqlx::query("INSERT INTO bookings (id, customer_id, seats, status, doc) VALUES (7, 'c2', 1, 'booking.placed', '{\"n\":2}')")
+        .execute(&pool)
+        .await?;
+
+    let customer = "Customer 'O\\Brien'".to_owned();
+    let headers = |op: &str| format!(r#"{{"capture_op":"{op}","capture_table":"bookings"}}"#);
+    let row1 = |seats: i64| {
+        serde_json::json!({"id": "b1", "customer_id": "c1", "seats": seats, "price": 9.5,
+            "note": "it's \"x\" ☂", "status": "booking.placed", "doc": "{\"n\":1}", "raw": "FF00"})
+    };
+    let events = sqlite_events(&pool).await?;
+    let expected: Vec<Expected> = vec![
+        (
+            customer.clone(),
+            "c1".into(),
+            "booking.changed".into(),
+            Some(row1(2)),
+            vec![],
+            headers("insert"),
+        ),
+        (
+            "Doc".into(),
+            "b1".into(),
+            "booking.placed".into(),
+            None,
+            br#"{"n":1}"#.to_vec(),
+            headers("insert"),
+        ),
+        (
+            customer.clone(),
+            "c1".into(),
+            "booking.changed".into(),
+            Some(row1(3)),
+            vec![],
+            headers("update"),
+        ),
+        (
+            customer.clone(),
+            "c2".into(),
+            "booking.changed".into(),
+            Some(
+                serde_json::json!({"id": "7", "customer_id": "c2", "seats": 1, "price": null,
+            "note": null, "status": "booking.placed", "doc": "{\"n\":2}", "raw": null}),
+            ),
+            vec![],
+            headers("insert"),
+        ),
+        (
+            "Doc".into(),
+            "7".into(),
+            "booking.placed".into(),
+            None,
+            br#"{"n":2}"#.to_vec(),
+            headers("insert"),
+        ),
+    ];
+    // Two captures of one row fire in an order SQLite does not define: compare each
+    // capture's events (in seq order) with its own expected list.
+    ensure!(events.len() == expected.len(), "events: {events:#?}");
+    let mut sorted: Vec<&SqliteEvent> = events.iter().filter(|e| e.0 != "Doc").collect();
+    sorted.extend(events.iter().filter(|e| e.0 == "Doc"));
+    let mut expected_sorted: Vec<_> = expected.iter().filter(|e| e.0 != "Doc").collect();
+    expected_sorted.extend(expected.iter().filter(|e| e.0 == "Doc"));
+    for (got, want) in sorted.into_iter().zip(expected_sorted) {
+        ensure!(
+            got.0 == want.0 && got.1 == want.1 && got.2 == want.2 && got.4 == want.5,
+            "event {got:?}, expected {want:?}"
+        );
+        match &want.3 {
+            Some(json) => {
+                let payload: serde_json::Value = serde_json::from_slice(&got.3)?;
+                ensure!(&payload == json, "payload {payload} expected {json}");
+            }
+            None => ensure!(
+                got.3 == want.4,
+                "payload {:?}",
+                String::from_utf8_lossy(&got.3)
+            ),
+        }
+    }
+    // The outbox's own defaults: a UUIDv7 id and a creation time.
+    let ids: Vec<String> = sqlx::query_scalar("SELECT id FROM outbox ORDER BY seq")
+        .fetch_all(&pool)
+        .await?;
+    for id in &ids {
+        ensure!(
+            Uuid::parse_str(id)?.get_version_num() == 7,
+            "id {id} is not a UUIDv7"
+        );
+    }
+
+    // A row that cannot become an event fails the write, and nothing is written.
+    let err = sqlx::query("INSERT INTO bookings (id, customer_id, seats, status, doc) VALUES ('b3', NULL, 1, 's', '{}')")
+        .execute(&pool)
+        .await
+        .expect_err("a NULL aggregate_id must fail the write");
+    ensure!(
+        err.to_string().contains(
+            "outbox capture of bookings: the aggregate_id column of the written row is NULL"
+        ),
+        "{err}"
+    );
+    ensure!(sqlite_events(&pool).await?.len() == 5);
+
+    // list shows both, with their ops.
+    let out = run_ok(&work, &["capture", "list", "--config", cfg]).await?;
+    ensure!(
+        out.stdout.contains("on bookings (insert, update)") && out.stdout.contains("bookings_docs"),
+        "{out:?}"
+    );
+    let out = run_ok(&work, &["capture", "list", "--json", "--config", cfg]).await?;
+    let list: serde_json::Value = serde_json::from_str(&out.stdout)?;
+    ensure!(
+        list[0]["name"] == "bookings"
+            && list[0]["on"] == serde_json::json!(["insert", "update"])
+            && list[0]["config"]["aggregate_type"] == customer.as_str()
+            && list[1]["name"] == "bookings_docs"
+            && list[1]["on"] == serde_json::json!(["insert"]),
+        "{list:#}"
+    );
+
+    // Relayed end to end into the file sink, in order, with aggregate_seq.
+    let mut relay = work.spawn_relay(&cfg_path, "relay.log")?;
+    outbox_testkit::wait::eventually(Duration::from_secs(60), || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM outbox WHERE state = 'pending'")
+            .fetch_one(&pool)
+            .await
+            .is_ok_and(|n| n == 0)
+    })
+    .await
+    .with_context(|| work.read_log("relay.log"))?;
+    ensure!(
+        terminate(&mut relay, Duration::from_secs(30)).await? == Some(0),
+        "relay did not exit 0:\n{}",
+        work.read_log("relay.log")
+    );
+    let lines = published(&work)?;
+    let c1: Vec<(&str, &str)> = lines
+        .iter()
+        .filter(|l| l["aggregate_id"] == "c1")
+        .map(|l| {
+            (
+                l["headers"]["capture_op"].as_str().unwrap_or_default(),
+                l["headers"]["aggregate_seq"].as_str().unwrap_or_default(),
+            )
+        })
+        .collect();
+    ensure!(
+        c1 == vec![("insert", "1"), ("update", "2")],
+        "customer c1: {c1:?} in {lines:#?}"
+    );
+    ensure!(lines.len() == 5, "{lines:#?}");
+
+    // remove drops the triggers and the records; writes make no more events.
+    let out = run_ok(&work, &["capture", "remove", "--config", cfg]).await?;
+    ensure!(
+        out.stdout
+            .contains("capture bookings: removed triggers bookings_outbox_capture_* from bookings"),
+        "{out:?}"
+    );
+    ensure!(sqlite_capture_objects(&pool).await? == (0, 0));
+    sqlx::query("UPDATE bookings SET seats = 4")
+        .execute(&pool)
+        .await?;
+    ensure!(
+        sqlite_events(&pool).await?.len() == 5,
+        "an update after remove made an event"
+    );
+    let out = run_ok(&work, &["capture", "list", "--config", cfg]).await?;
+    ensure!(
+        out.stdout.contains("no capture writes into outbox table"),
+        "{out:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_bad_captures_are_refused_by_key_and_create_nothing() -> anyhow::Result<()> {
+    let work = Workdir::new()?;
+    let pool = sqlite_database(&work, SQLITE_BOOKINGS).await?;
+    let cases = [
+        (
+            "table = \"nope\"\naggregate_type = \"C\"\naggregate_id = \"customer_id\"\nevent_type = \"e\"",
+            "capture[0].table: table nope does not exist",
+        ),
+        (
+            "table = \"bookings\"\naggregate_type = \"C\"\naggregate_id = \"customer\"\nevent_type = \"e\"",
+            "capture[0].aggregate_id: column `customer` does not exist in table bookings",
+        ),
+        (
+            "table = \"bookings\"\naggregate_type = \"C\"\naggregate_id = \"id\"\nevent_type = \"e\"\npayload = \"seats\"",
+            "capture[0].payload: column `seats` of table bookings is of type INTEGER",
+        ),
+        (
+            "table = \"app.bookings\"\naggregate_type = \"C\"\naggregate_id = \"id\"\nevent_type = \"e\"",
+            "capture[0].table: `app.bookings`: SQLite has no schemas",
+        ),
+        (
+            "table = \"outbox\"\naggregate_type = \"C\"\naggregate_id = \"aggregate_id\"\nevent_type = \"e\"",
+            "capture[0].table: outbox is the outbox table itself",
+        ),
+        // The first entry is fine, the second is not: neither is installed.
+        (
+            "table = \"bookings\"\naggregate_type = \"C\"\naggregate_id = \"id\"\nevent_type = \"e\"\n\n[[capture]]\ntable = \"bookings\"\nname = \"other\"\naggregate_type = \"C\"\naggregate_id = \"id\"\nevent_type_column = \"state\"",
+            "capture[1].event_type_column: column `state` does not exist in table bookings",
+        ),
+    ];
+    for (i, (entry, needle)) in cases.iter().enumerate() {
+        let cfg_path = work.write_config(
+            &format!("bad-{i}.toml"),
+            &sqlite_config(&format!("[[capture]]\n{entry}\n")),
+        )?;
+        work.run(&[
             "capture",
             "install",
             "--config",
             cfg_path.to_str().context("path")?,
         ])
+        .await?
+        .assert_clear_error(needle)
+        .with_context(|| format!("case {i}"))?;
+        ensure!(
+            sqlite_capture_objects(&pool).await? == (0, 0),
+            "case {i}: a failed install left a trigger or record behind"
+        );
+    }
+    // A trigger of the same name that is not a capture's: refused, left alone.
+    sqlx::query("CREATE TRIGGER bookings_outbox_capture_insert AFTER INSERT ON bookings BEGIN SELECT 1; END")
+        .execute(&pool)
         .await?;
-    out.assert_clear_error("`outbox capture` is not supported by kind = \"sqlite\"")
+    let cfg_path = work.write_config("clash.toml", &sqlite_config(SQLITE_CAPTURE))?;
+    work.run(&["capture", "install", "--config", cfg_path.to_str().context("path")?])
+        .await?
+        .assert_clear_error("capture[0].name: a trigger bookings_outbox_capture_insert exists and is not an outbox capture")?;
+    ensure!(sqlite_capture_objects(&pool).await? == (1, 0));
+    Ok(())
 }

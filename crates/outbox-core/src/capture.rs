@@ -2,7 +2,7 @@
 //!
 //! Each entry names a table whose inserts (and optionally updates) must each produce one
 //! outbox event *in the same transaction*, without any change to the application. A backend
-//! that supports it ([`Capture`], PostgreSQL) installs a row trigger on the table that writes
+//! that supports it ([`Capture`]: PostgreSQL, SQLite, MySQL/MariaDB) installs a row trigger on the table that writes
 //! the event into the outbox table; from there the relay publishes it like any other, with
 //! every guarantee: a rolled-back write leaves no event, a committed one is never lost, and
 //! per-aggregate order is the outbox's own (its ordering trigger serializes the writers of
@@ -263,14 +263,51 @@ pub enum LiteralError {
     Nul,
 }
 
-/// `value` as an SQL string literal that means exactly `value`, whatever
-/// `standard_conforming_strings` says: single quotes are doubled, and a value with a
-/// backslash is written as an escape string (`E'...'`, backslashes doubled), as PostgreSQL's
-/// own `quote_literal` does. NUL is refused.
+/// `value` as a PostgreSQL string literal ([`Dialect::Postgres`]).
 pub fn quote_literal(value: &str) -> Result<String, LiteralError> {
-    if value.contains('\0') {
-        return Err(LiteralError::Nul);
+    Dialect::Postgres.literal(value)
+}
+
+/// The SQL dialect a capture's statements are written in: decides how a text becomes a
+/// literal ([`Dialect::literal`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    /// PostgreSQL.
+    Postgres,
+    /// SQLite.
+    Sqlite,
+    /// MySQL and MariaDB.
+    MySql,
+}
+
+impl Dialect {
+    /// `value` as an SQL string literal that means exactly `value`; NUL is refused.
+    ///
+    /// - PostgreSQL: whatever `standard_conforming_strings` says: single quotes are doubled,
+    ///   and a value with a backslash is written as an escape string (`E'...'`, backslashes
+    ///   doubled), as PostgreSQL's own `quote_literal` does.
+    /// - SQLite: single quotes doubled; a backslash is an ordinary character there.
+    /// - MySQL/MariaDB: single quotes doubled (the same in every `sql_mode`); a value with a
+    ///   backslash, whose meaning depends on `NO_BACKSLASH_ESCAPES`, is written as its UTF-8
+    ///   bytes in hex instead, `CONVERT(X'...' USING utf8mb4)`, which reads the same in every
+    ///   mode.
+    pub fn literal(self, value: &str) -> Result<String, LiteralError> {
+        if value.contains('\0') {
+            return Err(LiteralError::Nul);
+        }
+        match self {
+            Self::Postgres => Ok(quote_pg(value)),
+            Self::Sqlite => Ok(format!("'{}'", value.replace('\'', "''"))),
+            Self::MySql if value.contains('\\') => {
+                let hex: String = value.bytes().map(|b| format!("{b:02X}")).collect();
+                Ok(format!("CONVERT(X'{hex}' USING utf8mb4)"))
+            }
+            Self::MySql => Ok(format!("'{}'", value.replace('\'', "''"))),
+        }
     }
+}
+
+fn quote_pg(value: &str) -> String {
     let mut out = String::with_capacity(value.len() + 3);
     if value.contains('\\') {
         out.push('E');
@@ -284,7 +321,7 @@ pub fn quote_literal(value: &str) -> Result<String, LiteralError> {
         }
     }
     out.push('\'');
-    Ok(out)
+    out
 }
 
 /// One `[[capture]]` entry with its position in the config, so that messages name the key
@@ -304,12 +341,227 @@ impl CaptureEntry<'_> {
     }
 }
 
+/// Checks the entries of one `install` before anything changes: each entry on its own
+/// ([`CaptureConfig::validate`]) and that no two share a name (which names their triggers).
+pub fn check_entries(entries: &[CaptureEntry<'_>]) -> Result<(), CaptureError> {
+    for (i, entry) in entries.iter().enumerate() {
+        entry.config.validate(entry.index).map_err(keyed)?;
+        let name = entry.config.name();
+        if let Some(other) = entries[..i].iter().find(|e| e.config.name() == name) {
+            return Err(CaptureError::invalid(
+                entry.key("name"),
+                format!(
+                    "`{name}` is already the name of capture[{}]; set a distinct `name`",
+                    other.index
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A [`CaptureConfig::validate`] message (`capture[0].event_type: ...`) as an error with its
+/// key.
+pub fn keyed(message: String) -> CaptureError {
+    match message.split_once(": ") {
+        Some((key, rest)) => CaptureError::invalid(key, rest),
+        None => CaptureError::invalid("capture", message),
+    }
+}
+
+/// A column of a captured table, as the database's catalog lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableColumn {
+    /// Its name.
+    pub name: String,
+    /// Its declared type, as the catalog spells it (for messages and the payload check).
+    pub type_name: String,
+}
+
+/// Checks that every column `entry` names (aggregate_id, event_type_column, payload) exists
+/// in `columns` of `table`; returns the payload column, if the payload is one, for the
+/// dialect to check its type ([`payload_type_error`]).
+pub fn check_columns<'c>(
+    entry: CaptureEntry<'_>,
+    table: &str,
+    columns: &'c [TableColumn],
+) -> Result<Option<&'c TableColumn>, CaptureError> {
+    let column = |field: &str, wanted: &Identifier| {
+        columns
+            .iter()
+            .find(|c| c.name == wanted.as_str())
+            .ok_or_else(|| {
+                CaptureError::invalid(
+                    entry.key(field),
+                    format!(
+                        "column `{wanted}` does not exist in table {table} (its columns: {})",
+                        columns
+                            .iter()
+                            .map(|c| c.name.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                )
+            })
+    };
+    let config = entry.config;
+    column("aggregate_id", &config.aggregate_id)?;
+    if let Some(c) = &config.event_type_column {
+        column("event_type_column", c)?;
+    }
+    config
+        .payload
+        .column()
+        .map(|c| column("payload", c))
+        .transpose()
+}
+
+/// The error for a payload column of an unusable type; `allowed` lists the usable ones.
+pub fn payload_type_error(
+    entry: CaptureEntry<'_>,
+    table: &str,
+    column: &TableColumn,
+    allowed: &str,
+) -> CaptureError {
+    CaptureError::invalid(
+        entry.key("payload"),
+        format!(
+            "column `{}` of table {table} is of type {}; a payload column must be {allowed} (or use payload = \"row\")",
+            column.name, column.type_name
+        ),
+    )
+}
+
+/// What is recorded next to an installed capture (PostgreSQL: the function's comment;
+/// SQLite and MySQL: a row of the `<outbox>_capture` table): which outbox table it writes
+/// into, and the entry it was installed from. Stored as JSON.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CaptureRecord {
+    /// Format version (1).
+    pub outbox_capture: u32,
+    /// The outbox table it writes into.
+    pub outbox: String,
+    /// The entry it was installed from.
+    pub config: CaptureConfig,
+}
+
+impl CaptureRecord {
+    /// The record of `config` writing into `outbox`.
+    pub fn new(outbox: impl Into<String>, config: &CaptureConfig) -> Self {
+        Self {
+            outbox_capture: 1,
+            outbox: outbox.into(),
+            config: config.clone(),
+        }
+    }
+
+    /// The record as stored.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("a capture record serializes")
+    }
+
+    /// A stored record; `None` when absent or unreadable.
+    pub fn parse(text: Option<&str>) -> Option<Self> {
+        serde_json::from_str(text?).ok()
+    }
+}
+
+/// The trigger of capture `name` for `op` where a trigger fires for one kind of write
+/// (SQLite, MySQL): `<name>_outbox_capture_<op>`. In bundled SQL templates it is the
+/// placeholder `{{name:<suffix>}}` with [`CaptureOp::trigger_suffix`], rendered for the
+/// capture's name, so the name reaches SQL as a quoted identifier.
+pub fn op_trigger_name(name: &Identifier, op: CaptureOp) -> String {
+    format!("{name}{}", op.trigger_suffix())
+}
+
+impl CaptureOp {
+    /// `_outbox_capture_insert` or `_outbox_capture_update`: see [`op_trigger_name`].
+    pub fn trigger_suffix(self) -> &'static str {
+        match self {
+            Self::Insert => "_outbox_capture_insert",
+            Self::Update => "_outbox_capture_update",
+        }
+    }
+
+    /// `INSERT` or `UPDATE`, the trigger event.
+    pub fn sql_event(self) -> &'static str {
+        match self {
+            Self::Insert => "INSERT",
+            Self::Update => "UPDATE",
+        }
+    }
+}
+
+/// Replaces each `@KEY@` of `text` by its value in one pass, left to right: a value's own
+/// text is never scanned, so a literal holding `@KEY@` stays as it is. Keys are the bundled
+/// templates' own markers; values are quoted literals or constant SQL.
+///
+/// # Panics
+/// On a marker of `text` that `values` lacks: a bug in the bundled SQL (covered by tests).
+pub fn splice(text: &str, values: &[(&str, &str)]) -> String {
+    let mut out = String::with_capacity(text.len() + 64);
+    let mut rest = text;
+    while let Some(start) = rest.find('@') {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 1..];
+        match after.find('@').map(|end| &after[..end]) {
+            Some(key)
+                if !key.is_empty() && key.chars().all(|c| c.is_ascii_uppercase() || c == '_') =>
+            {
+                let value = values
+                    .iter()
+                    .find(|(k, _)| *k == key)
+                    .map(|(_, v)| *v)
+                    .unwrap_or_else(|| panic!("no value for @{key}@ in bundled SQL"));
+                out.push_str(value);
+                rest = &after[key.len() + 1..];
+            }
+            _ => {
+                out.push('@');
+                rest = after;
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The line `install` prints for one capture.
+pub fn install_line(
+    config: &CaptureConfig,
+    replaced: bool,
+    triggers: &str,
+    table: &str,
+    outbox: &str,
+) -> String {
+    let ops = config
+        .ops()
+        .iter()
+        .map(|o| o.as_str())
+        .collect::<Vec<_>>()
+        .join(", ");
+    let event_type = match (&config.event_type, &config.event_type_column) {
+        (Some(t), _) => format!("event_type {t:?}"),
+        (None, Some(c)) => format!("event_type from column {c}"),
+        (None, None) => String::new(),
+    };
+    format!(
+        "capture {}: {} trigger {triggers} on {table} ({ops}) -> outbox table {outbox}: aggregate {:?} / column {}, {event_type}, payload {}",
+        config.name(),
+        if replaced { "replaced" } else { "installed" },
+        config.aggregate_type,
+        config.aggregate_id,
+        config.payload,
+    )
+}
+
 /// A capture found in the database (`outbox capture list`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct InstalledCapture {
     /// The capture's name.
     pub name: String,
-    /// The trigger function, `schema.function`.
+    /// PostgreSQL: the trigger function, `schema.function`. SQLite and MySQL, which have no
+    /// trigger functions: where the capture is recorded (its row of `<outbox>_capture`).
     pub function: String,
     /// The captured table, `schema.table`; `None` when the function has no trigger left.
     pub table: Option<String>,
@@ -364,6 +616,51 @@ impl CaptureError {
             message: message.into(),
         }
     }
+}
+
+impl CaptureError {
+    /// Maps a database error to [`Database`](Self::Database) with `context`.
+    pub fn database<E: std::error::Error + Send + Sync + 'static>(
+        context: impl Into<String>,
+    ) -> impl FnOnce(E) -> Self {
+        let context = context.into();
+        move |e| Self::Database {
+            context,
+            source: Box::new(e),
+        }
+    }
+}
+
+/// Implements [`Capture`] for a type with inherent `async fn install`, `remove` and `list`
+/// of the trait's signatures (each backend's capture module).
+#[macro_export]
+macro_rules! impl_capture {
+    ($ty:ty) => {
+        impl $crate::capture::Capture for $ty {
+            fn install<'a>(
+                &'a self,
+                entries: &'a [$crate::capture::CaptureEntry<'a>],
+            ) -> $crate::sink::BoxFuture<'a, Result<Vec<String>, $crate::capture::CaptureError>>
+            {
+                Box::pin(<$ty>::install(self, entries))
+            }
+            fn remove<'a>(
+                &'a self,
+                names: &'a [$crate::Identifier],
+            ) -> $crate::sink::BoxFuture<'a, Result<Vec<String>, $crate::capture::CaptureError>>
+            {
+                Box::pin(<$ty>::remove(self, names))
+            }
+            fn list(
+                &self,
+            ) -> $crate::sink::BoxFuture<
+                '_,
+                Result<Vec<$crate::capture::InstalledCapture>, $crate::capture::CaptureError>,
+            > {
+                Box::pin(<$ty>::list(self))
+            }
+        }
+    };
 }
 
 /// `outbox capture`: installs, removes and lists captures (one trigger and one function per
@@ -488,6 +785,36 @@ on = ["update", "insert"]
         );
         c.on = vec![CaptureOp::Insert, CaptureOp::Insert];
         assert!(c.validate(0).expect_err("twice").contains("twice"));
+    }
+
+    #[test]
+    fn a_validation_message_keeps_its_own_key() {
+        let e = keyed(
+            "capture[1].event_type: set either event_type or event_type_column, not both".into(),
+        );
+        assert!(matches!(&e, CaptureError::Invalid { key, .. } if key == "capture[1].event_type"));
+        assert_eq!(
+            e.to_string(),
+            "capture[1].event_type: set either event_type or event_type_column, not both"
+        );
+    }
+
+    #[test]
+    fn splice_never_scans_a_value() {
+        let out = splice("a @X@ b @Y@ c@d e@", &[("X", "'@Y@'"), ("Y", "2")]);
+        assert_eq!(out, "a '@Y@' b 2 c@d e@");
+    }
+
+    #[test]
+    fn literals_per_dialect() {
+        assert_eq!(Dialect::Sqlite.literal("O'B\\r").expect("ok"), "'O''B\\r'");
+        assert_eq!(Dialect::MySql.literal("O'Br").expect("ok"), "'O''Br'");
+        assert_eq!(
+            Dialect::MySql.literal("a\\'").expect("ok"),
+            "CONVERT(X'615C27' USING utf8mb4)"
+        );
+        assert_eq!(Dialect::MySql.literal("\0"), Err(LiteralError::Nul));
+        assert_eq!(Dialect::Sqlite.literal("\0"), Err(LiteralError::Nul));
     }
 
     #[test]

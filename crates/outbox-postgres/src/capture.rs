@@ -19,10 +19,9 @@
 //! nothing.
 
 use outbox_core::capture::{
-    Capture, CaptureConfig, CaptureEntry, CaptureError, CaptureOp, CapturePayload,
-    InstalledCapture, quote_literal,
+    CaptureEntry, CaptureError, CaptureOp, CaptureRecord, InstalledCapture, TableColumn,
+    check_columns, check_entries, install_line, payload_type_error, quote_literal,
 };
-use outbox_core::sink::BoxFuture;
 use outbox_core::{Identifier, QualifiedTable};
 use sqlx::{Executor, PgPool, Postgres, Transaction};
 
@@ -69,21 +68,7 @@ const TEXT_PAYLOAD_TYPES: [&str; 4] = ["json", "jsonb", "text", "character varyi
 const LOCK_TIMEOUT: &str = "10s";
 
 /// The record written as the function's comment (`COMMENT ON FUNCTION`).
-#[derive(Debug, serde::Serialize, serde::Deserialize)]
-struct Record {
-    /// Format version.
-    outbox_capture: u32,
-    /// The outbox table it writes into, `schema.table`.
-    outbox: String,
-    /// The entry it was installed from.
-    config: CaptureConfig,
-}
-
-impl Record {
-    fn parse(text: Option<&str>) -> Option<Self> {
-        serde_json::from_str(text?).ok()
-    }
-}
+type Record = CaptureRecord;
 
 /// Captures writing into one outbox table: what [`PgBackend`](crate::PgBackend) hands
 /// `outbox capture`.
@@ -153,19 +138,9 @@ impl PgCapture {
                 database: self.database.clone(),
             });
         };
+        check_entries(entries)?;
         let mut plans = Vec::with_capacity(entries.len());
-        for (i, entry) in entries.iter().enumerate() {
-            entry.config.validate(entry.index).map_err(keyed)?;
-            let name = entry.config.name();
-            if let Some(other) = entries[..i].iter().find(|e| e.config.name() == name) {
-                return Err(CaptureError::invalid(
-                    entry.key("name"),
-                    format!(
-                        "`{name}` is already the name of capture[{}]; set a distinct `name`",
-                        other.index
-                    ),
-                ));
-            }
+        for entry in entries {
             plans.push(self.check(&mut tx, *entry, outbox_oid).await?);
         }
         let mut lines = Vec::with_capacity(plans.len());
@@ -241,45 +216,31 @@ impl PgCapture {
             .fetch_all(&mut **tx)
             .await
             .map_err(db(&context))?;
-        let names = || {
-            columns
-                .iter()
-                .map(|(n, _, _)| n.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
-        let column = |field: &str, wanted: &Identifier| {
-            columns
-                .iter()
-                .find(|(n, _, _)| n == wanted.as_str())
-                .ok_or_else(|| {
-                    CaptureError::invalid(
-                        entry.key(field),
-                        format!(
-                            "column `{wanted}` does not exist in table {table} (its columns: {})",
-                            names()
-                        ),
-                    )
-                })
-        };
-        column("aggregate_id", &config.aggregate_id)?;
-        if let Some(c) = &config.event_type_column {
-            column("event_type_column", c)?;
-        }
-        let payload = match &config.payload {
-            CapturePayload::Row => PayloadKind::Row,
-            CapturePayload::Column(c) => {
-                let (_, ty, base) = column("payload", c)?;
+        let listed: Vec<TableColumn> = columns
+            .iter()
+            .map(|(name, ty, _)| TableColumn {
+                name: name.clone(),
+                type_name: ty.clone(),
+            })
+            .collect();
+        let payload = match check_columns(entry, &table.to_string(), &listed)? {
+            None => PayloadKind::Row,
+            Some(c) => {
+                let base = columns
+                    .iter()
+                    .find(|(n, _, _)| *n == c.name)
+                    .map(|(_, _, base)| base.as_str())
+                    .unwrap_or_default();
                 if base == "bytea" {
                     PayloadKind::Bytea
-                } else if TEXT_PAYLOAD_TYPES.contains(&base.as_str()) {
+                } else if TEXT_PAYLOAD_TYPES.contains(&base) {
                     PayloadKind::Text
                 } else {
-                    return Err(CaptureError::invalid(
-                        entry.key("payload"),
-                        format!(
-                            "column `{c}` of table {table} is of type {ty}; a payload column must be json, jsonb, text, varchar or bytea (or use payload = \"row\")"
-                        ),
+                    return Err(payload_type_error(
+                        entry,
+                        &table.to_string(),
+                        c,
+                        "json, jsonb, text, varchar or bytea",
                     ));
                 }
             }
@@ -459,12 +420,7 @@ impl PgCapture {
             .await
             .map_err(lock_or_db(format!("{context}: creating the trigger")))?;
 
-        let record = Record {
-            outbox_capture: 1,
-            outbox: self.outbox.to_string(),
-            config: config.clone(),
-        };
-        let record = serde_json::to_string(&record).expect("a capture record serializes");
+        let record = Record::new(self.outbox.to_string(), config).to_json();
         let comment = self
             .render(COMMENT, &name, &[])
             .replace("@RECORD@", &literal("name", &record)?);
@@ -472,23 +428,12 @@ impl PgCapture {
             .await
             .map_err(db(format!("{context}: recording it")))?;
 
-        let ops_text = ops
-            .iter()
-            .map(|o| o.as_str())
-            .collect::<Vec<_>>()
-            .join(", ");
-        let event_type = match (&config.event_type, &config.event_type_column) {
-            (Some(t), _) => format!("event_type {t:?}"),
-            (None, Some(c)) => format!("event_type from column {c}"),
-            (None, None) => String::new(),
-        };
-        let mut line = format!(
-            "capture {name}: {} trigger {name}_outbox_capture on {table} ({ops_text}) -> outbox table {}: aggregate {:?} / column {}, {event_type}, payload {}",
-            if existed { "replaced" } else { "installed" },
-            self.outbox,
-            config.aggregate_type,
-            config.aggregate_id,
-            config.payload,
+        let mut line = install_line(
+            config,
+            existed,
+            &format!("{name}_outbox_capture"),
+            &table.to_string(),
+            &self.outbox.to_string(),
         );
         let moved: Vec<&String> = before.iter().filter(|t| **t != table.to_string()).collect();
         if !moved.is_empty() {
@@ -599,15 +544,6 @@ impl PgCapture {
     }
 }
 
-/// A [`CaptureConfig::validate`] message (`capture[0].event_type: ...`) as an error with its
-/// key.
-fn keyed(message: String) -> CaptureError {
-    match message.split_once(": ") {
-        Some((key, rest)) => CaptureError::invalid(key, rest),
-        None => CaptureError::invalid("capture", message),
-    }
-}
-
 /// What a `relkind` is, for messages.
 fn relkind(kind: &str) -> &'static str {
     match kind {
@@ -623,11 +559,7 @@ fn relkind(kind: &str) -> &'static str {
 }
 
 fn db(context: impl Into<String>) -> impl FnOnce(sqlx::Error) -> CaptureError {
-    let context = context.into();
-    move |e| CaptureError::Database {
-        context,
-        source: Box::new(e),
-    }
+    CaptureError::database(context)
 }
 
 /// [`db`], saying so when the statement gave up waiting for a table lock.
@@ -648,23 +580,7 @@ fn lock_or_db(context: String) -> impl FnOnce(sqlx::Error) -> CaptureError {
     }
 }
 
-impl Capture for PgCapture {
-    fn install<'a>(
-        &'a self,
-        entries: &'a [CaptureEntry<'a>],
-    ) -> BoxFuture<'a, Result<Vec<String>, CaptureError>> {
-        Box::pin(PgCapture::install(self, entries))
-    }
-    fn remove<'a>(
-        &'a self,
-        names: &'a [Identifier],
-    ) -> BoxFuture<'a, Result<Vec<String>, CaptureError>> {
-        Box::pin(PgCapture::remove(self, names))
-    }
-    fn list(&self) -> BoxFuture<'_, Result<Vec<InstalledCapture>, CaptureError>> {
-        Box::pin(PgCapture::list(self))
-    }
-}
+outbox_core::impl_capture!(PgCapture);
 
 #[cfg(test)]
 mod tests {
@@ -733,17 +649,5 @@ mod tests {
         assert!(trigger.contains(
             "CREATE TRIGGER \"bookings_outbox_capture\" AFTER @EVENTS@ ON \"shop\".\"bookings\""
         ));
-    }
-
-    #[test]
-    fn a_validation_message_keeps_its_own_key() {
-        let e = keyed(
-            "capture[1].event_type: set either event_type or event_type_column, not both".into(),
-        );
-        assert!(matches!(&e, CaptureError::Invalid { key, .. } if key == "capture[1].event_type"));
-        assert_eq!(
-            e.to_string(),
-            "capture[1].event_type: set either event_type or event_type_column, not both"
-        );
     }
 }

@@ -92,6 +92,7 @@ pub struct SqliteBackend {
     retention: SqliteRetention,
     producer: SqliteProducer,
     ledger: crate::verify::SqliteLedger,
+    capture: crate::capture::SqliteCapture,
 }
 
 impl SqliteBackend {
@@ -110,6 +111,7 @@ impl SqliteBackend {
             inspector: SqliteInspector::new(pool.clone(), &config),
             retention: SqliteRetention::new(pool.clone(), &config.table),
             ledger: crate::verify::SqliteLedger::new(pool.clone(), &config),
+            capture: crate::capture::SqliteCapture::new(pool.clone(), config.table.clone()),
             producer: SqliteProducer {
                 pool: pool.clone(),
                 outbox: SqliteOutbox::new(config.table.clone()),
@@ -343,6 +345,9 @@ impl Backend for SqliteBackend {
     }
     fn forward(&self) -> Result<&dyn Forward, Unsupported> {
         Ok(&self.producer)
+    }
+    fn capture(&self) -> Result<&dyn outbox_core::capture::Capture, Unsupported> {
+        Ok(&self.capture)
     }
     fn scratch(&self) -> Result<&dyn outbox_core::backend::Scratch, Unsupported> {
         outbox_core::backend::scratch_only(self.kind(), &self.config.table, self)

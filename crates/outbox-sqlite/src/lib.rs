@@ -26,6 +26,7 @@
 //! - **Durability** follows `PRAGMA synchronous` ([`Synchronous`]; `normal` by default).
 
 mod backend;
+mod capture;
 mod config;
 mod dead;
 mod error;
@@ -44,6 +45,7 @@ mod writer;
 use std::time::Duration;
 
 pub use backend::SqliteBackend;
+pub use capture::SqliteCapture;
 pub use config::{OnDelivered, SqliteConfig, Synchronous};
 pub use dead::SqliteDeadLetters;
 pub use error::EnqueueError;

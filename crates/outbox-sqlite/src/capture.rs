@@ -1,0 +1,531 @@
+//! `outbox capture` on SQLite (docs/capture.md): a business table as an event source, through
+//! `AFTER INSERT` / `AFTER UPDATE` triggers that write each captured row's event into the
+//! outbox table in the writer's own transaction.
+//!
+//! Per capture, named after its `name`:
+//! - one trigger per captured write, `<name>_outbox_capture_insert` and
+//!   `<name>_outbox_capture_update` ([queries/capture_trigger.sql](../queries/capture_trigger.sql));
+//!   the event's `id` (a UUIDv7 built in SQL), `created_at` and `seq` come from the outbox
+//!   table's own defaults, exactly as for a plain-SQL producer;
+//! - a row of `<outbox>_capture` recording the entry (SQLite triggers have no comments; a
+//!   table is simpler and sturdier than parsing trigger text back out of sqlite_schema).
+//!
+//! Install and remove run in one `BEGIN IMMEDIATE` transaction each (SQLite DDL is
+//! transactional): every entry or nothing, and no writer ever sees a moment without the
+//! trigger while one is replaced. Names reach SQL only as validated, quoted identifiers
+//! (`render_sql`); texts only as literals of [`Dialect::Sqlite`].
+
+use outbox_core::Identifier;
+use outbox_core::capture::{
+    CaptureEntry, CaptureError, CaptureOp, CaptureRecord, Dialect, InstalledCapture, TableColumn,
+    check_columns, check_entries, install_line, op_trigger_name, payload_type_error, splice,
+};
+use outbox_core::migration::render_sql;
+use sqlx::{Executor, Sqlite, SqlitePool, Transaction};
+
+use crate::sql::render;
+
+const TRIGGER: &str = include_str!("../queries/capture_trigger.sql");
+const RECORD_TABLE: &str = include_str!("../queries/capture_record_table.sql");
+const RECORD_UPSERT: &str = "INSERT INTO {{name:_capture}} (name, table_name, record, installed_at) VALUES (?1, ?2, ?3, ?4) \
+     ON CONFLICT (name) DO UPDATE SET table_name = excluded.table_name, record = excluded.record, installed_at = excluded.installed_at";
+const RECORD_READ: &str = "SELECT table_name, record FROM {{name:_capture}} WHERE name = ?1";
+const RECORD_DELETE: &str = "DELETE FROM {{name:_capture}} WHERE name = ?1";
+const RECORD_LIST: &str = "SELECT name, record FROM {{name:_capture}} ORDER BY name";
+const TABLE_KIND: &str =
+    "SELECT type FROM sqlite_schema WHERE name = ?1 AND type IN ('table', 'view')";
+const TRIGGER_OF: &str = "SELECT tbl_name FROM sqlite_schema WHERE type = 'trigger' AND name = ?1";
+const COLUMNS: &str = "SELECT name, type FROM pragma_table_info(?1) ORDER BY cid";
+
+/// The NULL checks of `@CHECKS@`: a row that cannot become an event fails the write (losing
+/// the event silently is not an option).
+const CHECK_AGGREGATE_ID: &str =
+    "    SELECT RAISE(ABORT, @NULL_AGGREGATE_ID@) WHERE NEW.{{aggregate_id}} IS NULL;\n";
+const CHECK_EVENT_TYPE: &str =
+    "    SELECT RAISE(ABORT, @NULL_EVENT_TYPE@) WHERE NEW.{{event_type_column}} IS NULL;\n";
+const CHECK_PAYLOAD: &str =
+    "    SELECT RAISE(ABORT, @NULL_PAYLOAD@) WHERE NEW.{{payload_column}} IS NULL;\n";
+/// `@EVENT_TYPE@`: the fixed literal, or the column as text.
+const EVENT_TYPE_FIXED: &str = "@FIXED_EVENT_TYPE@";
+const EVENT_TYPE_COLUMN: &str = "CAST(NEW.{{event_type_column}} AS TEXT)";
+/// `@PAYLOAD@`: the row as a JSON object (built per table, `@ROW@`), or a text or blob
+/// column as it is (a number stored in it as its text: the relay reads text or blob bytes).
+const PAYLOAD_ROW: &str = "@ROW@";
+const PAYLOAD_COLUMN: &str = "CASE WHEN typeof(NEW.{{payload_column}}) IN ('integer', 'real') THEN CAST(NEW.{{payload_column}} AS TEXT) ELSE NEW.{{payload_column}} END";
+
+/// Captures writing into one outbox table of one SQLite file.
+#[derive(Debug, Clone)]
+pub struct SqliteCapture {
+    pool: SqlitePool,
+    outbox: Identifier,
+}
+
+/// One entry, checked against the schema: what to install.
+#[derive(Debug)]
+struct Plan<'a> {
+    entry: CaptureEntry<'a>,
+    table: Identifier,
+    /// The row payload's `json_object(...)`, or `None` for a payload column.
+    row: Option<String>,
+}
+
+impl SqliteCapture {
+    /// Captures into `outbox`, over `pool`.
+    pub fn new(pool: SqlitePool, outbox: Identifier) -> Self {
+        Self { pool, outbox }
+    }
+
+    fn record_sql(&self, template: &str) -> sqlx::AssertSqlSafe<String> {
+        sqlx::AssertSqlSafe(render(template, &self.outbox))
+    }
+
+    /// Installs or replaces the captures of `entries`, all in one transaction.
+    pub async fn install(&self, entries: &[CaptureEntry<'_>]) -> Result<Vec<String>, CaptureError> {
+        let context = format!("installing captures into outbox table {}", self.outbox);
+        check_entries(entries)?;
+        let mut tx = self.begin(&context).await?;
+        if self.kind(&mut tx, self.outbox.as_str(), &context).await? != Some("table".into()) {
+            return Err(CaptureError::NotMigrated {
+                table: self.outbox.to_string(),
+                database: "the SQLite file".into(),
+            });
+        }
+        tx.execute(self.record_sql(RECORD_TABLE))
+            .await
+            .map_err(db(&context))?;
+        let mut plans = Vec::with_capacity(entries.len());
+        for entry in entries {
+            plans.push(self.check(&mut tx, *entry, &context).await?);
+        }
+        let mut lines = Vec::with_capacity(plans.len());
+        for plan in &plans {
+            lines.push(self.apply(&mut tx, plan).await?);
+        }
+        tx.commit().await.map_err(db(&context))?;
+        Ok(lines)
+    }
+
+    /// `BEGIN IMMEDIATE`: SQLite's write lock first, so concurrent installs take turns.
+    async fn begin(&self, context: &str) -> Result<Transaction<'static, Sqlite>, CaptureError> {
+        self.pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(db(context))
+    }
+
+    async fn kind(
+        &self,
+        tx: &mut Transaction<'static, Sqlite>,
+        name: &str,
+        context: &str,
+    ) -> Result<Option<String>, CaptureError> {
+        sqlx::query_scalar(TABLE_KIND)
+            .bind(name)
+            .fetch_optional(&mut **tx)
+            .await
+            .map_err(db(context))
+    }
+
+    /// Checks one entry: the table (no schema but `main`), its columns, the payload column's
+    /// declared type, and that the trigger names are free or this capture's own.
+    async fn check<'a>(
+        &self,
+        tx: &mut Transaction<'static, Sqlite>,
+        entry: CaptureEntry<'a>,
+        context: &str,
+    ) -> Result<Plan<'a>, CaptureError> {
+        let config = entry.config;
+        if let Some(schema) = &config.table.schema
+            && schema.as_str() != "main"
+        {
+            return Err(CaptureError::invalid(
+                entry.key("table"),
+                format!(
+                    "`{}`: SQLite has no schemas; name the table alone (`{}`)",
+                    config.table, config.table.table
+                ),
+            ));
+        }
+        let table = config.table.table.clone();
+        match self.kind(tx, table.as_str(), context).await?.as_deref() {
+            None => {
+                return Err(CaptureError::invalid(
+                    entry.key("table"),
+                    format!("table {table} does not exist in the SQLite file"),
+                ));
+            }
+            Some("view") => {
+                return Err(CaptureError::invalid(
+                    entry.key("table"),
+                    format!(
+                        "{table} is a view, not a table: only a table's writes can be captured"
+                    ),
+                ));
+            }
+            Some(_) if table == self.outbox => {
+                return Err(CaptureError::invalid(
+                    entry.key("table"),
+                    format!("{table} is the outbox table itself; capture a business table instead"),
+                ));
+            }
+            Some(_) => {}
+        }
+        let columns: Vec<(String, String)> = sqlx::query_as(COLUMNS)
+            .bind(table.as_str())
+            .fetch_all(&mut **tx)
+            .await
+            .map_err(db(context))?;
+        let columns: Vec<TableColumn> = columns
+            .into_iter()
+            .map(|(name, type_name)| TableColumn { name, type_name })
+            .collect();
+        let row = match check_columns(entry, table.as_str(), &columns)? {
+            Some(c) if !payload_type_ok(&c.type_name) => {
+                return Err(payload_type_error(
+                    entry,
+                    table.as_str(),
+                    c,
+                    "declared TEXT, JSON or BLOB (or untyped)",
+                ));
+            }
+            Some(_) => None,
+            None => Some(row_object(entry, table.as_str(), &columns)?),
+        };
+        let name = config.name();
+        let recorded = self.recorded(tx, &name, context).await?;
+        for op in [CaptureOp::Insert, CaptureOp::Update] {
+            let trigger = op_trigger_name(&name, op);
+            let on: Option<String> = sqlx::query_scalar(TRIGGER_OF)
+                .bind(&trigger)
+                .fetch_optional(&mut **tx)
+                .await
+                .map_err(db(context))?;
+            if on.is_some() && recorded.is_none() {
+                return Err(CaptureError::invalid(
+                    entry.key("name"),
+                    format!(
+                        "a trigger {trigger} exists and is not an outbox capture into {}; set another `name`",
+                        self.outbox
+                    ),
+                ));
+            }
+        }
+        Ok(Plan { entry, table, row })
+    }
+
+    /// The recorded table and record of capture `name`, if installed.
+    async fn recorded(
+        &self,
+        tx: &mut Transaction<'static, Sqlite>,
+        name: &Identifier,
+        context: &str,
+    ) -> Result<Option<(String, Option<CaptureRecord>)>, CaptureError> {
+        if self
+            .kind(tx, &format!("{}_capture", self.outbox), context)
+            .await?
+            != Some("table".into())
+        {
+            return Ok(None);
+        }
+        let row: Option<(String, String)> = sqlx::query_as(self.record_sql(RECORD_READ))
+            .bind(name.as_str())
+            .fetch_optional(&mut **tx)
+            .await
+            .map_err(db(context))?;
+        Ok(row.map(|(table, record)| (table, CaptureRecord::parse(Some(&record)))))
+    }
+
+    /// Drops both possible triggers of capture `name`.
+    async fn drop_triggers(
+        &self,
+        tx: &mut Transaction<'static, Sqlite>,
+        name: &Identifier,
+        context: &str,
+    ) -> Result<(), CaptureError> {
+        for op in [CaptureOp::Insert, CaptureOp::Update] {
+            let sql = render(
+                &format!(
+                    "DROP TRIGGER IF EXISTS {{{{name:{}}}}}",
+                    op.trigger_suffix()
+                ),
+                name,
+            );
+            tx.execute(sqlx::AssertSqlSafe(sql))
+                .await
+                .map_err(db(format!(
+                    "{context}: dropping trigger {}",
+                    op_trigger_name(name, op)
+                )))?;
+        }
+        Ok(())
+    }
+
+    /// Installs one checked capture: drops its old triggers (also on a table it captured
+    /// before), creates one per op, records it.
+    async fn apply(
+        &self,
+        tx: &mut Transaction<'static, Sqlite>,
+        plan: &Plan<'_>,
+    ) -> Result<String, CaptureError> {
+        let config = plan.entry.config;
+        let name = config.name();
+        let table = &plan.table;
+        let context = format!("installing capture `{name}` on {table}");
+        let before = self.recorded(tx, &name, &context).await?;
+        self.drop_triggers(tx, &name, &context).await?;
+
+        let mut named: Vec<(&str, &Identifier)> = vec![
+            ("captured_table", table),
+            ("outbox_table", &self.outbox),
+            ("aggregate_id", &config.aggregate_id),
+        ];
+        let mut checks = CHECK_AGGREGATE_ID.to_owned();
+        if let Some(c) = &config.event_type_column {
+            named.push(("event_type_column", c));
+            checks.push_str(CHECK_EVENT_TYPE);
+        }
+        if let Some(c) = config.payload.column() {
+            named.push(("payload_column", c));
+            checks.push_str(CHECK_PAYLOAD);
+        }
+        let literal = |key: &str, value: &str| {
+            Dialect::Sqlite
+                .literal(value)
+                .map_err(|e| CaptureError::invalid(plan.entry.key(key), e.to_string()))
+        };
+        let null = |what: &str| {
+            literal(
+                "table",
+                &format!(
+                    "outbox capture of {table}: the {what} of the written row is NULL, so it cannot become an event"
+                ),
+            )
+        };
+        let aggregate_type = literal("aggregate_type", &config.aggregate_type)?;
+        let fixed_event_type = match &config.event_type {
+            Some(t) => literal("event_type", t)?,
+            None => String::new(),
+        };
+        let capture_table = literal("table", table.as_str())?;
+        let (null_aggregate_id, null_event_type, null_payload) = (
+            null("aggregate_id column")?,
+            null("event_type column")?,
+            null("payload column")?,
+        );
+        let row = plan.row.clone().unwrap_or_default();
+        let mut triggers = Vec::new();
+        for op in config.ops() {
+            let trigger_name = format!("{{{{name:{}}}}}", op.trigger_suffix());
+            let structure = splice(
+                TRIGGER,
+                &[
+                    ("TRIGGER", &trigger_name),
+                    ("EVENT", op.sql_event()),
+                    ("CHECKS", &checks),
+                    (
+                        "EVENT_TYPE",
+                        if config.event_type_column.is_some() {
+                            EVENT_TYPE_COLUMN
+                        } else {
+                            EVENT_TYPE_FIXED
+                        },
+                    ),
+                    (
+                        "PAYLOAD",
+                        if plan.row.is_some() {
+                            PAYLOAD_ROW
+                        } else {
+                            PAYLOAD_COLUMN
+                        },
+                    ),
+                    // Left for the last step.
+                    ("AGGREGATE_TYPE", "@AGGREGATE_TYPE@"),
+                    ("OP", "@OP@"),
+                    ("CAPTURE_TABLE", "@CAPTURE_TABLE@"),
+                ],
+            );
+            let rendered = render_sql(&structure, None, &name, &named);
+            let op_literal = literal("on", op.as_str())?;
+            let sql = splice(
+                &rendered,
+                &[
+                    ("AGGREGATE_TYPE", &aggregate_type),
+                    ("FIXED_EVENT_TYPE", &fixed_event_type),
+                    ("OP", &op_literal),
+                    ("CAPTURE_TABLE", &capture_table),
+                    ("NULL_AGGREGATE_ID", &null_aggregate_id),
+                    ("NULL_EVENT_TYPE", &null_event_type),
+                    ("NULL_PAYLOAD", &null_payload),
+                    ("ROW", &row),
+                ],
+            );
+            tx.execute(sqlx::AssertSqlSafe(sql))
+                .await
+                .map_err(db(format!(
+                    "{context}: creating trigger {}",
+                    op_trigger_name(&name, op)
+                )))?;
+            triggers.push(op_trigger_name(&name, op));
+        }
+        let record = CaptureRecord::new(self.outbox.to_string(), config).to_json();
+        sqlx::query(self.record_sql(RECORD_UPSERT))
+            .bind(name.as_str())
+            .bind(table.as_str())
+            .bind(record)
+            .bind(crate::timestamp::to_micros(time::OffsetDateTime::now_utc()))
+            .execute(&mut **tx)
+            .await
+            .map_err(db(format!("{context}: recording it")))?;
+        let mut line = install_line(
+            config,
+            before.is_some(),
+            &triggers.join(", "),
+            table.as_str(),
+            self.outbox.as_str(),
+        );
+        if let Some((old, _)) = before
+            && old != table.as_str()
+        {
+            line.push_str(&format!(" (its triggers on {old} were removed)"));
+        }
+        Ok(line)
+    }
+
+    /// Removes the captures named `names`, all in one transaction.
+    pub async fn remove(&self, names: &[Identifier]) -> Result<Vec<String>, CaptureError> {
+        let context = format!("removing captures from outbox table {}", self.outbox);
+        let mut tx = self.begin(&context).await?;
+        let mut lines = Vec::with_capacity(names.len());
+        for name in names {
+            let Some((table, _)) = self.recorded(&mut tx, name, &context).await? else {
+                lines.push(format!(
+                    "capture {name}: not installed (no row in {}_capture); nothing to remove",
+                    self.outbox
+                ));
+                continue;
+            };
+            self.drop_triggers(&mut tx, name, &context).await?;
+            sqlx::query(self.record_sql(RECORD_DELETE))
+                .bind(name.as_str())
+                .execute(&mut *tx)
+                .await
+                .map_err(db(&context))?;
+            lines.push(format!(
+                "capture {name}: removed triggers {name}_outbox_capture_* from {table}"
+            ));
+        }
+        tx.commit().await.map_err(db(&context))?;
+        Ok(lines)
+    }
+
+    /// The captures recorded for this outbox table, by name, with the triggers present.
+    pub async fn list(&self) -> Result<Vec<InstalledCapture>, CaptureError> {
+        let context = format!("listing captures into outbox table {}", self.outbox);
+        let mut conn = self.pool.acquire().await.map_err(db(&context))?;
+        let exists: Option<String> = sqlx::query_scalar(TABLE_KIND)
+            .bind(format!("{}_capture", self.outbox))
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(db(&context))?;
+        if exists.is_none() {
+            return Ok(Vec::new());
+        }
+        let rows: Vec<(String, String)> = sqlx::query_as(self.record_sql(RECORD_LIST))
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(db(&context))?;
+        let mut out = Vec::with_capacity(rows.len());
+        for (name, record) in rows {
+            let record = CaptureRecord::parse(Some(&record));
+            let mut on = Vec::new();
+            let mut table = None;
+            let mut triggers = Vec::new();
+            for op in [CaptureOp::Insert, CaptureOp::Update] {
+                let trigger = format!("{name}{}", op.trigger_suffix());
+                let tbl: Option<String> = sqlx::query_scalar(TRIGGER_OF)
+                    .bind(&trigger)
+                    .fetch_optional(&mut *conn)
+                    .await
+                    .map_err(db(&context))?;
+                if let Some(tbl) = tbl {
+                    on.push(op);
+                    table = Some(tbl);
+                    triggers.push(trigger);
+                }
+            }
+            out.push(InstalledCapture {
+                function: format!("{}_capture row `{name}`", self.outbox),
+                name,
+                table,
+                trigger: (!triggers.is_empty()).then(|| triggers.join(", ")),
+                on,
+                enabled: true,
+                config: record.map(|r| r.config),
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// Declared types whose values a payload column may hold: TEXT or BLOB affinity (SQLite's
+/// rules: CHAR, CLOB, TEXT; BLOB or no type), or a JSON column.
+fn payload_type_ok(declared: &str) -> bool {
+    let t = declared.to_ascii_uppercase();
+    if t.contains("INT") {
+        return false;
+    }
+    t.is_empty()
+        || ["CHAR", "CLOB", "TEXT", "BLOB", "JSON"]
+            .iter()
+            .any(|k| t.contains(k))
+}
+
+/// `json_object('col', NEW."col", ...)` over every column of the table: integers and reals
+/// as JSON numbers, text as strings, NULL as null, a blob as its hex text (JSON holds no
+/// bytes). Every column name must be a plain identifier to reach SQL.
+fn row_object(
+    entry: CaptureEntry<'_>,
+    table: &str,
+    columns: &[TableColumn],
+) -> Result<String, CaptureError> {
+    let mut parts = Vec::with_capacity(columns.len());
+    for c in columns {
+        let id = Identifier::new(c.name.as_str()).map_err(|e| {
+            CaptureError::invalid(
+                entry.key("payload"),
+                format!(
+                    "payload = \"row\" needs every column of {table} as a plain name, and {e}; use a payload column instead"
+                ),
+            )
+        })?;
+        let key = Dialect::Sqlite
+            .literal(id.as_str())
+            .expect("an identifier holds no NUL");
+        let col = format!("NEW.{}", id.quoted());
+        parts.push(format!(
+            "{key}, CASE WHEN typeof({col}) = 'blob' THEN hex({col}) ELSE {col} END"
+        ));
+    }
+    Ok(format!("json_object({})", parts.join(", ")))
+}
+
+fn db(context: impl Into<String>) -> impl FnOnce(sqlx::Error) -> CaptureError {
+    CaptureError::database(context)
+}
+
+outbox_core::impl_capture!(SqliteCapture);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn payload_types_follow_sqlite_affinity() {
+        for ok in ["TEXT", "varchar(20)", "JSON", "BLOB", "", "clob"] {
+            assert!(payload_type_ok(ok), "{ok}");
+        }
+        for bad in ["INTEGER", "REAL", "NUMERIC", "bigint", "DOUBLE"] {
+            assert!(!payload_type_ok(bad), "{bad}");
+        }
+    }
+}
