@@ -5,7 +5,6 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use axum::Router;
 use axum::http::StatusCode;
@@ -19,58 +18,7 @@ use tokio_util::sync::CancellationToken;
 use crate::RuntimeError;
 use crate::config::{Config, MetricsConfig};
 use crate::console::Console;
-
-/// What `/readyz` reports: the database answered the last backlog query and the broker
-/// passed the last healthcheck.
-///
-/// With `[[subscription]]` there is one broker per subscription: ready means every one
-/// passed its last healthcheck.
-#[derive(Debug, Default)]
-pub struct Readiness {
-    database: AtomicBool,
-    /// Sinks (by pipeline) whose last healthcheck failed or that were not checked yet.
-    sinks_not_ready: std::sync::Mutex<std::collections::BTreeSet<String>>,
-    /// Whether any sink was checked at all.
-    sink_checked: AtomicBool,
-}
-
-impl Readiness {
-    fn ready(&self) -> bool {
-        let (database, sink) = self.parts();
-        database && sink
-    }
-
-    /// (database answered, every broker passed its healthcheck), as last seen.
-    pub(crate) fn parts(&self) -> (bool, bool) {
-        let sinks = self.sink_checked.load(Ordering::Relaxed)
-            && self
-                .sinks_not_ready
-                .lock()
-                .map(|s| s.is_empty())
-                .unwrap_or(false);
-        (self.database.load(Ordering::Relaxed), sinks)
-    }
-
-    /// Records the healthcheck verdict of the sink of `pipeline`.
-    fn set_sink(&self, pipeline: &str, ok: bool) {
-        if let Ok(mut not_ready) = self.sinks_not_ready.lock() {
-            if ok {
-                not_ready.remove(pipeline);
-            } else {
-                not_ready.insert(pipeline.to_owned());
-            }
-        }
-        self.sink_checked.store(true, Ordering::Relaxed);
-    }
-
-    /// Marks the sink of `pipeline` as not checked yet (a subscription whose broker may be
-    /// down at start keeps `/readyz` red until it answers).
-    pub(crate) fn expect_sink(&self, pipeline: &str) {
-        if let Ok(mut not_ready) = self.sinks_not_ready.lock() {
-            not_ready.insert(pipeline.to_owned());
-        }
-    }
-}
+pub use crate::readiness::Readiness;
 
 /// The Prometheus recorder with the commit→ack histogram's buckets, not installed.
 pub(crate) fn recorder() -> Result<metrics_exporter_prometheus::PrometheusRecorder, RuntimeError> {
@@ -205,7 +153,7 @@ pub async fn watch_labeled(
         }
         match inspector.dyn_backlog().await {
             Ok(b) => {
-                readiness.database.store(true, Ordering::Relaxed);
+                readiness.set_database(true);
                 metrics::gauge!(m::PENDING, labels.clone()).set(b.pending as f64);
                 metrics::gauge!(m::RETRYING, labels.clone()).set(b.retrying as f64);
                 metrics::gauge!(m::DEAD, labels.clone()).set(b.dead as f64);
@@ -235,7 +183,7 @@ pub async fn watch_labeled(
                 }
             }
             Err(e) => {
-                readiness.database.store(false, Ordering::Relaxed);
+                readiness.set_database(false);
                 tracing::warn!(error = %outbox_core::relay::ErrorChain(&e), "could not read the backlog");
             }
         }

@@ -20,8 +20,8 @@ use outbox_payload::encryption::EncryptionConfig;
 use outbox_payload::{Encoder, PayloadOptions};
 use serde::{Deserialize, Serialize};
 
-use crate::config::SinkConfig;
-use crate::schemas::Schemas;
+use crate::registry::SinkConfig;
+use outbox_payload::schemas::Schemas;
 
 /// `[payload]`: what the relay does with payloads before publishing them, for every sink.
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]

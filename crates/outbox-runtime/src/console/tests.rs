@@ -12,7 +12,7 @@ use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::Console;
-use crate::observe::Readiness;
+use crate::readiness::Readiness;
 use crate::{Config, SourceConfig};
 
 /// One answer: status, headers (lowercase names), body.

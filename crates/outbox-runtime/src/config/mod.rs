@@ -6,7 +6,6 @@
 //! (e.g. `OUTBOX_RELAY__BATCH_SIZE=1000`), then `--database-url` / `OUTBOX_DATABASE_URL`.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use figment::Figment;
@@ -14,11 +13,18 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use outbox_core::RelayConfig;
 use serde::Deserialize;
 
-use crate::console::UiConfig;
-use crate::otlp::TracingConfig;
 pub use crate::registry::{SinkConfig, SourceConfig};
 use crate::retention::RetentionConfig;
-pub use crate::subscription::SubscriptionConfig;
+
+mod metrics;
+pub mod subscription;
+pub(crate) mod tracing;
+mod ui;
+
+pub use metrics::MetricsConfig;
+pub use subscription::SubscriptionConfig;
+pub use tracing::TracingConfig;
+pub use ui::UiConfig;
 
 /// Why the configuration cannot be used. The message names the key and where it came from.
 #[derive(Debug, thiserror::Error)]
@@ -82,30 +88,6 @@ pub struct Config {
     pub payload: crate::payload::PayloadConfig,
 }
 
-/// `[metrics]`: the HTTP endpoint (`/metrics`, `/healthz`, `/readyz`) and the watchdog.
-#[derive(Debug, Clone, Deserialize, serde::Serialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct MetricsConfig {
-    /// Address to serve on, e.g. `127.0.0.1:9187`. Unset: no endpoint.
-    pub listen: Option<SocketAddr>,
-    /// How often the backlog gauges are refreshed from the database.
-    #[serde(with = "humantime_serde")]
-    pub refresh_interval: std::time::Duration,
-    /// Warn when the oldest ready pending event is older than this.
-    #[serde(with = "humantime_serde")]
-    pub stuck_after: std::time::Duration,
-}
-
-impl Default for MetricsConfig {
-    fn default() -> Self {
-        Self {
-            listen: None,
-            refresh_interval: std::time::Duration::from_secs(5),
-            stuck_after: std::time::Duration::from_secs(60),
-        }
-    }
-}
-
 /// Where the configuration came from, for the startup log line.
 #[derive(Debug, Clone)]
 pub enum Origin {
@@ -158,6 +140,12 @@ pub fn load(
 }
 
 impl Config {
+    /// Checks `[sinks.*]` and `[[subscription]]` and resolves each subscription to its sink
+    /// (destination applied) and table; errors name the key (`subscription[1].sink: ...`).
+    pub fn resolve_subscriptions(&self) -> Result<Vec<subscription::Resolved>, String> {
+        subscription::resolve(&self.source, &self.sinks, &self.subscriptions)
+    }
+
     /// Reads a configuration from TOML text (for services that embed the relay), with the
     /// same environment overrides and checks as [`load`].
     pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
@@ -236,7 +224,7 @@ impl Config {
         self.tracing.validate().map_err(ConfigError)?;
         self.canary.validate().map_err(ConfigError)?;
         outbox_core::capture::validate_all(&self.capture).map_err(ConfigError)?;
-        crate::subscription::resolve(self).map_err(ConfigError)?;
+        self.resolve_subscriptions().map_err(ConfigError)?;
         Ok(())
     }
 }
@@ -459,172 +447,4 @@ fn secrets_from_files(section: &str, dict: &mut figment::value::Dict) -> Result<
 }
 
 #[cfg(test)]
-mod tests {
-    use super::{Config, describe};
-
-    #[test]
-    fn a_kind_left_out_of_the_build_says_which_feature_brings_it_back() {
-        let mut error = figment::Error::from(figment::error::Kind::UnknownVariant(
-            "postgres".to_owned(),
-            &["sqlite"],
-        ));
-        error.path = vec!["source".to_owned(), "kind".to_owned()];
-        let message = describe(vec![error]);
-        assert!(
-            message.starts_with("source.kind: unknown value `postgres`")
-                && message.contains("cargo feature `postgres`")
-                && message.contains("cargo build --release -p outbox-cli"),
-            "{message}"
-        );
-        let mut typo = figment::Error::from(figment::error::Kind::UnknownVariant(
-            "postgre".to_owned(),
-            &["sqlite"],
-        ));
-        typo.path = vec!["source".to_owned(), "kind".to_owned()];
-        assert!(!describe(vec![typo]).contains("cargo feature"));
-    }
-
-    /// What `outbox check-config` prints is a config file: read back, it is the same
-    /// configuration (secrets aside, which print as `***`).
-    #[test]
-    fn the_printed_configuration_reads_back_as_the_same_configuration() {
-        let text = r#"
-[source]
-kind = "sqlite"
-path = "orders.db"
-lease_ttl = "1m"
-[relay]
-batch_size = 200
-backoff = { initial = "250ms", max = "1m" }
-[sink]
-kind = "file"
-path = "events.jsonl"
-[metrics]
-listen = "127.0.0.1:9187"
-[retention]
-keep = "3days"
-"#;
-        let config = Config::from_toml(text).expect("valid");
-        let printed = config.to_redacted_toml().expect("printable");
-        assert!(printed.contains("batch_size = 200"), "{printed}");
-        assert!(printed.contains("initial = \"250ms\""), "{printed}");
-        let again = Config::from_toml(&printed)
-            .unwrap_or_else(|e| panic!("the printed config does not read back: {e}\n{printed}"));
-        assert_eq!(again.to_redacted_toml().expect("printable"), printed);
-    }
-
-    /// With subscriptions, the printed file keeps every section but `[sink]` and reads back
-    /// as the same configuration.
-    #[test]
-    fn a_configuration_with_subscriptions_prints_and_reads_back() {
-        let text = r#"
-[source]
-kind = "postgres"
-url = "postgres://app@127.0.0.1:5432/app"
-[sinks.files]
-kind = "file"
-path = "events.jsonl"
-[[subscription]]
-name = "all"
-sink = "files"
-event_type = ["order.*", "invoice.paid"]
-[[capture]]
-table = "bookings"
-aggregate_type = "Customer"
-aggregate_id = "customer_id"
-event_type = "booking.created"
-"#;
-        let config = Config::from_toml(text).expect("valid");
-        let printed = config.to_redacted_toml().expect("printable");
-        assert!(!printed.contains("[sink]"), "{printed}");
-        for section in [
-            "[source]",
-            "[relay]",
-            "[sinks.files]",
-            "[[subscription]]",
-            "[metrics]",
-            "[retention]",
-            "[ui]",
-            "[tracing]",
-            "[[capture]]",
-        ] {
-            assert!(
-                printed.contains(section),
-                "{section} missing from\n{printed}"
-            );
-        }
-        let again = Config::from_toml(&printed)
-            .unwrap_or_else(|e| panic!("the printed config does not read back: {e}\n{printed}"));
-        assert_eq!(again.to_redacted_toml().expect("printable"), printed);
-    }
-
-    /// A secret read from a file (`KEY_file`) is the key's value, without the file's trailing
-    /// newline; mistakes name the key and the path, never the contents.
-    #[test]
-    fn secrets_come_from_files() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let url = dir.path().join("db.url");
-        std::fs::write(&url, "postgres://app:Pw-From-File@127.0.0.1:5432/app\n").expect("write");
-        let token = dir.path().join("token");
-        std::fs::write(&token, "Tok-From-File\n").expect("write");
-        let text = format!(
-            "[source]\nkind = \"postgres\"\nurl_file = \"{}\"\n[sink]\nkind = \"http\"\nurl = \"http://127.0.0.1:1/in\"\nsecret_file = \"{}\"\n",
-            url.display(),
-            token.display()
-        );
-        let config = Config::from_toml(&text).expect("valid");
-        let printed = config.to_redacted_toml().expect("printable");
-        assert!(
-            printed.contains("url = \"postgres://app:***@127.0.0.1:5432/app\""),
-            "{printed}"
-        );
-        assert!(printed.contains("secret = \"***\""), "{printed}");
-        assert!(!printed.contains("From-File"), "{printed}");
-        let crate::SourceConfig::Postgres(pg) = &config.source else {
-            panic!("not postgres")
-        };
-        assert_eq!(
-            pg.url.expose(),
-            "postgres://app:Pw-From-File@127.0.0.1:5432/app"
-        );
-
-        let both = format!("{text}\n").replace("[sink]", "url = \"postgres://x@h/d\"\n[sink]");
-        let e = Config::from_toml(&both).expect_err("both").to_string();
-        assert!(
-            e.contains("source.url_file") && e.contains("not both"),
-            "{e}"
-        );
-        let missing = text.replace(&token.display().to_string(), "/no/such/secret");
-        let e = Config::from_toml(&missing)
-            .expect_err("missing")
-            .to_string();
-        assert!(
-            e.contains("sink.secret_file") && e.contains("/no/such/secret"),
-            "{e}"
-        );
-        // A named sink (`[sinks.NAME]`) reads its secrets from files the same way.
-        let named = format!(
-            "[source]\nkind = \"postgres\"\nurl_file = \"{}\"\n[sinks.hook]\nkind = \"http\"\nurl = \"http://127.0.0.1:1/in\"\nsecret_file = \"{}\"\n[[subscription]]\nname = \"partner\"\nsink = \"hook\"\n",
-            url.display(),
-            token.display()
-        );
-        let config = Config::from_toml(&named).expect("valid");
-        let printed = config.to_redacted_toml().expect("printable");
-        assert!(printed.contains("[sinks.hook]"), "{printed}");
-        assert!(printed.contains("secret = \"***\""), "{printed}");
-        assert!(!printed.contains("From-File"), "{printed}");
-        assert!(!format!("{config:?}").contains("From-File"));
-        let e = Config::from_toml(&named.replace(&token.display().to_string(), "/no/such/secret"))
-            .expect_err("missing")
-            .to_string();
-        assert!(
-            e.contains("sinks.hook.secret_file") && e.contains("/no/such/secret"),
-            "{e}"
-        );
-        let unknown = text.replace("secret_file", "headers_file");
-        let e = Config::from_toml(&unknown)
-            .expect_err("unknown")
-            .to_string();
-        assert!(e.contains("sink.headers_file"), "{e}");
-    }
-}
+mod tests;
