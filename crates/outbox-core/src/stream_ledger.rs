@@ -407,6 +407,22 @@ impl<M: Clone> Ledger<M> {
         self.queue.values()
     }
 
+    /// The queued events at positions after `after`, in commit order, each with the stream
+    /// position its transaction ends at.
+    pub fn queued_after_mut(&mut self, after: i64) -> impl Iterator<Item = (u64, &mut Entry<M>)> {
+        let (first, txns) = (self.first_txn, &self.txns);
+        self.queue
+            .range_mut(after.saturating_add(1)..)
+            .map(move |(_, e)| {
+                let end = e
+                    .txn
+                    .checked_sub(first)
+                    .and_then(|i| txns.get(i as usize))
+                    .map_or(0, |t| t.end_lsn);
+                (end, e)
+            })
+    }
+
     /// The queued event at `position`.
     pub fn queued_mut(&mut self, position: i64) -> Option<&mut Entry<M>> {
         self.queue.get_mut(&position)

@@ -29,8 +29,9 @@ pub struct InboxMessage {
     /// Aggregate instance, e.g. `o_91f2`: the ordering key of the consumer loops.
     pub aggregate_id: String,
     /// The event's delivery position within its aggregate (header `aggregate_seq`: 1, 2, 3,
-    /// … with no gaps), set by the polling relay when ordering is on; `None` without it
-    /// (CDC, replays, `ordering = "none"`, a relay from before it). The loops' order gate
+    /// … with no gaps), set by the polling relay when ordering is on and by the PostgreSQL
+    /// and MySQL CDC relays; `None` without it (DynamoDB, `ordering = "none"` polling, a relay
+    /// from before it). The loops' order gate
     /// holds a message until its predecessor is applied.
     pub aggregate_seq: Option<u64>,
     /// The row's own headers (not the contract headers, nor broker headers the loop

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, ensure};
-use cdc_support::CdcHarness;
+use cdc_support::{CdcHarness, delivered};
 use outbox_core::source::{Outcome, Settlement};
 use outbox_core::{DeadLetterPolicy, Event, NewEvent, Ordering, SinkErrorKind, Source};
 use outbox_postgres::PgCdcSource;
@@ -63,16 +63,6 @@ async fn fetch_at_least(source: &mut PgCdcSource, n: usize) -> anyhow::Result<Ve
         }
     }
     Ok(got)
-}
-
-fn delivered(events: &[Event]) -> Vec<Settlement> {
-    events
-        .iter()
-        .map(|e| Settlement {
-            position: e.position,
-            outcome: Outcome::Delivered,
-        })
-        .collect()
 }
 
 fn ids(events: &[Event]) -> Vec<Uuid> {
@@ -244,6 +234,8 @@ async fn table_less_events_are_delivered_with_the_exact_message_contract_in_comm
     ensure!(
         headers
             == vec![
+                // Its aggregate's first event: table-less events are numbered like rows.
+                ("aggregate_seq".to_owned(), "1".to_owned()),
                 ("quote".to_owned(), "a\"b\nc".to_owned()),
                 ("tenant".to_owned(), "acme".to_owned())
             ],
@@ -347,19 +339,9 @@ async fn dead_letters_republished_with_the_documented_sql_are_delivered_in_order
         sink.clone(),
         vec![h.cdc_source(Ordering::PerAggregate, DeadLetterPolicy::HoldAggregate)?],
     );
-    let pool = h.pool.clone();
-    outbox_testkit::wait::eventually(WAIT, || {
-        let pool = pool.clone();
-        async move {
-            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM outbox WHERE state = 'dead'")
-                .fetch_one(&pool)
-                .await
-                .unwrap_or(0)
-                == 3
-        }
-    })
-    .await
-    .context("the aggregate was not parked behind its dead letter")?;
+    h.wait_dead(3)
+        .await
+        .context("the aggregate was not parked behind its dead letter")?;
     ensure!(sink.published().is_empty());
     // The operator retries the aggregate (docs/cdc.md, "Dead letters").
     let mut tx = h.pool.begin().await?;
@@ -653,19 +635,9 @@ async fn dead_letter_retry_restreams_the_aggregate_in_order() -> anyhow::Result<
         sink.clone(),
         vec![h.cdc_source(Ordering::PerAggregate, DeadLetterPolicy::HoldAggregate)?],
     );
-    let pool = h.pool.clone();
-    outbox_testkit::wait::eventually(WAIT, || {
-        let pool = pool.clone();
-        async move {
-            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM outbox WHERE state = 'dead'")
-                .fetch_one(&pool)
-                .await
-                .unwrap_or(0)
-                == 3
-        }
-    })
-    .await
-    .context("the aggregate was not parked behind its dead letter")?;
+    h.wait_dead(3)
+        .await
+        .context("the aggregate was not parked behind its dead letter")?;
     let dead = outbox_postgres::PgDeadLetters::new(h.pool.clone(), &h.config);
     let retried = dead
         .retry(&outbox_postgres::RetrySelection::Ids(vec![ids_written[0]]))

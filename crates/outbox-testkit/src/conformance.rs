@@ -53,7 +53,8 @@ pub trait Harness: Send + Sync + 'static {
     /// Whether several sources may relay one outbox concurrently (replicas).
     fn replicas(&self) -> usize;
     /// Whether the source numbers each aggregate's deliveries (`aggregate_seq`,
-    /// `outbox_core::aggregate_seq`): the polling sources do, CDC does not (yet).
+    /// `outbox_core::aggregate_seq`): the SQL sources do (polling and PostgreSQL CDC); the
+    /// DynamoDB stream source does not.
     fn assigns_positions(&self) -> bool {
         true
     }
@@ -678,10 +679,10 @@ fn positions_count_up_per_aggregate(events: &[Event]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The polling sources number each aggregate's deliveries 1, 2, 3, … (`aggregate_seq`): a
+/// The SQL sources number each aggregate's deliveries 1, 2, 3, … (`aggregate_seq`): a
 /// retried event keeps its number on every attempt, a dead letter uses its number up (it may
 /// have reached the broker before its last attempt failed), and a relay restarted later goes
-/// on from where the last one stopped. Sources that do not number (CDC) add no header.
+/// on from where the last one stopped. Sources that do not number (DynamoDB) add no header.
 pub async fn delivery_positions_are_contiguous_per_aggregate<H: Harness>(
     h: &H,
 ) -> anyhow::Result<()> {

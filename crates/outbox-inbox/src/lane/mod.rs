@@ -73,8 +73,8 @@ pub trait OrderGate: Send + Sync + 'static {
 /// whose `aggregate_seq` is more than one past the last applied position of its aggregate is
 /// held (not handled, not counted as an attempt, kept alive) until its predecessor is applied
 /// here or by another instance, or until `gap_timeout` passes; then it is handled with a
-/// warning and counted in [`ConsumerReport::gaps`]. Messages without a position (CDC, replays)
-/// pass at once. See `docs/inbox.md`, "Order at the consumer".
+/// warning and counted in [`ConsumerReport::gaps`]. Messages without a position (DynamoDB,
+/// `ordering = "none"` polling) pass at once. See `docs/inbox.md`, "Order at the consumer".
 #[derive(Clone)]
 pub struct ConsumerOrder {
     gate: Arc<dyn OrderGate>,

@@ -7,11 +7,20 @@
 //! the replayed transactions that end at or before the saved position instead of publishing
 //! them again. Saving is best effort: when it fails, the slot's own position still holds, so
 //! the cost is duplicates (as before), never loss.
+//!
+//! Each save also writes, in the same transaction, the `aggregate_seq` heads of the events
+//! settled up to the saved position ([`StreamPositions::to_save`]), and the source confirms
+//! the slot past a numbered transaction only once its heads are saved
+//! ([`StreamPositions::bound`]): a stream resumed after the saved position starts from the
+//! heads saved with it and gives its tail the numbers it had (`outbox_core::aggregate_seq`,
+//! "Change streams"). A save that keeps failing therefore holds the slot back (WAL is kept),
+//! never the numbering.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use outbox_core::SourceError;
+use outbox_core::aggregate_seq::StreamPositions;
 use sqlx::PgPool;
 use tokio::time::Instant;
 
@@ -82,6 +91,16 @@ impl SavedOffset {
         }
     }
 
+    /// The last position written (0: none yet).
+    pub(crate) fn saved(&self) -> u64 {
+        self.saved
+    }
+
+    /// Whether positions can be saved (the table exists).
+    pub(crate) fn available(&self) -> bool {
+        !self.unavailable
+    }
+
     /// Forgets the positions in memory: they belong to a slot that is gone, and the new
     /// slot's positions may be lower.
     pub(crate) fn reset(&mut self) {
@@ -112,8 +131,14 @@ impl SavedOffset {
         }
     }
 
-    /// Writes the due position when it moved and `SAVE_EVERY` has passed (or `force`).
-    pub(crate) async fn save(&mut self, pool: &PgPool, force: bool) {
+    /// Writes the due position when it moved and `SAVE_EVERY` has passed (or `force`), with
+    /// the heads of `positions` up to it.
+    pub(crate) async fn save(
+        &mut self,
+        pool: &PgPool,
+        force: bool,
+        positions: Option<&mut StreamPositions>,
+    ) {
         if self.unavailable || self.due <= self.saved {
             return;
         }
@@ -122,10 +147,17 @@ impl SavedOffset {
         }
         self.last_save = Some(Instant::now());
         let due = self.due;
-        match save(pool, &self.queries, &self.slot, due).await {
+        let heads = positions
+            .as_deref()
+            .map(|p| p.to_save(due))
+            .unwrap_or_default();
+        match save(pool, &self.queries, &self.slot, due, &heads).await {
             Ok(pending) => {
                 self.saved = due;
                 self.pending_lsn = pending;
+                if let Some(p) = positions {
+                    p.saved(due);
+                }
             }
             Err(e) if undefined_table(&e) => self.missing(),
             Err(e) => tracing::warn!(
@@ -149,18 +181,37 @@ impl SavedOffset {
     }
 }
 
-/// One save statement.
+/// One save: the position and the `aggregate_seq` heads up to it, in one transaction.
 pub(crate) async fn save(
     pool: &PgPool,
     queries: &CdcQueries,
     slot: &str,
     lsn: u64,
+    heads: &[(String, String, i64)],
 ) -> Result<Option<u64>, sqlx::Error> {
+    let mut tx = pool.begin().await?;
     let pending: Option<i64> = crate::sql::query_scalar(stmt(&queries.offset_save))
         .bind(slot)
         .bind(i64::try_from(lsn).unwrap_or(i64::MAX))
-        .fetch_one(pool)
+        .fetch_one(&mut *tx)
         .await?;
+    if !heads.is_empty() {
+        let mut types = Vec::with_capacity(heads.len());
+        let mut ids = Vec::with_capacity(heads.len());
+        let mut last = Vec::with_capacity(heads.len());
+        for (t, id, n) in heads {
+            types.push(t.as_str());
+            ids.push(id.as_str());
+            last.push(*n);
+        }
+        crate::sql::query(stmt(&queries.positions_advance))
+            .bind(&types)
+            .bind(&ids)
+            .bind(&last)
+            .execute(&mut *tx)
+            .await?;
+    }
+    tx.commit().await?;
     Ok(pending.map(|p| p.max(0) as u64))
 }
 

@@ -51,6 +51,8 @@ pub(crate) struct CdcQueries {
     pub(crate) recovery_after: Arc<str>,
     pub(crate) recovery_rows: Arc<str>,
     pub(crate) recovery_done: Arc<str>,
+    pub(crate) positions_read: Arc<str>,
+    pub(crate) positions_advance: Arc<str>,
 }
 
 impl CdcQueries {
@@ -78,6 +80,8 @@ impl CdcQueries {
             recovery_after: r(query_file!("outbox_cdc_recovery_after")),
             recovery_rows: r(query_file!("outbox_cdc_recovery_rows")),
             recovery_done: r(query_file!("outbox_cdc_recovery_done")),
+            positions_read: r(query_file!("outbox_cdc_positions_read")),
+            positions_advance: r(query_file!("outbox_positions_advance")),
         }
     }
 }
@@ -114,6 +118,8 @@ mod tests {
             &q.recovery_after,
             &q.recovery_rows,
             &q.recovery_done,
+            &q.positions_read,
+            &q.positions_advance,
         ] {
             assert!(!sql.contains("{{"), "{sql}");
         }

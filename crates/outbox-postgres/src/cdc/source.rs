@@ -12,6 +12,7 @@ use std::sync::atomic::Ordering as AtomicOrdering;
 use std::time::Duration;
 
 use futures::FutureExt;
+use outbox_core::aggregate_seq::StreamPositions;
 use outbox_core::source::{Fetched, Outcome, Settlement};
 use outbox_core::spill::SpillSettings;
 use outbox_core::stream_ledger::PUMP_BUDGET;
@@ -62,6 +63,13 @@ const VISIBILITY_TIMEOUT: Duration = Duration::from_secs(5);
 ///   resumes there: nothing is lost, the unconfirmed tail is published again.
 /// - Retried and released events wait in memory and come back in order; retry counts live
 ///   in memory too and restart from zero after a restart.
+/// - Every event carries `aggregate_seq`, its aggregate's next number in commit order, given
+///   when the stream brings it and kept across retries; the heads are saved with the
+///   acknowledged position and the slot is confirmed only over saved heads, so the tail a
+///   restart streams again gets the same numbers (`outbox_core::aggregate_seq`, "Change
+///   streams"). A dead-lettered event (or one parked behind a dead letter) uses its number
+///   up; put back in line by `outbox dead retry` or `outbox replay` it is a new delivery,
+///   with the aggregate's next number.
 /// - A clean shutdown (dropping the source) sends a final standby status update; wait for it
 ///   with [`PgCdcSource::closed`].
 pub struct PgCdcSource {
@@ -97,6 +105,10 @@ pub struct PgCdcSource {
     stats: Arc<CdcStats>,
     /// The acknowledged position saved in `<table>_cdc_offsets`.
     offset: SavedOffset,
+    /// The `aggregate_seq` numbering, saved with `offset`.
+    positions: StreamPositions,
+    /// Whether events are numbered (the position table exists).
+    numbering: bool,
     /// After (re)starting: transactions ending at or before this LSN were acknowledged
     /// before (saved position) and are dropped from the replay.
     skip_through: u64,
@@ -169,6 +181,8 @@ impl PgCdcSource {
             config: config.clone(),
             endpoint,
             offset: SavedOffset::new(queries.clone(), config.slot.as_str()),
+            positions: StreamPositions::default(),
+            numbering: false,
             skip_through: 0,
             skipped: 0,
             recovery: None,
@@ -298,6 +312,9 @@ impl PgCdcSource {
         self.last_heard = Instant::now();
         let state = self.offset.load(&self.pool).await?;
         let saved = state.confirmed_lsn;
+        // The stream resumes after `saved`, whose heads are in the table: read them again.
+        self.positions.reset();
+        self.numbering = self.offset.available();
         self.skip_through = saved;
         self.skipped = 0;
         self.ledger.reset(confirmed);
@@ -662,8 +679,57 @@ impl PgCdcSource {
         }
     }
 
-    fn report_confirmed(&mut self) {
+    /// How far the slot may be confirmed: the ledger's position, but not past a transaction
+    /// whose `aggregate_seq` heads are not saved yet.
+    fn confirmable(&self) -> u64 {
         let confirmed = self.ledger.confirmed();
+        if self.numbering {
+            self.positions.bound(confirmed, self.offset.saved())
+        } else {
+            confirmed
+        }
+    }
+
+    /// Saves the acknowledged position (with the heads up to it), then confirms what that
+    /// allows.
+    async fn save_offset(&mut self) {
+        let confirmed = self.ledger.confirmed();
+        if self.confirmable() < confirmed {
+            // Settled transactions whose heads wait for a save (settled without a batch, say
+            // all parked): due now, or they would hold the slot back until the next batch.
+            self.offset.reached(confirmed);
+        }
+        let positions = self.numbering.then_some(&mut self.positions);
+        self.offset.save(&self.pool, false, positions).await;
+        self.report_confirmed();
+    }
+
+    /// Numbers the events the stream brought since the last fetch (`aggregate_seq`), reading
+    /// the heads of aggregates not in memory. Runs before anything can drop or hand out an
+    /// event, so every event is numbered, in commit order.
+    async fn number_events(&mut self) -> Result<(), SourceError> {
+        if !self.numbering {
+            return Ok(());
+        }
+        let unknown = self.positions.unknown(&self.ledger);
+        if !unknown.is_empty() {
+            let types: Vec<&str> = unknown.iter().map(|(t, _)| t.as_str()).collect();
+            let ids: Vec<&str> = unknown.iter().map(|(_, i)| i.as_str()).collect();
+            let found: Vec<(String, String, i64)> =
+                crate::sql::query_as(stmt(&self.queries.positions_read))
+                    .bind(&types)
+                    .bind(&ids)
+                    .fetch_all(&self.pool)
+                    .await
+                    .map_err(|e| self.db_err("reading delivery positions", e))?;
+            self.positions.load(unknown, found);
+        }
+        self.positions.assign(&mut self.ledger);
+        Ok(())
+    }
+
+    fn report_confirmed(&mut self) {
+        let confirmed = self.confirmable();
         if confirmed > self.reported
             && let Some(stream) = &self.stream
         {
@@ -1041,6 +1107,8 @@ impl PgCdcSource {
                         ev(i)
                             .headers
                             .iter()
+                            // The relay's own number is not the producer's: not stored.
+                            .filter(|(k, _)| k != outbox_core::message::header::AGGREGATE_SEQ)
                             .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
                             .collect(),
                     )
@@ -1133,7 +1201,7 @@ impl Source for PgCdcSource {
         }
         // A fetch without settle: the previous batch goes back untouched.
         self.ledger.release_in_flight();
-        self.offset.save(&self.pool, false).await;
+        self.save_offset().await;
         if !self.ensure_streaming().await? {
             return Ok(Fetched::default());
         }
@@ -1143,9 +1211,10 @@ impl Source for PgCdcSource {
         }
         if self.ledger.unsettled() == 0 {
             self.offset.idle(self.ledger.confirmed());
-            self.offset.save(&self.pool, false).await;
+            self.save_offset().await;
         }
         self.release_replicated().await?;
+        self.number_events().await?;
         self.resolve_dead(now).await?;
         self.finish_recovery().await;
         let events = self.ledger.take(limit, now, self.ordering);
@@ -1217,9 +1286,8 @@ impl Source for PgCdcSource {
         }
         self.ledger.release_in_flight();
         self.unmark_delivered().await;
-        self.report_confirmed();
         self.offset.reached(self.ledger.confirmed());
-        self.offset.save(&self.pool, false).await;
+        self.save_offset().await;
         self.finish_recovery().await;
         self.publish_stats();
         Ok(())
@@ -1299,15 +1367,24 @@ impl Drop for PgCdcSource {
             && let Ok(runtime) = tokio::runtime::Handle::try_current()
         {
             let confirmed = self.ledger.confirmed();
+            // Unsaved, the heads up to `confirmed` hold the slot back (`confirmable`).
+            let fallback = self.confirmable();
+            self.offset.reached(confirmed);
             let (pool, slot) = (self.pool.clone(), self.config.slot.as_str().to_owned());
             let unsaved = self.offset.pending();
+            let heads = match &unsaved {
+                Some((_, _, lsn)) if self.numbering => self.positions.to_save(*lsn),
+                _ => Vec::new(),
+            };
             runtime.spawn(async move {
+                let mut close_at = confirmed;
                 if let Some((queries, slot, lsn)) = unsaved
-                    && let Err(e) = super::offset::save(&pool, &queries, &slot, lsn).await
+                    && let Err(e) = super::offset::save(&pool, &queries, &slot, lsn, &heads).await
                 {
                     tracing::warn!(error = %e, "could not save the CDC position at shutdown");
+                    close_at = fallback;
                 }
-                stream.close(confirmed, pool, slot).await;
+                stream.close(close_at, pool, slot).await;
                 drop(closed);
             });
         }

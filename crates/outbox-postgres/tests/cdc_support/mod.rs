@@ -7,7 +7,8 @@
 use std::time::Duration;
 
 use anyhow::Context;
-use outbox_core::{DeadLetterPolicy, NewEvent, Ordering};
+use outbox_core::source::{Outcome, Settlement};
+use outbox_core::{DeadLetterPolicy, Event, NewEvent, Ordering};
 use outbox_postgres::{Mode, PgCdcSource, PgOutbox, PostgresConfig};
 use outbox_testkit::conformance::{Harness, StoredEvent};
 use outbox_testkit::services::Postgres;
@@ -60,6 +61,23 @@ impl CdcHarness {
             ordering,
             dead_letter,
         )?)
+    }
+
+    /// Waits until `n` rows of the outbox are dead letters.
+    pub async fn wait_dead(&self, n: i64) -> anyhow::Result<()> {
+        let pool = self.pool.clone();
+        outbox_testkit::wait::eventually(Duration::from_secs(30), || {
+            let pool = pool.clone();
+            async move {
+                sqlx::query_scalar::<_, i64>("SELECT count(*) FROM outbox WHERE state = 'dead'")
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap_or(0)
+                    == n
+            }
+        })
+        .await
+        .with_context(|| format!("the outbox did not reach {n} dead letters"))
     }
 
     /// Waits until no session streams from the slot (a dropped source closed its session).
@@ -155,11 +173,6 @@ impl Harness for CdcHarness {
         1
     }
 
-    // CDC does not number deliveries (yet): docs/inbox.md.
-    fn assigns_positions(&self) -> bool {
-        false
-    }
-
     /// In CDC mode delivered rows stay `pending`: delivery is recorded by the slot's confirmed
     /// position. Delivered = no longer in the slot's unconfirmed tail.
     async fn recorded_delivered(&self, id: Uuid) -> anyhow::Result<bool> {
@@ -214,4 +227,15 @@ async fn drop_slot(url: &str, slot: &str) -> anyhow::Result<()> {
         }
     }
     anyhow::bail!("slot {slot} stayed active")
+}
+
+/// Every event of a batch settled as delivered.
+pub fn delivered(events: &[Event]) -> Vec<Settlement> {
+    events
+        .iter()
+        .map(|e| Settlement {
+            position: e.position,
+            outcome: Outcome::Delivered,
+        })
+        .collect()
 }
