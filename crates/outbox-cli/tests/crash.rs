@@ -2,7 +2,9 @@
 //! with SIGKILL and restarted over and over while producers write; afterwards every committed
 //! event is in JetStream and each aggregate's events are in commit order. Run for the polling
 //! source (both relays claim) and for CDC (one relay streams from the slot, the other stands
-//! by and takes over when it dies).
+//! by and takes over when it dies). Every message carries `aggregate_seq`, each aggregate's
+//! commit order 1, 2, 3, … exactly (nothing skipped or reused across the kills), and every
+//! copy of an event in the stream carries the same number.
 
 mod support;
 
@@ -167,9 +169,31 @@ stream = "{tag}"
     let received = read_stream(&client, &tag).await?;
     let mut seen = HashSet::new();
     let mut by_aggregate: HashMap<String, Vec<usize>> = HashMap::new();
+    let mut numbers: HashMap<String, usize> = HashMap::new();
     for m in &received {
+        let seq: usize = m
+            .headers
+            .iter()
+            .find(|(k, _)| k == "aggregate_seq")
+            .with_context(|| format!("event {} has no aggregate_seq", m.id))?
+            .1
+            .parse()?;
+        if let Some(before) = numbers.insert(m.id.clone(), seq) {
+            ensure!(
+                before == seq,
+                "event {} was published as {before}, then as {seq}",
+                m.id
+            );
+        }
         if seen.insert(m.id.clone()) {
             let n: usize = std::str::from_utf8(&m.payload)?.parse()?;
+            // The payload counts the aggregate's committed events from 0.
+            ensure!(
+                seq == n + 1,
+                "event {} (#{n} of aggregate {}) carries aggregate_seq {seq}",
+                m.id,
+                m.aggregate_id
+            );
             by_aggregate
                 .entry(m.aggregate_id.clone())
                 .or_default()
