@@ -124,6 +124,10 @@ async fn record(
         .ok_or_else(|| anyhow::anyhow!("no dedup record for {consumer} {id}"))
 }
 
+fn sendable<F: Future + Send>(f: F) -> F {
+    f
+}
+
 fn number(item: &std::collections::HashMap<String, AttributeValue>, name: &str) -> u64 {
     item.get(name)
         .and_then(|v| v.as_n().ok())
@@ -141,7 +145,8 @@ async fn a_first_delivery_applies_the_side_effect_with_the_record_and_a_redelive
     let m = message(Uuid::now_v7(), "o_1", None);
     assert!(!inbox.contains("loyalty", m.id).await?);
     assert_eq!(
-        deliver(&inbox, "loyalty", &m, "c1").await?,
+        // Send: a consumer loop's handler future must be.
+        sendable(deliver(&inbox, "loyalty", &m, "c1")).await?,
         Outcome::Processed(())
     );
     assert_eq!(points(&inbox, "c1").await?, 10);

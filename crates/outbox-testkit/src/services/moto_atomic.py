@@ -6,16 +6,24 @@ stream shard, and the copy replaces the shard object that open shard iterators r
 reader then sees records that never committed and misses later ones. DynamoDB checks every
 condition before it writes anything. This launcher checks the conditions first, the same
 way moto does, and refuses the whole transaction before any write when one fails; then it
-lets moto run it. Everything else is moto as installed. Arguments are moto_server's.
+lets moto run it.
+
+moto's server is threaded and its transactions take no lock: two at once on one item could
+both pass their conditions, or one's restore could undo the other's writes. DynamoDB isolates
+transactions from each other (serializable), so this launcher runs one at a time. Plain
+writes (PutItem, UpdateItem) still interleave with a transaction as moto has it.
+Everything else is moto as installed. Arguments are moto_server's.
 """
 
 import sys
+import threading
 
 from moto.dynamodb.comparisons import get_filter_expression
 from moto.dynamodb.exceptions import TransactionCanceledException
 from moto.dynamodb.models import DynamoDBBackend
 
 _apply = DynamoDBBackend.transact_write_items
+_one_at_a_time = threading.Lock()
 
 
 def _key(table, op_type, op):
@@ -29,6 +37,11 @@ def _key(table, op_type, op):
 
 
 def transact_write_items(self, transact_items):
+    with _one_at_a_time:
+        return _checked(self, transact_items)
+
+
+def _checked(self, transact_items):
     reasons = []
     failed = False
     for entry in transact_items:
