@@ -312,7 +312,7 @@ async fn records_carry_their_expiry_and_purge_removes_only_old_ones() -> anyhow:
 }
 
 #[tokio::test]
-async fn migrate_refuses_a_table_whose_ttl_reads_another_attribute() -> anyhow::Result<()> {
+async fn migrate_refuses_a_table_with_another_ttl_attribute_or_other_keys() -> anyhow::Result<()> {
     let inbox = inbox().await?;
     let other = inbox.clone().ttl_attribute("ttl");
     match other.migrate().await {
@@ -321,11 +321,13 @@ async fn migrate_refuses_a_table_whose_ttl_reads_another_attribute() -> anyhow::
         }
         other => panic!("expected a table error, got {other:?}"),
     }
-    let keys = inbox.clone().keys("PK", "SK");
-    assert!(matches!(
-        keys.migrate().await,
-        Err(DynamoDbInboxError::Table { .. })
-    ));
+    match inbox.clone().keys("PK", "SK").migrate().await {
+        Err(DynamoDbInboxError::Table { problem, .. }) => assert!(
+            problem.starts_with("its partition key is `pk` of type S; the inbox needs `PK`"),
+            "{problem}"
+        ),
+        other => panic!("expected a table error, got {other:?}"),
+    }
     Ok(())
 }
 

@@ -89,14 +89,17 @@ impl DynamoDbInbox {
                 return Err(DynamoDbInboxError::Table {
                     table: self.table.clone(),
                     problem: format!(
-                        "its {} key is {found:?} of type {:?}; the inbox needs `{want}` of type S \
-                         (set DynamoDbInbox::keys to the table's key names, or use another table)",
+                        "its {} key is {}; the inbox needs `{want}` of type S (set \
+                         DynamoDbInbox::keys to the table's key names, or use another table)",
                         if kind == KeyType::Hash {
                             "partition"
                         } else {
                             "sort"
                         },
-                        ty.map(ScalarAttributeType::as_str),
+                        match (found, ty) {
+                            (Some(name), Some(ty)) => format!("`{name}` of type {}", ty.as_str()),
+                            _ => "missing".to_owned(),
+                        },
                     ),
                 });
             }
