@@ -952,3 +952,497 @@ async fn sqlite_bad_captures_are_refused_by_key_and_create_nothing() -> anyhow::
     ensure!(sqlite_capture_objects(&pool).await? == (1, 0));
     Ok(())
 }
+
+// ---------------------------------------------------------------------------------------
+// MySQL / MariaDB: AFTER INSERT / AFTER UPDATE triggers whose insert fires the outbox's own
+// BEFORE INSERT trigger (UUIDv7, per-aggregate seq from the head row).
+
+const MYSQL_BOOKINGS: &str =
+    "CREATE TABLE customers (id VARCHAR(8) PRIMARY KEY, n BIGINT NOT NULL DEFAULT 0);
+INSERT INTO customers (id) VALUES ('c1'), ('c2'), ('c3');
+CREATE TABLE bookings (
+    id          CHAR(36)     PRIMARY KEY,
+    customer_id VARCHAR(8),
+    n           BIGINT       NOT NULL,
+    seats       INT          NOT NULL,
+    note        VARCHAR(200) CHARACTER SET utf8mb4,
+    status      VARCHAR(40),
+    doc         JSON,
+    raw         VARBINARY(8)
+)";
+
+fn mysql_config(url: &str, extra: &str) -> String {
+    format!(
+        "[source]\nkind = \"mysql\"\nurl = \"{url}\"\n[relay]\nbatch_size = 7\nworkers = 2\npoll_interval = \"5ms\"\n[sink]\nkind = \"file\"\npath = \"events.jsonl\"\n{extra}"
+    )
+}
+
+async fn mysql_database(work: &Workdir) -> anyhow::Result<(String, sqlx::MySqlPool)> {
+    let url = outbox_testkit::services::MariaDb::shared()
+        .await?
+        .fresh_database()
+        .await?;
+    let cfg = work.write_config("migrate.toml", &mysql_config(&url, ""))?;
+    run_ok(
+        work,
+        &["migrate", "--config", cfg.to_str().context("path")?],
+    )
+    .await?;
+    let pool = sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(8)
+        .connect(&url)
+        .await?;
+    sqlx::raw_sql(MYSQL_BOOKINGS).execute(&pool).await?;
+    Ok((url, pool))
+}
+
+/// Triggers other than the outbox's own, and capture records.
+async fn mysql_capture_objects(pool: &sqlx::MySqlPool) -> anyhow::Result<(i64, i64)> {
+    let triggers: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM information_schema.TRIGGERS WHERE TRIGGER_SCHEMA = DATABASE() AND EVENT_OBJECT_TABLE <> 'outbox'",
+    )
+    .fetch_one(pool)
+    .await?;
+    let has: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'outbox_capture'",
+    )
+    .fetch_one(pool)
+    .await?;
+    let records = if has == 0 {
+        0
+    } else {
+        sqlx::query_scalar("SELECT count(*) FROM outbox_capture")
+            .fetch_one(pool)
+            .await?
+    };
+    Ok((triggers, records))
+}
+
+async fn mysql_writer(pool: sqlx::MySqlPool, w: usize) -> anyhow::Result<Written> {
+    let mut out = Written::default();
+    for t in 0..TX_PER_WRITER {
+        let (customer, bookings, rollback) = {
+            let mut rng = rand::rng();
+            (
+                CUSTOMERS[rng.random_range(0..CUSTOMERS.len())],
+                rng.random_range(1..=2_i32),
+                (w == 0 && t == 3) || rng.random_bool(0.15),
+            )
+        };
+        let mut tx = pool.begin().await?;
+        let mut this = Vec::new();
+        for b in 0..bookings {
+            // The oracle: the customer's row lock orders these transactions, and `n` counts
+            // their committed bookings in commit order.
+            sqlx::query("UPDATE customers SET n = n + 1 WHERE id = ?")
+                .bind(customer)
+                .execute(&mut *tx)
+                .await?;
+            let n: i64 = sqlx::query_scalar("SELECT n FROM customers WHERE id = ?")
+                .bind(customer)
+                .fetch_one(&mut *tx)
+                .await?;
+            let id = Uuid::new_v4();
+            sqlx::query(
+                "INSERT INTO bookings (id, customer_id, n, seats, note) VALUES (?, ?, ?, ?, ?)",
+            )
+            .bind(id.to_string())
+            .bind(customer)
+            .bind(n)
+            .bind(b + 1)
+            .bind(format!("writer {w}'s \"booking\" ☂ {t}"))
+            .execute(&mut *tx)
+            .await?;
+            this.push((customer.to_owned(), n, id));
+        }
+        if rollback {
+            tx.rollback().await?;
+            out.rolled_back.extend(this.iter().map(|(_, _, id)| *id));
+        } else {
+            tx.commit().await?;
+            out.committed.extend(this);
+        }
+    }
+    Ok(out)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mysql_concurrent_captured_writes_keep_per_aggregate_commit_order_and_contiguous_seq()
+-> anyhow::Result<()> {
+    let work = Workdir::new()?;
+    let (url, pool) = mysql_database(&work).await?;
+    let cfg_path = work.write_config("outbox.toml", &mysql_config(&url, BOOKINGS_CAPTURE))?;
+    let cfg = cfg_path.to_str().context("path")?;
+    let out = run_ok(&work, &["capture", "install", "--config", cfg]).await?;
+    ensure!(
+        out.stdout.contains(
+            "capture bookings: installed trigger bookings_outbox_capture_insert on bookings (insert)"
+        ),
+        "{out:?}"
+    );
+    let out = run_ok(&work, &["capture", "install", "--config", cfg]).await?;
+    ensure!(out.stdout.contains("capture bookings: replaced"), "{out:?}");
+    ensure!(mysql_capture_objects(&pool).await? == (1, 1));
+
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|w| tokio::spawn(mysql_writer(pool.clone(), w)))
+        .collect();
+    let mut committed = Vec::new();
+    let mut rolled_back = HashSet::new();
+    for w in writers {
+        let written = w.await??;
+        committed.extend(written.committed);
+        rolled_back.extend(written.rolled_back);
+    }
+    ensure!(!rolled_back.is_empty(), "no transaction rolled back");
+
+    // In the outbox: per customer, seq 1, 2, 3, ... with no gap, in commit order (n), one
+    // event per committed booking, none for a rolled-back one, and the producer's columns.
+    let rows: Vec<(String, String, i64, Vec<u8>, String, String)> = sqlx::query_as(
+        "SELECT id, aggregate_id, seq, payload, headers, event_type FROM outbox ORDER BY aggregate_id, seq",
+    )
+    .fetch_all(&pool)
+    .await?;
+    ensure!(
+        rows.len() == committed.len(),
+        "{} events for {} committed bookings",
+        rows.len(),
+        committed.len()
+    );
+    let mut per_customer: HashMap<String, Vec<(i64, i64)>> = HashMap::new();
+    for (id, customer, seq, payload, headers, event_type) in &rows {
+        ensure!(Uuid::parse_str(id)?.get_version_num() == 7, "id {id}");
+        let payload: serde_json::Value = serde_json::from_slice(payload)?;
+        let booking: Uuid = payload["id"].as_str().context("id")?.parse()?;
+        ensure!(!rolled_back.contains(&booking), "rolled back: {payload}");
+        let headers: serde_json::Value = serde_json::from_str(headers)?;
+        ensure!(
+            headers == serde_json::json!({"capture_op": "insert", "capture_table": "bookings"})
+                && event_type == "booking.created"
+                && payload["customer_id"] == customer.as_str(),
+            "{headers} {event_type} {payload}"
+        );
+        per_customer
+            .entry(customer.clone())
+            .or_default()
+            .push((*seq, payload["n"].as_i64().context("n")?));
+    }
+    for (customer, list) in &per_customer {
+        let expected: Vec<(i64, i64)> = (1..=i64::try_from(list.len())?).map(|i| (i, i)).collect();
+        ensure!(
+            *list == expected,
+            "customer {customer}: (seq, n) = {list:?}"
+        );
+    }
+
+    // Relayed end to end: each customer's events arrive in order, with aggregate_seq.
+    let mut relay = work.spawn_relay(&cfg_path, "relay.log")?;
+    outbox_testkit::wait::eventually(Duration::from_secs(120), || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM outbox WHERE state = 'pending'")
+            .fetch_one(&pool)
+            .await
+            .is_ok_and(|n| n == 0)
+    })
+    .await
+    .with_context(|| work.read_log("relay.log"))?;
+    ensure!(
+        terminate(&mut relay, Duration::from_secs(30)).await? == Some(0),
+        "relay did not exit 0:\n{}",
+        work.read_log("relay.log")
+    );
+    let mut published_n: HashMap<String, Vec<(i64, String)>> = HashMap::new();
+    let mut seen = HashSet::new();
+    for line in published(&work)? {
+        if seen.insert(line["id"].as_str().context("id")?.to_owned()) {
+            published_n
+                .entry(
+                    line["aggregate_id"]
+                        .as_str()
+                        .context("aggregate")?
+                        .to_owned(),
+                )
+                .or_default()
+                .push((
+                    line["payload"]["n"].as_i64().context("n")?,
+                    line["headers"]["aggregate_seq"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned(),
+                ));
+        }
+    }
+    for (customer, list) in &per_customer {
+        let expected: Vec<(i64, String)> = (1..=i64::try_from(list.len())?)
+            .map(|i| (i, i.to_string()))
+            .collect();
+        ensure!(
+            published_n.get(customer) == Some(&expected),
+            "customer {customer}: published (n, aggregate_seq) = {:?}",
+            published_n.get(customer)
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_updates_payloads_list_remove_and_bad_input() -> anyhow::Result<()> {
+    let work = Workdir::new()?;
+    let (url, pool) = mysql_database(&work).await?;
+    let capture = r#"
+[[capture]]
+table = "bookings"
+aggregate_type = "Customer 'O\\Brien'"
+aggregate_id = "customer_id"
+event_type = "booking.changed"
+on = ["insert", "update"]
+
+[[capture]]
+table = "bookings"
+name = "bookings_docs"
+aggregate_type = "Doc"
+aggregate_id = "id"
+event_type_column = "status"
+payload = "doc"
+"#;
+    // Refused input first: nothing may be created.
+    let cases = [
+        (
+            "table = \"nope\"\naggregate_type = \"C\"\naggregate_id = \"customer_id\"\nevent_type = \"e\"",
+            "capture[0].table: table nope does not exist",
+        ),
+        (
+            "table = \"bookings\"\naggregate_type = \"C\"\naggregate_id = \"customer\"\nevent_type = \"e\"",
+            "capture[0].aggregate_id: column `customer` does not exist in table bookings",
+        ),
+        (
+            "table = \"bookings\"\naggregate_type = \"C\"\naggregate_id = \"id\"\nevent_type = \"e\"\npayload = \"seats\"",
+            "capture[0].payload: column `seats` of table bookings is of type int",
+        ),
+        (
+            "table = \"other_db.bookings\"\naggregate_type = \"C\"\naggregate_id = \"id\"\nevent_type = \"e\"",
+            "capture[0].table: `other_db.bookings`: MySQL captures tables of the outbox's own database",
+        ),
+        (
+            "table = \"outbox\"\naggregate_type = \"C\"\naggregate_id = \"aggregate_id\"\nevent_type = \"e\"",
+            "capture[0].table: outbox is the outbox table itself",
+        ),
+        (
+            "table = \"bookings\"\naggregate_type = \"C\"\naggregate_id = \"id\"\nevent_type = \"e\"\n\n[[capture]]\ntable = \"customers\"\naggregate_type = \"C\"\naggregate_id = \"id\"\nevent_type_column = \"state\"",
+            "capture[1].event_type_column: column `state` does not exist in table customers",
+        ),
+    ];
+    for (i, (entry, needle)) in cases.iter().enumerate() {
+        let cfg_path = work.write_config(
+            &format!("bad-{i}.toml"),
+            &mysql_config(&url, &format!("[[capture]]\n{entry}\n")),
+        )?;
+        work.run(&[
+            "capture",
+            "install",
+            "--config",
+            cfg_path.to_str().context("path")?,
+        ])
+        .await?
+        .assert_clear_error(needle)
+        .with_context(|| format!("case {i}"))?;
+        ensure!(
+            mysql_capture_objects(&pool).await? == (0, 0),
+            "case {i}: a failed install left a trigger or record behind"
+        );
+    }
+
+    let cfg_path = work.write_config("outbox.toml", &mysql_config(&url, capture))?;
+    let cfg = cfg_path.to_str().context("path")?;
+    run_ok(&work, &["capture", "install", "--config", cfg]).await?;
+    ensure!(mysql_capture_objects(&pool).await? == (3, 2));
+
+    sqlx::raw_sql(
+        r#"INSERT INTO bookings VALUES ('b1', 'c1', 1, 2, 'it''s ☂', 'booking.placed', '{"k": 1}', X'FF00');
+           UPDATE bookings SET seats = 3 WHERE id = 'b1';"#,
+    )
+    .execute(&pool)
+    .await?;
+    let mut tx = pool.begin().await?;
+    sqlx::query("INSERT INTO bookings (id, customer_id, n, seats, status, doc) VALUES ('b2', 'c1', 2, 1, 's', '{}')")
+        .execute(&mut *tx)
+        .await?;
+    tx.rollback().await?;
+    let err = sqlx::query("INSERT INTO bookings (id, customer_id, n, seats, status, doc) VALUES ('b3', NULL, 2, 1, 's', '{}')")
+        .execute(&pool)
+        .await
+        .expect_err("a NULL aggregate_id must fail the write");
+    ensure!(
+        err.to_string().contains(
+            "outbox capture of bookings: the aggregate_id column of the written row is NULL"
+        ),
+        "{err}"
+    );
+    type Row = (String, String, String, i64, Vec<u8>, String);
+    let rows: Vec<Row> = sqlx::query_as(
+        "SELECT aggregate_type, aggregate_id, event_type, seq, payload, headers FROM outbox ORDER BY aggregate_type, seq",
+    )
+    .fetch_all(&pool)
+    .await?;
+    let customer = "Customer 'O\\Brien'";
+    let row = |seats: i64| {
+        serde_json::json!({"id": "b1", "customer_id": "c1", "n": 1, "seats": seats, "note": "it's ☂",
+            "status": "booking.placed", "doc": {"k": 1}, "raw": "FF00"})
+    };
+    ensure!(rows.len() == 3, "{rows:#?}");
+    let json = |b: &[u8]| serde_json::from_slice::<serde_json::Value>(b).unwrap_or_default();
+    let headers = |h: &str| serde_json::from_str::<serde_json::Value>(h).unwrap_or_default();
+    ensure!(
+        (
+            rows[0].0.as_str(),
+            rows[0].1.as_str(),
+            rows[0].2.as_str(),
+            rows[0].3
+        ) == ("Customer 'O\\Brien'", "c1", "booking.changed", 1)
+            && json(&rows[0].4) == row(2)
+            && headers(&rows[0].5)
+                == serde_json::json!({"capture_op": "insert", "capture_table": "bookings"}),
+        "{:?} {}",
+        rows[0],
+        String::from_utf8_lossy(&rows[0].4)
+    );
+    ensure!(
+        (rows[1].0.as_str(), rows[1].1.as_str(), rows[1].3) == (customer, "c1", 2)
+            && json(&rows[1].4) == row(3)
+            && headers(&rows[1].5)["capture_op"] == "update",
+        "{:?}",
+        rows[1]
+    );
+    ensure!(
+        (
+            rows[2].0.as_str(),
+            rows[2].1.as_str(),
+            rows[2].2.as_str(),
+            rows[2].3
+        ) == ("Doc", "b1", "booking.placed", 1)
+            && json(&rows[2].4) == serde_json::json!({"k": 1}),
+        "{:?}",
+        rows[2]
+    );
+
+    let out = run_ok(&work, &["capture", "list", "--json", "--config", cfg]).await?;
+    let list: serde_json::Value = serde_json::from_str(&out.stdout)?;
+    ensure!(
+        list[0]["name"] == "bookings"
+            && list[0]["table"] == "bookings"
+            && list[0]["on"] == serde_json::json!(["insert", "update"])
+            && list[0]["config"]["aggregate_type"] == customer
+            && list[1]["name"] == "bookings_docs"
+            && list[1]["on"] == serde_json::json!(["insert"]),
+        "{list:#}"
+    );
+
+    // A trigger of another capture's name that is not one: refused, nothing else created.
+    sqlx::query("CREATE TRIGGER customers_outbox_capture_insert AFTER INSERT ON customers FOR EACH ROW SET @x = 1")
+        .execute(&pool)
+        .await?;
+    let clash = work.write_config(
+        "clash.toml",
+        &mysql_config(
+            &url,
+            "[[capture]]\ntable = \"customers\"\naggregate_type = \"C\"\naggregate_id = \"id\"\nevent_type = \"e\"\n",
+        ),
+    )?;
+    work.run(&["capture", "install", "--config", clash.to_str().context("path")?])
+        .await?
+        .assert_clear_error("capture[0].name: a trigger customers_outbox_capture_insert exists and is not an outbox capture")?;
+    sqlx::query("DROP TRIGGER customers_outbox_capture_insert")
+        .execute(&pool)
+        .await?;
+
+    let out = run_ok(&work, &["capture", "remove", "--config", cfg]).await?;
+    ensure!(
+        out.stdout
+            .contains("capture bookings: removed triggers bookings_outbox_capture_* from bookings")
+            && out.stdout.contains("capture bookings_docs: removed"),
+        "{out:?}"
+    );
+    ensure!(mysql_capture_objects(&pool).await? == (0, 0));
+    sqlx::query("UPDATE bookings SET seats = 4")
+        .execute(&pool)
+        .await?;
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox")
+        .fetch_one(&pool)
+        .await?;
+    ensure!(n == 3, "a write after remove made an event");
+    let out = run_ok(&work, &["capture", "list", "--config", cfg]).await?;
+    ensure!(
+        out.stdout.contains("no capture writes into outbox table"),
+        "{out:?}"
+    );
+
+    // A failure after the first entry's triggers were replaced (the second table is held by
+    // a long transaction, so its LOCK TABLES gives up): the first capture is put back as it
+    // was, on insert only, and the second gets nothing.
+    let one = work.write_config("one.toml", &mysql_config(&url, BOOKINGS_CAPTURE))?;
+    run_ok(
+        &work,
+        &[
+            "capture",
+            "install",
+            "--config",
+            one.to_str().context("path")?,
+        ],
+    )
+    .await?;
+    let two = work.write_config(
+        "two.toml",
+        &mysql_config(
+            &url,
+            &format!(
+                "{}\non = [\"insert\", \"update\"]\n[[capture]]\ntable = \"customers\"\naggregate_type = \"C\"\naggregate_id = \"id\"\nevent_type = \"customer.created\"\n",
+                BOOKINGS_CAPTURE.trim_end()
+            ),
+        ),
+    )?;
+    let mut holder = pool.begin().await?;
+    sqlx::query("SELECT count(*) FROM customers")
+        .execute(&mut *holder)
+        .await?;
+    let out = work
+        .run(&[
+            "capture",
+            "install",
+            "--config",
+            two.to_str().context("path")?,
+        ])
+        .await?;
+    holder.rollback().await?;
+    out.assert_clear_error("was not granted within 10s")?;
+    ensure!(out.stderr.contains("customers"), "{out:?}");
+    ensure!(
+        mysql_capture_objects(&pool).await? == (1, 1),
+        "{:?}",
+        mysql_capture_objects(&pool).await?
+    );
+    let out = run_ok(
+        &work,
+        &[
+            "capture",
+            "list",
+            "--json",
+            "--config",
+            one.to_str().context("path")?,
+        ],
+    )
+    .await?;
+    let list: serde_json::Value = serde_json::from_str(&out.stdout)?;
+    ensure!(
+        list.as_array().map(Vec::len) == Some(1)
+            && list[0]["on"] == serde_json::json!(["insert"])
+            && list[0]["config"]["event_type"] == "booking.created",
+        "{list:#}"
+    );
+    sqlx::query("INSERT INTO bookings (id, customer_id, n, seats) VALUES ('b9', 'c9', 1, 1)")
+        .execute(&pool)
+        .await?;
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox WHERE aggregate_id = 'c9'")
+        .fetch_one(&pool)
+        .await?;
+    ensure!(n == 1, "the restored capture made {n} events");
+    Ok(())
+}

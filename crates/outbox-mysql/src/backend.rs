@@ -84,6 +84,7 @@ pub struct MySqlBackend {
     admin: MySqlAdmin,
     producer: MySqlProducer,
     ledger: crate::verify::MySqlLedger,
+    capture: crate::capture::MySqlCapture,
 }
 
 fn fatal(context: &str, e: &(dyn std::error::Error + 'static)) -> SourceError {
@@ -186,6 +187,7 @@ impl MySqlBackend {
         Self {
             admin: MySqlAdmin::new(pool.clone(), &config),
             ledger: crate::verify::MySqlLedger::new(pool.clone(), &config),
+            capture: crate::capture::MySqlCapture::new(pool.clone(), &config),
             producer: MySqlProducer {
                 pool: pool.clone(),
                 outbox: MySqlOutbox::new(config.table.clone()),
@@ -579,6 +581,9 @@ impl Backend for MySqlBackend {
     }
     fn delivery_ledger(&self) -> Result<&dyn outbox_core::verify::DeliveryLedger, Unsupported> {
         Ok(&self.ledger)
+    }
+    fn capture(&self) -> Result<&dyn outbox_core::capture::Capture, Unsupported> {
+        Ok(&self.capture)
     }
     fn scratch(&self) -> Result<&dyn outbox_core::backend::Scratch, Unsupported> {
         outbox_core::backend::scratch_only(self.kind(), &self.config.table, self)

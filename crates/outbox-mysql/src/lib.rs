@@ -15,6 +15,7 @@
 
 mod admin;
 mod backend;
+mod capture;
 mod cdc;
 mod config;
 mod connect;
@@ -30,6 +31,7 @@ mod verify;
 
 pub use admin::MySqlAdmin;
 pub use backend::MySqlBackend;
+pub use capture::MySqlCapture;
 pub use cdc::{CdcSetupReport, MySqlCdcInspector, MySqlCdcSource, binlog_problems, setup_cdc};
 pub use config::{ClaimMode, DatabaseUrl, Mode, MySqlConfig, OnDelivered};
 pub use connect::connect;

@@ -17,10 +17,10 @@
 
 use outbox_core::Identifier;
 use outbox_core::capture::{
-    CaptureEntry, CaptureError, CaptureOp, CaptureRecord, Dialect, InstalledCapture, TableColumn,
-    check_columns, check_entries, install_line, op_trigger_name, payload_type_error, splice,
+    CaptureEntry, CaptureError, CaptureOp, CaptureRecord, Dialect, InstalledCapture, OpTrigger,
+    TableColumn, check_columns, check_entries, install_line, op_trigger_name, payload_type_error,
+    row_object,
 };
-use outbox_core::migration::render_sql;
 use sqlx::{Executor, Sqlite, SqlitePool, Transaction};
 
 use crate::sql::render;
@@ -37,21 +37,23 @@ const TABLE_KIND: &str =
 const TRIGGER_OF: &str = "SELECT tbl_name FROM sqlite_schema WHERE type = 'trigger' AND name = ?1";
 const COLUMNS: &str = "SELECT name, type FROM pragma_table_info(?1) ORDER BY cid";
 
-/// The NULL checks of `@CHECKS@`: a row that cannot become an event fails the write (losing
-/// the event silently is not an option).
-const CHECK_AGGREGATE_ID: &str =
-    "    SELECT RAISE(ABORT, @NULL_AGGREGATE_ID@) WHERE NEW.{{aggregate_id}} IS NULL;\n";
-const CHECK_EVENT_TYPE: &str =
-    "    SELECT RAISE(ABORT, @NULL_EVENT_TYPE@) WHERE NEW.{{event_type_column}} IS NULL;\n";
-const CHECK_PAYLOAD: &str =
-    "    SELECT RAISE(ABORT, @NULL_PAYLOAD@) WHERE NEW.{{payload_column}} IS NULL;\n";
-/// `@EVENT_TYPE@`: the fixed literal, or the column as text.
-const EVENT_TYPE_FIXED: &str = "@FIXED_EVENT_TYPE@";
-const EVENT_TYPE_COLUMN: &str = "CAST(NEW.{{event_type_column}} AS TEXT)";
-/// `@PAYLOAD@`: the row as a JSON object (built per table, `@ROW@`), or a text or blob
-/// column as it is (a number stored in it as its text: the relay reads text or blob bytes).
-const PAYLOAD_ROW: &str = "@ROW@";
-const PAYLOAD_COLUMN: &str = "CASE WHEN typeof(NEW.{{payload_column}}) IN ('integer', 'real') THEN CAST(NEW.{{payload_column}} AS TEXT) ELSE NEW.{{payload_column}} END";
+/// The trigger of one capture for one op: the NULL checks (a row that cannot become an
+/// event fails the write; losing the event silently is not an option), the event type of a
+/// column as text, a payload column as it is (a number stored in it as its text: the relay
+/// reads text or blob bytes).
+const TRIGGER_SQL: OpTrigger<'static> = OpTrigger {
+    dialect: Dialect::Sqlite,
+    template: TRIGGER,
+    trigger_prefix: "",
+    checks: [
+        "    SELECT RAISE(ABORT, @NULL_AGGREGATE_ID@) WHERE NEW.{{aggregate_id}} IS NULL;\n",
+        "    SELECT RAISE(ABORT, @NULL_EVENT_TYPE@) WHERE NEW.{{event_type_column}} IS NULL;\n",
+        "    SELECT RAISE(ABORT, @NULL_PAYLOAD@) WHERE NEW.{{payload_column}} IS NULL;\n",
+    ],
+    event_type_column: "CAST(NEW.{{event_type_column}} AS TEXT)",
+    payload_column: "CASE WHEN typeof(NEW.{{payload_column}}) IN ('integer', 'real') THEN CAST(NEW.{{payload_column}} AS TEXT) ELSE NEW.{{payload_column}} END",
+    quote: std::convert::identity,
+};
 
 /// Captures writing into one outbox table of one SQLite file.
 #[derive(Debug, Clone)]
@@ -189,7 +191,16 @@ impl SqliteCapture {
                 ));
             }
             Some(_) => None,
-            None => Some(row_object(entry, table.as_str(), &columns)?),
+            // Integers and reals as JSON numbers, text as strings, NULL as null, a blob as
+            // its hex text (JSON holds no bytes).
+            None => Some(row_object(
+                Dialect::Sqlite,
+                "json_object",
+                entry,
+                table.as_str(),
+                &columns,
+                |_, col| format!("CASE WHEN typeof({col}) = 'blob' THEN hex({col}) ELSE {col} END"),
+            )?),
         };
         let name = config.name();
         let recorded = self.recorded(tx, &name, context).await?;
@@ -279,93 +290,21 @@ impl SqliteCapture {
             ("outbox_table", &self.outbox),
             ("aggregate_id", &config.aggregate_id),
         ];
-        let mut checks = CHECK_AGGREGATE_ID.to_owned();
         if let Some(c) = &config.event_type_column {
             named.push(("event_type_column", c));
-            checks.push_str(CHECK_EVENT_TYPE);
         }
         if let Some(c) = config.payload.column() {
             named.push(("payload_column", c));
-            checks.push_str(CHECK_PAYLOAD);
         }
-        let literal = |key: &str, value: &str| {
-            Dialect::Sqlite
-                .literal(value)
-                .map_err(|e| CaptureError::invalid(plan.entry.key(key), e.to_string()))
-        };
-        let null = |what: &str| {
-            literal(
-                "table",
-                &format!(
-                    "outbox capture of {table}: the {what} of the written row is NULL, so it cannot become an event"
-                ),
-            )
-        };
-        let aggregate_type = literal("aggregate_type", &config.aggregate_type)?;
-        let fixed_event_type = match &config.event_type {
-            Some(t) => literal("event_type", t)?,
-            None => String::new(),
-        };
-        let capture_table = literal("table", table.as_str())?;
-        let (null_aggregate_id, null_event_type, null_payload) = (
-            null("aggregate_id column")?,
-            null("event_type column")?,
-            null("payload column")?,
-        );
-        let row = plan.row.clone().unwrap_or_default();
         let mut triggers = Vec::new();
         for op in config.ops() {
-            let trigger_name = format!("{{{{name:{}}}}}", op.trigger_suffix());
-            let structure = splice(
-                TRIGGER,
-                &[
-                    ("TRIGGER", &trigger_name),
-                    ("EVENT", op.sql_event()),
-                    ("CHECKS", &checks),
-                    (
-                        "EVENT_TYPE",
-                        if config.event_type_column.is_some() {
-                            EVENT_TYPE_COLUMN
-                        } else {
-                            EVENT_TYPE_FIXED
-                        },
-                    ),
-                    (
-                        "PAYLOAD",
-                        if plan.row.is_some() {
-                            PAYLOAD_ROW
-                        } else {
-                            PAYLOAD_COLUMN
-                        },
-                    ),
-                    // Left for the last step.
-                    ("AGGREGATE_TYPE", "@AGGREGATE_TYPE@"),
-                    ("OP", "@OP@"),
-                    ("CAPTURE_TABLE", "@CAPTURE_TABLE@"),
-                ],
-            );
-            let rendered = render_sql(&structure, None, &name, &named);
-            let op_literal = literal("on", op.as_str())?;
-            let sql = splice(
-                &rendered,
-                &[
-                    ("AGGREGATE_TYPE", &aggregate_type),
-                    ("FIXED_EVENT_TYPE", &fixed_event_type),
-                    ("OP", &op_literal),
-                    ("CAPTURE_TABLE", &capture_table),
-                    ("NULL_AGGREGATE_ID", &null_aggregate_id),
-                    ("NULL_EVENT_TYPE", &null_event_type),
-                    ("NULL_PAYLOAD", &null_payload),
-                    ("ROW", &row),
-                ],
-            );
+            let sql =
+                TRIGGER_SQL.render(plan.entry, op, table.as_str(), plan.row.as_deref(), &named)?;
+            let trigger = op_trigger_name(&name, op);
             tx.execute(sqlx::AssertSqlSafe(sql))
                 .await
-                .map_err(db(format!(
-                    "{context}: creating trigger {}",
-                    op_trigger_name(&name, op)
-                )))?;
-            triggers.push(op_trigger_name(&name, op));
+                .map_err(db(format!("{context}: creating trigger {trigger}")))?;
+            triggers.push(trigger);
         }
         let record = CaptureRecord::new(self.outbox.to_string(), config).to_json();
         sqlx::query(self.record_sql(RECORD_UPSERT))
@@ -478,35 +417,6 @@ fn payload_type_ok(declared: &str) -> bool {
         || ["CHAR", "CLOB", "TEXT", "BLOB", "JSON"]
             .iter()
             .any(|k| t.contains(k))
-}
-
-/// `json_object('col', NEW."col", ...)` over every column of the table: integers and reals
-/// as JSON numbers, text as strings, NULL as null, a blob as its hex text (JSON holds no
-/// bytes). Every column name must be a plain identifier to reach SQL.
-fn row_object(
-    entry: CaptureEntry<'_>,
-    table: &str,
-    columns: &[TableColumn],
-) -> Result<String, CaptureError> {
-    let mut parts = Vec::with_capacity(columns.len());
-    for c in columns {
-        let id = Identifier::new(c.name.as_str()).map_err(|e| {
-            CaptureError::invalid(
-                entry.key("payload"),
-                format!(
-                    "payload = \"row\" needs every column of {table} as a plain name, and {e}; use a payload column instead"
-                ),
-            )
-        })?;
-        let key = Dialect::Sqlite
-            .literal(id.as_str())
-            .expect("an identifier holds no NUL");
-        let col = format!("NEW.{}", id.quoted());
-        parts.push(format!(
-            "{key}, CASE WHEN typeof({col}) = 'blob' THEN hex({col}) ELSE {col} END"
-        ));
-    }
-    Ok(format!("json_object({})", parts.join(", ")))
 }
 
 fn db(context: impl Into<String>) -> impl FnOnce(sqlx::Error) -> CaptureError {
