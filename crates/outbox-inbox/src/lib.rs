@@ -51,6 +51,7 @@ mod mysql;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod sql;
+mod sql_inbox;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 mod trace;
@@ -80,6 +81,7 @@ pub use mysql::MySqlInbox;
 #[cfg(feature = "postgres")]
 pub use postgres::PgInbox;
 pub use sql::SCHEMA_VERSION;
+pub use sql_inbox::{Dialect, SqlInbox};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteInbox;
 

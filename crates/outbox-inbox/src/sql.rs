@@ -119,7 +119,7 @@ pub(crate) const MYSQL_MIGRATIONS: &[Migration] = &[
 /// The schema version this build of the library expects (every dialect).
 pub const SCHEMA_VERSION: i32 = 2;
 
-/// Every query of one dialect, rendered once for one inbox table.
+/// Every query of one database, rendered once for one inbox table.
 #[derive(Debug, Clone)]
 pub(crate) struct Queries {
     pub(crate) insert: Arc<str>,
@@ -130,52 +130,32 @@ pub(crate) struct Queries {
 }
 
 impl Queries {
-    #[cfg(feature = "postgres")]
+    /// Every query of database `D`, rendered for `table`.
+    pub(crate) fn of<D: crate::sql_inbox::Dialect>(table: &outbox_core::QualifiedTable) -> Self {
+        let r = |t: &str| -> Arc<str> { D::render(t, table).into() };
+        Self {
+            insert: r(D::INSERT),
+            purge: r(D::PURGE),
+            contains: r(D::CONTAINS),
+            positions_advance: r(D::POSITIONS_ADVANCE),
+            positions_read: r(D::POSITIONS_READ),
+        }
+    }
+
+    #[cfg(all(test, feature = "postgres"))]
     pub(crate) fn postgres(schema: &Identifier, table: &Identifier) -> Self {
-        let r = |t: &str| -> Arc<str> { render(t, Some(schema), table).into() };
-        Self {
-            insert: r(include_str!(
-                "../queries/postgres/processed_events_insert.sql"
-            )),
-            purge: r(include_str!(
-                "../queries/postgres/processed_events_purge.sql"
-            )),
-            contains: r(include_str!(
-                "../queries/postgres/processed_events_contains.sql"
-            )),
-            positions_advance: r(include_str!("../queries/postgres/positions_advance.sql")),
-            positions_read: r(include_str!("../queries/postgres/positions_read.sql")),
-        }
+        let table = outbox_core::QualifiedTable::new(Some(schema.clone()), table.clone());
+        Self::of::<sqlx::Postgres>(&table)
     }
 
-    #[cfg(feature = "sqlite")]
+    #[cfg(all(test, feature = "sqlite"))]
     pub(crate) fn sqlite(table: &Identifier) -> Self {
-        let r = |t: &str| -> Arc<str> { render(t, None, table).into() };
-        Self {
-            insert: r(include_str!(
-                "../queries/sqlite/processed_events_insert.sql"
-            )),
-            purge: r(include_str!("../queries/sqlite/processed_events_purge.sql")),
-            contains: r(include_str!(
-                "../queries/sqlite/processed_events_contains.sql"
-            )),
-            positions_advance: r(include_str!("../queries/sqlite/positions_advance.sql")),
-            positions_read: r(include_str!("../queries/sqlite/positions_read.sql")),
-        }
+        Self::of::<sqlx::Sqlite>(&outbox_core::QualifiedTable::new(None, table.clone()))
     }
 
-    #[cfg(feature = "mysql")]
+    #[cfg(all(test, feature = "mysql"))]
     pub(crate) fn mysql(table: &Identifier) -> Self {
-        let r = |t: &str| -> Arc<str> { render_mysql(t, table).into() };
-        Self {
-            insert: r(include_str!("../queries/mysql/processed_events_insert.sql")),
-            purge: r(include_str!("../queries/mysql/processed_events_purge.sql")),
-            contains: r(include_str!(
-                "../queries/mysql/processed_events_contains.sql"
-            )),
-            positions_advance: r(include_str!("../queries/mysql/positions_advance.sql")),
-            positions_read: r(include_str!("../queries/mysql/positions_read.sql")),
-        }
+        Self::of::<sqlx::MySql>(&outbox_core::QualifiedTable::new(None, table.clone()))
     }
 }
 

@@ -1,0 +1,2 @@
+-- Releases `migrate`'s named lock ?.
+SELECT RELEASE_LOCK(?)
