@@ -113,6 +113,32 @@ fn published(work: &Workdir) -> anyhow::Result<Vec<serde_json::Value>> {
         .collect()
 }
 
+/// Pending events in the outbox (SQLite, MySQL).
+const PENDING: &str = "SELECT count(*) FROM outbox WHERE state = 'pending'";
+
+/// Runs `outbox relay` with `cfg_path` until `drained` holds (a readiness wait, not a
+/// timed assertion: up to 120 s on a busy machine), then stops it; it must exit 0.
+async fn relay_until_drained<F, Fut>(
+    work: &Workdir,
+    cfg_path: &std::path::Path,
+    drained: F,
+) -> anyhow::Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let mut relay = work.spawn_relay(cfg_path, "relay.log")?;
+    outbox_testkit::wait::eventually(Duration::from_secs(120), drained)
+        .await
+        .with_context(|| work.read_log("relay.log"))?;
+    ensure!(
+        terminate(&mut relay, Duration::from_secs(30)).await? == Some(0),
+        "relay did not exit 0:\n{}",
+        work.read_log("relay.log")
+    );
+    Ok(())
+}
+
 /// What one writer did: committed bookings (customer, n, id) and rolled-back booking ids.
 #[derive(Default)]
 struct Written {
@@ -120,7 +146,25 @@ struct Written {
     rolled_back: Vec<Uuid>,
 }
 
-async fn writer(pool: PgPool, w: usize) -> anyhow::Result<Written> {
+/// Books one seat count for a customer in the transaction: returns the customer's new `n`
+/// and the booking's id.
+type Book<DB> = for<'t> fn(
+    &'t mut sqlx::Transaction<'static, DB>,
+    &'static str,
+    i32,
+    String,
+) -> std::pin::Pin<
+    Box<dyn std::future::Future<Output = anyhow::Result<(i64, Uuid)>> + Send + 't>,
+>;
+
+/// One writer's transactions: each books 1 or 2 seats for a random customer through
+/// `book` (which bumps the customer's counter `n`, inserts the booking, and returns `n` and
+/// the booking's id), and about 15 % roll back (writer 0's fourth always does).
+async fn write_bookings<DB: sqlx::Database>(
+    pool: sqlx::Pool<DB>,
+    w: usize,
+    book: Book<DB>,
+) -> anyhow::Result<Written> {
     let mut out = Written::default();
     for t in 0..TX_PER_WRITER {
         let (customer, bookings, rollback) = {
@@ -135,24 +179,8 @@ async fn writer(pool: PgPool, w: usize) -> anyhow::Result<Written> {
         let mut tx = pool.begin().await?;
         let mut this = Vec::new();
         for b in 0..bookings {
-            // The oracle: the customer's row lock orders these transactions, and `n` counts
-            // their committed bookings in commit order.
-            let n: i64 =
-                sqlx::query_scalar("UPDATE customers SET n = n + 1 WHERE id = $1 RETURNING n")
-                    .bind(customer)
-                    .fetch_one(&mut *tx)
-                    .await?;
-            let id = Uuid::new_v4();
-            sqlx::query(
-                "INSERT INTO bookings (id, customer_id, n, seats, note) VALUES ($1, $2, $3, $4, $5)",
-            )
-            .bind(id)
-            .bind(customer)
-            .bind(n)
-            .bind(b + 1)
-            .bind(format!("writer {w}'s \"booking\" ☂ {t}"))
-            .execute(&mut *tx)
-            .await?;
+            let note = format!("writer {w}'s \"booking\" ☂ {t}");
+            let (n, id) = book(&mut tx, customer, b + 1, note).await?;
             this.push((customer.to_owned(), n, id));
         }
         if rollback {
@@ -164,6 +192,33 @@ async fn writer(pool: PgPool, w: usize) -> anyhow::Result<Written> {
         }
     }
     Ok(out)
+}
+
+async fn writer(pool: PgPool, w: usize) -> anyhow::Result<Written> {
+    write_bookings(pool, w, |tx, customer, seats, note| {
+        Box::pin(async move {
+            // The oracle: the customer's row lock orders these transactions, and `n` counts
+            // their committed bookings in commit order.
+            let n: i64 =
+                sqlx::query_scalar("UPDATE customers SET n = n + 1 WHERE id = $1 RETURNING n")
+                    .bind(customer)
+                    .fetch_one(&mut **tx)
+                    .await?;
+            let id = Uuid::new_v4();
+            sqlx::query(
+            "INSERT INTO bookings (id, customer_id, n, seats, note) VALUES ($1, $2, $3, $4, $5)",
+        )
+        .bind(id)
+        .bind(customer)
+        .bind(n)
+        .bind(seats)
+        .bind(note)
+        .execute(&mut **tx)
+        .await?;
+            Ok((n, id))
+        })
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -837,20 +892,13 @@ async fn sqlite_capture_turns_inserts_and_updates_into_events_in_commit_order() 
     );
 
     // Relayed end to end into the file sink, in order, with aggregate_seq.
-    let mut relay = work.spawn_relay(&cfg_path, "relay.log")?;
-    outbox_testkit::wait::eventually(Duration::from_secs(60), || async {
-        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM outbox WHERE state = 'pending'")
+    relay_until_drained(&work, &cfg_path, || async {
+        sqlx::query_scalar::<_, i64>(PENDING)
             .fetch_one(&pool)
             .await
             .is_ok_and(|n| n == 0)
     })
-    .await
-    .with_context(|| work.read_log("relay.log"))?;
-    ensure!(
-        terminate(&mut relay, Duration::from_secs(30)).await? == Some(0),
-        "relay did not exit 0:\n{}",
-        work.read_log("relay.log")
-    );
+    .await?;
     let lines = published(&work)?;
     let c1: Vec<(&str, &str)> = lines
         .iter()
@@ -1019,28 +1067,15 @@ async fn mysql_capture_objects(pool: &sqlx::MySqlPool) -> anyhow::Result<(i64, i
 }
 
 async fn mysql_writer(pool: sqlx::MySqlPool, w: usize) -> anyhow::Result<Written> {
-    let mut out = Written::default();
-    for t in 0..TX_PER_WRITER {
-        let (customer, bookings, rollback) = {
-            let mut rng = rand::rng();
-            (
-                CUSTOMERS[rng.random_range(0..CUSTOMERS.len())],
-                rng.random_range(1..=2_i32),
-                (w == 0 && t == 3) || rng.random_bool(0.15),
-            )
-        };
-        let mut tx = pool.begin().await?;
-        let mut this = Vec::new();
-        for b in 0..bookings {
-            // The oracle: the customer's row lock orders these transactions, and `n` counts
-            // their committed bookings in commit order.
+    write_bookings(pool, w, |tx, customer, seats, note| {
+        Box::pin(async move {
             sqlx::query("UPDATE customers SET n = n + 1 WHERE id = ?")
                 .bind(customer)
-                .execute(&mut *tx)
+                .execute(&mut **tx)
                 .await?;
             let n: i64 = sqlx::query_scalar("SELECT n FROM customers WHERE id = ?")
                 .bind(customer)
-                .fetch_one(&mut *tx)
+                .fetch_one(&mut **tx)
                 .await?;
             let id = Uuid::new_v4();
             sqlx::query(
@@ -1049,21 +1084,14 @@ async fn mysql_writer(pool: sqlx::MySqlPool, w: usize) -> anyhow::Result<Written
             .bind(id.to_string())
             .bind(customer)
             .bind(n)
-            .bind(b + 1)
-            .bind(format!("writer {w}'s \"booking\" ☂ {t}"))
-            .execute(&mut *tx)
+            .bind(seats)
+            .bind(note)
+            .execute(&mut **tx)
             .await?;
-            this.push((customer.to_owned(), n, id));
-        }
-        if rollback {
-            tx.rollback().await?;
-            out.rolled_back.extend(this.iter().map(|(_, _, id)| *id));
-        } else {
-            tx.commit().await?;
-            out.committed.extend(this);
-        }
-    }
-    Ok(out)
+            Ok((n, id))
+        })
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -1136,20 +1164,13 @@ async fn mysql_concurrent_captured_writes_keep_per_aggregate_commit_order_and_co
     }
 
     // Relayed end to end: each customer's events arrive in order, with aggregate_seq.
-    let mut relay = work.spawn_relay(&cfg_path, "relay.log")?;
-    outbox_testkit::wait::eventually(Duration::from_secs(120), || async {
-        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM outbox WHERE state = 'pending'")
+    relay_until_drained(&work, &cfg_path, || async {
+        sqlx::query_scalar::<_, i64>(PENDING)
             .fetch_one(&pool)
             .await
             .is_ok_and(|n| n == 0)
     })
-    .await
-    .with_context(|| work.read_log("relay.log"))?;
-    ensure!(
-        terminate(&mut relay, Duration::from_secs(30)).await? == Some(0),
-        "relay did not exit 0:\n{}",
-        work.read_log("relay.log")
-    );
+    .await?;
     let mut published_n: HashMap<String, Vec<(i64, String)>> = HashMap::new();
     let mut seen = HashSet::new();
     for line in published(&work)? {

@@ -22,7 +22,7 @@ use outbox_core::Identifier;
 use outbox_core::capture::{
     CaptureEntry, CaptureError, CaptureOp, CaptureRecord, Dialect, InstalledCapture, OpTrigger,
     TableColumn, check_columns, check_entries, install_line, op_trigger_name, payload_type_error,
-    row_object,
+    recorded, row_object,
 };
 use sqlx::pool::PoolConnection;
 use sqlx::{Executor, MySql, MySqlPool};
@@ -375,7 +375,7 @@ impl MySqlCapture {
             ),
         };
         let name = config.name();
-        let recorded = self.recorded(conn, &name, context).await?;
+        let ours = self.recorded(conn, &name, context).await?;
         for op in [CaptureOp::Insert, CaptureOp::Update] {
             let trigger = op_trigger_name(&name, op);
             let on: Option<String> = sqlx::query_scalar(TRIGGER_OF)
@@ -383,14 +383,8 @@ impl MySqlCapture {
                 .fetch_optional(&mut **conn)
                 .await
                 .map_err(db(context))?;
-            if on.is_some() && recorded.is_none() {
-                return Err(CaptureError::invalid(
-                    entry.key("name"),
-                    format!(
-                        "a trigger {trigger} exists and is not an outbox capture into {}; set another `name`",
-                        self.outbox
-                    ),
-                ));
+            if on.is_some() && ours.is_none() {
+                return Err(recorded::name_clash(entry, &trigger, self.outbox.as_str()));
             }
         }
         Ok(Plan {
@@ -505,13 +499,7 @@ impl MySqlCapture {
         // From here on every trigger of this capture is in `saved`: undo puts them back.
         saved.extend(old);
         for op in [CaptureOp::Insert, CaptureOp::Update] {
-            let sql = backquote(crate::sql::render(
-                &format!(
-                    "DROP TRIGGER IF EXISTS {{{{name:{}}}}}",
-                    op.trigger_suffix()
-                ),
-                &name,
-            ));
+            let sql = backquote(recorded::drop_trigger(&name, op));
             conn.execute(sqlx::AssertSqlSafe(sql))
                 .await
                 .map_err(db(format!("{context}: dropping the old trigger")))?;
@@ -533,11 +521,10 @@ impl MySqlCapture {
             table.as_str(),
             self.outbox.as_str(),
         );
-        if let Some((old, _)) = before
-            && old != table.as_str()
-        {
-            line.push_str(&format!(" (its triggers on {old} were removed)"));
-        }
+        line.push_str(&recorded::moved(
+            before.as_ref().map(|(t, _)| t.as_str()),
+            table.as_str(),
+        ));
         Ok(line)
     }
 
@@ -560,20 +547,11 @@ impl MySqlCapture {
         let mut lines = Vec::with_capacity(names.len());
         for name in names {
             let Some((table, _)) = self.recorded(conn, name, context).await? else {
-                lines.push(format!(
-                    "capture {name}: not installed (no row in {}_capture); nothing to remove",
-                    self.outbox
-                ));
+                lines.push(recorded::removed_line(name, None, self.outbox.as_str()));
                 continue;
             };
             for op in [CaptureOp::Insert, CaptureOp::Update] {
-                let sql = backquote(crate::sql::render(
-                    &format!(
-                        "DROP TRIGGER IF EXISTS {{{{name:{}}}}}",
-                        op.trigger_suffix()
-                    ),
-                    name,
-                ));
+                let sql = backquote(recorded::drop_trigger(name, op));
                 conn.execute(sqlx::AssertSqlSafe(sql))
                     .await
                     .map_err(lock_or_db(format!(
@@ -586,8 +564,10 @@ impl MySqlCapture {
                 .execute(&mut **conn)
                 .await
                 .map_err(db(context))?;
-            lines.push(format!(
-                "capture {name}: removed triggers {name}_outbox_capture_* from {table}"
+            lines.push(recorded::removed_line(
+                name,
+                Some(&table),
+                self.outbox.as_str(),
             ));
         }
         Ok(lines)
@@ -609,31 +589,21 @@ impl MySqlCapture {
             .map_err(db(&context))?;
         let mut out = Vec::with_capacity(rows.len());
         for (name, record) in rows {
-            let mut on = Vec::new();
-            let mut table = None;
-            let mut triggers = Vec::new();
+            let mut found = Vec::new();
             for op in [CaptureOp::Insert, CaptureOp::Update] {
-                let trigger = format!("{name}{}", op.trigger_suffix());
-                let tbl: Option<String> = sqlx::query_scalar(TRIGGER_OF)
-                    .bind(&trigger)
+                let table: Option<String> = sqlx::query_scalar(TRIGGER_OF)
+                    .bind(format!("{name}{}", op.trigger_suffix()))
                     .fetch_optional(&mut *conn)
                     .await
                     .map_err(db(&context))?;
-                if let Some(tbl) = tbl {
-                    on.push(op);
-                    table = Some(tbl);
-                    triggers.push(trigger);
-                }
+                found.extend(table.map(|t| (op, t)));
             }
-            out.push(InstalledCapture {
-                function: format!("{}_capture row `{name}`", self.outbox),
+            out.push(recorded::installed(
+                self.outbox.as_str(),
                 name,
-                table,
-                trigger: (!triggers.is_empty()).then(|| triggers.join(", ")),
-                on,
-                enabled: true,
-                config: CaptureRecord::parse(Some(&record)).map(|r| r.config),
-            });
+                &record,
+                &found,
+            ));
         }
         Ok(out)
     }

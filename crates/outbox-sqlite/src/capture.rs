@@ -19,7 +19,7 @@ use outbox_core::Identifier;
 use outbox_core::capture::{
     CaptureEntry, CaptureError, CaptureOp, CaptureRecord, Dialect, InstalledCapture, OpTrigger,
     TableColumn, check_columns, check_entries, install_line, op_trigger_name, payload_type_error,
-    row_object,
+    recorded, row_object,
 };
 use sqlx::{Executor, Sqlite, SqlitePool, Transaction};
 
@@ -203,7 +203,7 @@ impl SqliteCapture {
             )?),
         };
         let name = config.name();
-        let recorded = self.recorded(tx, &name, context).await?;
+        let ours = self.recorded(tx, &name, context).await?;
         for op in [CaptureOp::Insert, CaptureOp::Update] {
             let trigger = op_trigger_name(&name, op);
             let on: Option<String> = sqlx::query_scalar(TRIGGER_OF)
@@ -211,14 +211,8 @@ impl SqliteCapture {
                 .fetch_optional(&mut **tx)
                 .await
                 .map_err(db(context))?;
-            if on.is_some() && recorded.is_none() {
-                return Err(CaptureError::invalid(
-                    entry.key("name"),
-                    format!(
-                        "a trigger {trigger} exists and is not an outbox capture into {}; set another `name`",
-                        self.outbox
-                    ),
-                ));
+            if on.is_some() && ours.is_none() {
+                return Err(recorded::name_clash(entry, &trigger, self.outbox.as_str()));
             }
         }
         Ok(Plan { entry, table, row })
@@ -254,13 +248,7 @@ impl SqliteCapture {
         context: &str,
     ) -> Result<(), CaptureError> {
         for op in [CaptureOp::Insert, CaptureOp::Update] {
-            let sql = render(
-                &format!(
-                    "DROP TRIGGER IF EXISTS {{{{name:{}}}}}",
-                    op.trigger_suffix()
-                ),
-                name,
-            );
+            let sql = recorded::drop_trigger(name, op);
             tx.execute(sqlx::AssertSqlSafe(sql))
                 .await
                 .map_err(db(format!(
@@ -322,11 +310,10 @@ impl SqliteCapture {
             table.as_str(),
             self.outbox.as_str(),
         );
-        if let Some((old, _)) = before
-            && old != table.as_str()
-        {
-            line.push_str(&format!(" (its triggers on {old} were removed)"));
-        }
+        line.push_str(&recorded::moved(
+            before.as_ref().map(|(t, _)| t.as_str()),
+            table.as_str(),
+        ));
         Ok(line)
     }
 
@@ -337,10 +324,7 @@ impl SqliteCapture {
         let mut lines = Vec::with_capacity(names.len());
         for name in names {
             let Some((table, _)) = self.recorded(&mut tx, name, &context).await? else {
-                lines.push(format!(
-                    "capture {name}: not installed (no row in {}_capture); nothing to remove",
-                    self.outbox
-                ));
+                lines.push(recorded::removed_line(name, None, self.outbox.as_str()));
                 continue;
             };
             self.drop_triggers(&mut tx, name, &context).await?;
@@ -349,8 +333,10 @@ impl SqliteCapture {
                 .execute(&mut *tx)
                 .await
                 .map_err(db(&context))?;
-            lines.push(format!(
-                "capture {name}: removed triggers {name}_outbox_capture_* from {table}"
+            lines.push(recorded::removed_line(
+                name,
+                Some(&table),
+                self.outbox.as_str(),
             ));
         }
         tx.commit().await.map_err(db(&context))?;
@@ -375,32 +361,21 @@ impl SqliteCapture {
             .map_err(db(&context))?;
         let mut out = Vec::with_capacity(rows.len());
         for (name, record) in rows {
-            let record = CaptureRecord::parse(Some(&record));
-            let mut on = Vec::new();
-            let mut table = None;
-            let mut triggers = Vec::new();
+            let mut found = Vec::new();
             for op in [CaptureOp::Insert, CaptureOp::Update] {
-                let trigger = format!("{name}{}", op.trigger_suffix());
-                let tbl: Option<String> = sqlx::query_scalar(TRIGGER_OF)
-                    .bind(&trigger)
+                let table: Option<String> = sqlx::query_scalar(TRIGGER_OF)
+                    .bind(format!("{name}{}", op.trigger_suffix()))
                     .fetch_optional(&mut *conn)
                     .await
                     .map_err(db(&context))?;
-                if let Some(tbl) = tbl {
-                    on.push(op);
-                    table = Some(tbl);
-                    triggers.push(trigger);
-                }
+                found.extend(table.map(|t| (op, t)));
             }
-            out.push(InstalledCapture {
-                function: format!("{}_capture row `{name}`", self.outbox),
+            out.push(recorded::installed(
+                self.outbox.as_str(),
                 name,
-                table,
-                trigger: (!triggers.is_empty()).then(|| triggers.join(", ")),
-                on,
-                enabled: true,
-                config: record.map(|r| r.config),
-            });
+                &record,
+                &found,
+            ));
         }
         Ok(out)
     }
