@@ -901,8 +901,10 @@ macro_rules! impl_capture {
     };
 }
 
-/// `outbox capture`: installs, removes and lists captures (one trigger and one function per
-/// capture). Install and remove each run in one transaction: all given entries, or nothing.
+/// `outbox capture`: installs, removes and lists captures (row triggers, and on PostgreSQL a
+/// function, per capture). PostgreSQL and SQLite run install and remove in one transaction
+/// each: all given entries, or nothing. MySQL commits each trigger statement on its own: its
+/// install checks every entry first and undoes its changes on a failure (docs/capture.md).
 pub trait Capture: Send + Sync {
     /// Installs (or replaces) the captures of `entries`, after checking each against the
     /// database; returns what it did, one line each.

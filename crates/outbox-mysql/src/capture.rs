@@ -528,8 +528,8 @@ impl MySqlCapture {
         Ok(line)
     }
 
-    /// Removes the captures named `names`, one after the other (each capture's triggers
-    /// under `LOCK TABLES`, then its record).
+    /// Removes the captures named `names`, one after the other (each capture's triggers,
+    /// then its record).
     pub async fn remove(&self, names: &[Identifier]) -> Result<Vec<String>, CaptureError> {
         let context = format!("removing captures from outbox table {}", self.outbox);
         let mut conn = self.locked(&context).await?;
