@@ -290,16 +290,17 @@ impl ClaimCheck {
                     .find(|(name, _)| name.eq_ignore_ascii_case("content-type"))
                     .map_or("application/octet-stream", |(_, value)| value.as_str());
                 let id = event.id.hyphenated().to_string();
-                store
-                    .put(s3::Put {
-                        key: &key,
-                        body: &stored,
-                        event_id: &id,
-                        aggregate_type: &event.aggregate_type,
-                        event_type: &event.event_type,
-                        content_type,
-                    })
-                    .await?;
+                // Boxed: the S3 request's future is large, and it would otherwise sit inline
+                // in every event's encode future, offloaded or not.
+                Box::pin(store.put(s3::Put {
+                    key: &key,
+                    body: &stored,
+                    event_id: &id,
+                    aggregate_type: &event.aggregate_type,
+                    event_type: &event.event_type,
+                    content_type,
+                }))
+                .await?;
             }
         }
         Ok(event)
