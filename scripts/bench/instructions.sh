@@ -25,7 +25,7 @@ printf '| path | instructions per event |\n| --- | ---: |\n'
 for path in headers_borrowed:ic_headers_borrowed headers_owned:ic_headers_owned \
     destination_render:ic_destination_render format_plain:ic_format_encode \
     format_cloudevents_binary:ic_format_encode format_cloudevents_structured:ic_format_encode \
-    split_into_waves:ic_split_into_waves; do
+    split_into_waves:ic_split_into_waves stream_numbering:ic_stream_numbering; do
     name=${path%%:*}
     fn=${path#*:}
     valgrind --tool=callgrind --callgrind-out-file="$out" --toggle-collect="*${fn}*" \

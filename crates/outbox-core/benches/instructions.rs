@@ -13,8 +13,10 @@
 use std::hint::black_box;
 
 use bytes::Bytes;
+use outbox_core::aggregate_seq::StreamPositions;
 use outbox_core::cloudevents::{self, Binding, Format, MessageFormat};
 use outbox_core::relay::split_into_waves;
+use outbox_core::stream_ledger::Ledger;
 use outbox_core::{Destination, Event, Ordering, Position, message};
 use time::OffsetDateTime;
 use uuid::Uuid;
@@ -89,6 +91,27 @@ fn ic_split_into_waves(events: Vec<Event>) -> usize {
     black_box(split_into_waves(events, Ordering::PerAggregate)).len()
 }
 
+/// PostgreSQL CDC's `aggregate_seq` per event, on a batch the stream brought as five
+/// transactions: the aggregates whose heads must be read (none known, as after a start), the
+/// heads taken, every event numbered, and the heads to save with the position computed.
+#[inline(never)]
+fn ic_stream_numbering(ledger: &mut Ledger<()>) -> usize {
+    let mut positions = StreamPositions::default();
+    let asked = positions.unknown(ledger);
+    positions.load(asked, Vec::new());
+    positions.assign(ledger);
+    black_box(positions.to_save(u64::MAX)).len()
+}
+
+/// The batch committed into a stream ledger as five transactions.
+fn streamed(events: &[Event]) -> Ledger<()> {
+    let mut ledger = Ledger::new(0);
+    for (i, txn) in events.chunks(EVENTS / 5).enumerate() {
+        ledger.commit(txn.iter().map(|e| (e.clone(), ())).collect(), i as u64 + 1);
+    }
+    ledger
+}
+
 fn format(format: Format) -> MessageFormat {
     MessageFormat::new(
         format,
@@ -134,6 +157,9 @@ fn main() {
     }
     if run("split_into_waves") {
         sum = sum.wrapping_add(ic_split_into_waves(events.clone()));
+    }
+    if run("stream_numbering") {
+        sum = sum.wrapping_add(ic_stream_numbering(&mut streamed(&events)));
     }
     println!("checksum {sum}");
 }

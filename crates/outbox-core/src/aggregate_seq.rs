@@ -164,10 +164,7 @@ impl StreamPositions {
     pub fn unknown<M: Clone>(&self, ledger: &Ledger<M>) -> Vec<Aggregate> {
         let mut out = Vec::new();
         let mut seen = std::collections::HashSet::new();
-        for e in ledger
-            .queued()
-            .filter(|e| e.event.position.0 > self.numbered_through)
-        {
+        for e in ledger.queued_after(self.numbered_through) {
             let key = e.aggregate();
             if !self.heads.contains_key(&key) && seen.insert(key.clone()) {
                 out.push(key);
@@ -194,10 +191,13 @@ impl StreamPositions {
         for (end, entry) in ledger.queued_after_mut(self.numbered_through) {
             let key = entry.aggregate();
             debug_assert!(self.heads.contains_key(&key), "head of {key:?} not loaded");
-            let head = self.heads.entry(key.clone()).or_insert(Head {
-                last: 0,
-                unsaved: 0,
-            });
+            let head = match self.heads.get_mut(&key) {
+                Some(head) => head,
+                None => self.heads.entry(key.clone()).or_insert(Head {
+                    last: 0,
+                    unsaved: 0,
+                }),
+            };
             head.last += 1;
             let n = head.last;
             if self.unsaved.back().is_none_or(|(e, _)| *e != end) {

@@ -407,6 +407,11 @@ impl<M: Clone> Ledger<M> {
         self.queue.values()
     }
 
+    /// The queued events at positions after `after`, in commit order.
+    pub fn queued_after(&self, after: i64) -> impl Iterator<Item = &Entry<M>> {
+        self.queue.range(after.saturating_add(1)..).map(|(_, e)| e)
+    }
+
     /// The queued events at positions after `after`, in commit order, each with the stream
     /// position its transaction ends at.
     pub fn queued_after_mut(&mut self, after: i64) -> impl Iterator<Item = (u64, &mut Entry<M>)> {
