@@ -274,19 +274,9 @@ async fn a_dead_lettered_table_less_event_becomes_a_dead_row_and_holds_its_aggre
         vec![h.cdc_source(Ordering::PerAggregate, DeadLetterPolicy::HoldAggregate)?],
     );
     sink.wait_for_published(1, WAIT).await?;
-    let pool = h.pool.clone();
-    outbox_testkit::wait::eventually(WAIT, || {
-        let pool = pool.clone();
-        async move {
-            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM outbox WHERE state = 'dead'")
-                .fetch_one(&pool)
-                .await
-                .unwrap_or(0)
-                == 2
-        }
-    })
-    .await
-    .context("the poison event and the one behind it were not both dead-lettered")?;
+    h.wait_dead(2)
+        .await
+        .context("the poison event and the one behind it were not both dead-lettered")?;
     let extra = sink.wait_for_published(2, Duration::from_millis(300)).await;
     let report = relay.stop().await?;
     ensure!(extra.is_err(), "published {:?}", ids(&sink.published()));
