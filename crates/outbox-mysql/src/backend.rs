@@ -57,6 +57,24 @@ impl BackendConfig for MySqlConfig {
         format!("MySQL {}", self.url.redacted())
     }
 
+    fn for_subscription(&self, name: &str) -> Result<Self, String> {
+        if self.mode == Mode::Cdc {
+            return Err(
+                "source.mode: [[subscription]] needs mode = \"poll\" with kind = \"mysql\" (the binlog source does not fan out yet)"
+                    .into(),
+            );
+        }
+        // The same database, the subscription's own table, polled: its rows are written by
+        // the fan-out, and its claims keep the subscription's own progress, retries and
+        // dead letters.
+        let config = Self {
+            table: outbox_core::backend::subscription_table(&self.table, name)?,
+            ..self.clone()
+        };
+        MySqlConfig::validate(&config)?;
+        Ok(config)
+    }
+
     fn scratch(&self, tag: &outbox_core::Identifier) -> Result<Self, String> {
         crate::scratch::scratch_config(self, tag)
     }
@@ -579,6 +597,9 @@ impl Backend for MySqlBackend {
     fn producer(&self) -> Result<&dyn Producer, Unsupported> {
         Ok(&self.producer)
     }
+    fn forward(&self) -> Result<&dyn outbox_core::backend::Forward, Unsupported> {
+        Ok(&self.producer)
+    }
     fn delivery_ledger(&self) -> Result<&dyn outbox_core::verify::DeliveryLedger, Unsupported> {
         Ok(&self.ledger)
     }
@@ -699,6 +720,24 @@ impl MySqlProducer {
             .await
             .map_err(|e| unavailable(&e))?;
         tx.commit().await.map_err(|e| unavailable(&e))
+    }
+}
+
+impl outbox_core::backend::Forward for MySqlProducer {
+    fn copy_in<'a>(
+        &'a self,
+        events: &'a [outbox_core::Event],
+    ) -> BoxFuture<'a, Result<u64, SourceError>> {
+        Box::pin(async move {
+            let unavailable = |e: &(dyn std::error::Error + 'static)| {
+                SourceError::unavailable(outbox_core::relay::ErrorChain(e).to_string())
+            };
+            let mut conn = self.pool.acquire().await.map_err(|e| unavailable(&e))?;
+            self.outbox
+                .copy_in(&mut conn, events)
+                .await
+                .map_err(|e| unavailable(&e))
+        })
     }
 }
 

@@ -115,6 +115,64 @@ impl MySqlOutbox {
         }
         Ok(ids)
     }
+
+    /// Copies relayed events into this table (a subscription's table, `[[subscription]]`)
+    /// in one transaction, [`BATCH_ROWS`] rows per `INSERT … SELECT`: ids, payloads, headers
+    /// and creation times are kept, slice order becomes position and `seq` order, and an id
+    /// already present is skipped. Returns how many rows were new.
+    ///
+    /// Rows already present are filtered out by the `SELECT` (`NOT EXISTS`), never reach the
+    /// insert and so never fire the `BEFORE INSERT` trigger: `INSERT IGNORE` or
+    /// `ON DUPLICATE KEY` would run the trigger first and burn a `seq` number of the
+    /// aggregate for the skipped copy (a gap in `aggregate_seq`). A copy of the same id
+    /// racing this one fails on the unique key instead, rolling the whole transaction back
+    /// (and its `seq` numbers with it); the fan-out copies the batch again.
+    pub async fn copy_in(
+        &self,
+        conn: &mut MySqlConnection,
+        events: &[outbox_core::Event],
+    ) -> Result<u64, sqlx::Error> {
+        use sqlx::Connection as _;
+        let mut tx = conn.begin().await?;
+        let mut new = 0;
+        for chunk in events.chunks(BATCH_ROWS) {
+            // Only the number of placeholders varies; every value is bound.
+            let rows = vec![
+                "SELECT ? AS n, ? AS id, ? AS aggregate_type, ? AS aggregate_id, ? AS event_type, ? AS payload, ? AS headers, ? AS created_at";
+                chunk.len()
+            ]
+            .join(" UNION ALL ");
+            let table = &self.queries.table;
+            let sql = format!(
+                "INSERT INTO {table} (id, aggregate_type, aggregate_id, event_type, payload, headers, created_at) \
+                 SELECT e.id, e.aggregate_type, e.aggregate_id, e.event_type, e.payload, e.headers, e.created_at \
+                 FROM ({rows}) AS e \
+                 WHERE NOT EXISTS (SELECT 1 FROM {table} AS t WHERE t.id = e.id) \
+                 ORDER BY e.n"
+            );
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+            for (n, e) in chunk.iter().enumerate() {
+                let headers: serde_json::Map<String, serde_json::Value> = e
+                    .headers
+                    .iter()
+                    .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+                    .collect();
+                let created = e.created_at.to_offset(time::UtcOffset::UTC);
+                query = query
+                    .bind(i64::try_from(n).unwrap_or(i64::MAX))
+                    .bind(e.id.hyphenated().to_string())
+                    .bind(&e.aggregate_type)
+                    .bind(&e.aggregate_id)
+                    .bind(&e.event_type)
+                    .bind(&e.payload[..])
+                    .bind(serde_json::Value::Object(headers).to_string())
+                    .bind(time::PrimitiveDateTime::new(created.date(), created.time()));
+            }
+            new += query.execute(&mut *tx).await?.rows_affected();
+        }
+        tx.commit().await?;
+        Ok(new)
+    }
 }
 
 /// Rows per statement of [`MySqlOutbox::enqueue_batch`].
