@@ -20,7 +20,8 @@ async fn turn_locks(pool: &PgPool) -> anyhow::Result<i64> {
     Ok(sqlx::query_scalar(
         "SELECT count(*) FROM pg_locks
          WHERE locktype = 'advisory' AND granted AND objsubid = 2
-           AND classid = x'6f627478'::int::oid",
+           AND classid = x'6f627478'::int::oid
+           AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
     )
     .fetch_one(pool)
     .await?)
