@@ -371,6 +371,11 @@ pub trait Backend: Send + Sync + 'static {
     fn forward(&self) -> Result<&dyn Forward, Unsupported> {
         Err(Unsupported::new(self.kind(), "relay with [[subscription]]"))
     }
+    /// The subscription catalog (`<table>_subscriptions`), where `outbox migrate` records
+    /// the `[[subscription]]` entries every relay fans out to (docs/subscriptions.md).
+    fn catalog(&self) -> Result<&dyn crate::catalog::SubscriptionCatalog, Unsupported> {
+        Err(Unsupported::new(self.kind(), "subscription"))
+    }
     /// `outbox capture`: business tables as event sources (docs/capture.md).
     fn capture(&self) -> Result<&dyn crate::capture::Capture, Unsupported> {
         Err(Unsupported::new(self.kind(), "capture"))

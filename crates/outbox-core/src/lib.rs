@@ -14,6 +14,7 @@ pub mod aggregate_seq;
 pub mod backend;
 pub mod canary;
 pub mod capture;
+pub mod catalog;
 pub mod cloudevents;
 pub mod destination;
 pub mod enqueue;

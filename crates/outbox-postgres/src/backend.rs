@@ -105,6 +105,7 @@ pub struct PgBackend {
     producer: PgProducer,
     capture: crate::capture::PgCapture,
     ledger: crate::verify::PgLedger,
+    catalog: crate::catalog::PgCatalog,
 }
 
 impl PgBackend {
@@ -125,6 +126,7 @@ impl PgBackend {
             retention: PgRetention::new(pool.clone(), &config),
             capture: crate::capture::PgCapture::new(pool.clone(), &config),
             ledger: crate::verify::PgLedger::new(pool.clone(), &config),
+            catalog: crate::catalog::PgCatalog::new(pool.clone(), &config.qualified_table()),
             producer: PgProducer {
                 pool: crate::db::Db::new(pool.clone(), config.transaction_pooling),
                 outbox: PgOutbox::new(config.qualified_table())
@@ -465,6 +467,11 @@ impl Backend for PgBackend {
     }
     fn forward(&self) -> Result<&dyn Forward, outbox_core::Unsupported> {
         Ok(&self.producer)
+    }
+    fn catalog(
+        &self,
+    ) -> Result<&dyn outbox_core::catalog::SubscriptionCatalog, outbox_core::Unsupported> {
+        Ok(&self.catalog)
     }
     fn delivery_ledger(
         &self,

@@ -8,6 +8,7 @@
 
 mod backend;
 mod capture;
+mod catalog;
 mod cdc;
 mod config;
 mod db;

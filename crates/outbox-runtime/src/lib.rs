@@ -10,6 +10,7 @@
 //! - [`story`]: what `outbox why` and `outbox dead show` tell, for the CLI and the console;
 //! - [`otlp`]: `[tracing]`, a span per publish attempt exported over OTLP/HTTP;
 //! - [`verify`]: `outbox verify`, the table's deliveries reconciled with the destination;
+//! - [`catalog`]: the subscription catalog (`<table>_subscriptions`) the fan-out routes by;
 //! - [`canary`]: `[canary]`, a probe event the relay writes and reads back on a schedule;
 //! - [`schemas`]: `[payload] schemas`, payloads validated against JSON Schema files.
 //!
@@ -36,6 +37,7 @@
 //! ```
 
 pub mod canary;
+pub mod catalog;
 pub mod config;
 pub mod console;
 #[cfg(feature = "fault-injection")]

@@ -93,6 +93,7 @@ pub struct SqliteBackend {
     producer: SqliteProducer,
     ledger: crate::verify::SqliteLedger,
     capture: crate::capture::SqliteCapture,
+    catalog: crate::catalog::SqliteCatalog,
 }
 
 impl SqliteBackend {
@@ -112,6 +113,7 @@ impl SqliteBackend {
             retention: SqliteRetention::new(pool.clone(), &config.table),
             ledger: crate::verify::SqliteLedger::new(pool.clone(), &config),
             capture: crate::capture::SqliteCapture::new(pool.clone(), config.table.clone()),
+            catalog: crate::catalog::SqliteCatalog::new(pool.clone(), &config.table),
             producer: SqliteProducer {
                 pool: pool.clone(),
                 outbox: SqliteOutbox::new(config.table.clone()),
@@ -345,6 +347,9 @@ impl Backend for SqliteBackend {
     }
     fn forward(&self) -> Result<&dyn Forward, Unsupported> {
         Ok(&self.producer)
+    }
+    fn catalog(&self) -> Result<&dyn outbox_core::catalog::SubscriptionCatalog, Unsupported> {
+        Ok(&self.catalog)
     }
     fn capture(&self) -> Result<&dyn outbox_core::capture::Capture, Unsupported> {
         Ok(&self.capture)

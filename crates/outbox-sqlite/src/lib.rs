@@ -27,6 +27,7 @@
 
 mod backend;
 mod capture;
+mod catalog;
 mod config;
 mod dead;
 mod error;

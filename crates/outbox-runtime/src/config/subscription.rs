@@ -50,8 +50,10 @@ impl Patterns {
 /// The longest subscription name (its table name must stay an identifier).
 const MAX_NAME: usize = 20;
 
-/// Which events a subscription takes.
-#[derive(Debug, Clone, Default)]
+/// Which events a subscription takes. Its JSON form (`{"event_type":["order.*"],
+/// "aggregate_type":null}`) is what the subscription catalog stores.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Filter {
     event_type: Option<Vec<String>>,
     aggregate_type: Option<Vec<String>>,
@@ -73,6 +75,26 @@ impl Filter {
 }
 
 impl Filter {
+    /// The filter as the catalog stores it (JSON text).
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).unwrap_or_else(|_| "{}".to_owned())
+    }
+
+    /// Reads a filter stored by [`Filter::to_json`].
+    pub fn from_json(text: &str) -> Result<Self, String> {
+        serde_json::from_str(text).map_err(|e| format!("unreadable filter `{text}`: {e}"))
+    }
+
+    /// The `event_type` globs; `None`: every event type.
+    pub fn event_types(&self) -> Option<&[String]> {
+        self.event_type.as_deref()
+    }
+
+    /// The `aggregate_type` globs; `None`: every aggregate type.
+    pub fn aggregate_types(&self) -> Option<&[String]> {
+        self.aggregate_type.as_deref()
+    }
+
     /// Whether the subscription takes canary probes: its `aggregate_type` names
     /// `outbox.canary` exactly.
     pub fn asks_for_probes(&self) -> bool {
