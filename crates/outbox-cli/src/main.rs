@@ -5,6 +5,7 @@
 //! the user as one line (plus its causes), with a non-zero exit code.
 
 mod admin;
+mod backfill;
 mod bench;
 mod capture;
 mod crash_test;
@@ -76,6 +77,9 @@ enum Command {
     Dead(dead::DeadCommand),
     /// Publish delivered events again (same ids), e.g. after a consumer lost data.
     Replay(replay::ReplayArgs),
+    /// Copy the retained events a subscription takes into its table, in commit order, while
+    /// relays run (`--subscription NAME`, then `--since DURATION` or `--all`).
+    Backfill(backfill::BackfillArgs),
     /// Tell the story of one event: attempts, errors, delivery, or what it waits for.
     Why(why::WhyArgs),
     /// Check the config, the database and the broker; exit non-zero when anything is red.
@@ -117,7 +121,11 @@ fn main() -> ExitCode {
     // the demo) on stdout, and info-level library chatter on stderr would only repeat or
     // drown it. OUTBOX_LOG=info brings it back.
     let default_level = match cli.command {
-        Command::Relay(_) | Command::Bench(_) | Command::Retention(_) | Command::Replay(_) => {
+        Command::Relay(_)
+        | Command::Bench(_)
+        | Command::Retention(_)
+        | Command::Replay(_)
+        | Command::Backfill(_) => {
             "info"
         }
         // The NATS and RabbitMQ clients log a refused connection as ERROR lines of their own; the command's
@@ -191,6 +199,14 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Retention(command) => retention::run(&load()?.0, command).await,
         Command::Capture(command) => capture::run(&load()?.0, command).await,
         Command::Replay(args) => replay::run(&load()?.0, args).await,
+        Command::Backfill(args) => {
+            let invocation = backfill::Invocation {
+                config: cli.config.as_deref(),
+                database_url: cli.database_url.as_deref(),
+                subscription: cli.subscription.as_deref(),
+            };
+            backfill::run(invocation, args).await
+        }
         Command::Why(args) => why::run(&load()?.0, args).await,
         Command::Doctor(args) => doctor::run(load(), args).await,
         Command::Bench(args) => {

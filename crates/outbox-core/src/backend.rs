@@ -376,6 +376,15 @@ pub trait Backend: Send + Sync + 'static {
     fn catalog(&self) -> Result<&dyn crate::catalog::SubscriptionCatalog, Unsupported> {
         Err(Unsupported::new(self.kind(), "subscription"))
     }
+    /// `outbox backfill`: copying this outbox's retained events into the table of
+    /// subscription `subscription` (docs/subscriptions.md, "Backfill").
+    fn backfill(
+        &self,
+        subscription: &str,
+    ) -> Result<Box<dyn crate::backfill::Backfill>, Unsupported> {
+        let _ = subscription;
+        Err(Unsupported::new(self.kind(), "backfill"))
+    }
     /// `outbox capture`: business tables as event sources (docs/capture.md).
     fn capture(&self) -> Result<&dyn crate::capture::Capture, Unsupported> {
         Err(Unsupported::new(self.kind(), "capture"))

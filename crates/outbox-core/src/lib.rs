@@ -12,6 +12,7 @@
 pub mod admin;
 pub mod aggregate_seq;
 pub mod backend;
+pub mod backfill;
 pub mod canary;
 pub mod capture;
 pub mod catalog;

@@ -468,6 +468,14 @@ impl Backend for PgBackend {
     fn forward(&self) -> Result<&dyn Forward, outbox_core::Unsupported> {
         Ok(&self.producer)
     }
+    fn backfill(
+        &self,
+        subscription: &str,
+    ) -> Result<Box<dyn outbox_core::backfill::Backfill>, outbox_core::Unsupported> {
+        crate::backfill::PgBackfill::new(self.pool.clone(), &self.config, subscription)
+            .map(|b| Box::new(b) as Box<dyn outbox_core::backfill::Backfill>)
+            .map_err(|e| outbox_core::Unsupported::new("postgres", "backfill").with_hint(e))
+    }
     fn catalog(
         &self,
     ) -> Result<&dyn outbox_core::catalog::SubscriptionCatalog, outbox_core::Unsupported> {

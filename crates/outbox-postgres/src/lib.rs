@@ -7,6 +7,7 @@
 //! validated identifiers (see `sql.rs`).
 
 mod backend;
+mod backfill;
 mod capture;
 mod catalog;
 mod cdc;
@@ -29,6 +30,7 @@ mod verify;
 use std::time::Duration;
 
 pub use backend::PgBackend;
+pub use backfill::PgBackfill;
 pub use capture::PgCapture;
 pub use cdc::{
     CdcClosed, CdcSetupError, CdcSetupReport, DEFAULT_MESSAGE_PREFIX, DecodedMessage,

@@ -1,0 +1,254 @@
+//! `outbox backfill`: copying retained outbox events into a subscription's table while relays
+//! run, without ever letting an event be delivered after a newer event of its aggregate.
+//!
+//! The argument (docs/subscriptions.md, "Backfill"): an event missing from a subscription
+//! table was fanned out by a relay that did not know the subscription. For each aggregate,
+//! under a hold that keeps the subscription's fan-out and pipeline off it (each database's
+//! [`Backfill::apply`] says which lock), the backfill
+//!
+//! - skips a missing event that is older than a copy the subscription already handed out
+//!   (delivered or dead-lettered): delivering it now would put it after a newer event;
+//! - otherwise puts the missing events and the aggregate's pending copies back in line
+//!   together, in outbox commit order, so the subscription's pipeline delivers (and numbers,
+//!   `aggregate_seq`) them in that order.
+//!
+//! The decision is [`plan`], the same for every database; the databases supply the hold, the
+//! reads and the writes.
+
+use std::collections::HashSet;
+
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+use crate::Event;
+use crate::sink::BoxFuture;
+use crate::source::SourceError;
+
+/// A retained outbox event offered to the subscription.
+#[derive(Debug, Clone)]
+pub struct Candidate {
+    /// Its position in the outbox's commit order (per aggregate, commit order).
+    pub outbox_seq: i64,
+    /// The event as the outbox holds it.
+    pub event: Event,
+}
+
+/// A pending copy in the subscription table (not yet handed out), with the outbox position of
+/// its event when the outbox row is still there.
+#[derive(Debug, Clone)]
+pub struct PendingCopy {
+    /// The event id (the same in the outbox and in every subscription).
+    pub id: Uuid,
+    /// The outbox row's commit-order position; `None` when retention removed it (then it is
+    /// older than every retained event: retention removes an aggregate's rows in fan-out
+    /// order, which is its commit order).
+    pub outbox_seq: Option<i64>,
+}
+
+/// What the subscription already handed out (delivered or dead-lettered) of one aggregate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HandedOut {
+    /// Nothing: any missing event may still go first.
+    Nothing,
+    /// Up to this outbox position: only missing events after it may be delivered.
+    UpTo(i64),
+    /// Something, but its rows are gone (removed after delivery): no missing event can be
+    /// placed safely.
+    Unknown,
+}
+
+impl HandedOut {
+    /// Whether a missing event at `outbox_seq` can still be delivered in order.
+    pub fn allows(self, outbox_seq: i64) -> bool {
+        match self {
+            Self::Nothing => true,
+            Self::UpTo(last) => outbox_seq > last,
+            Self::Unknown => false,
+        }
+    }
+}
+
+/// What the backfill does to one aggregate.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AggregatePlan {
+    /// Candidates to copy in, by id.
+    pub copy: Vec<Uuid>,
+    /// When anything is copied: every pending row of the aggregate afterwards (copied and
+    /// existing), in the order they must be (re)inserted; empty otherwise.
+    pub order: Vec<Uuid>,
+    /// Candidates the table already holds.
+    pub already_there: u64,
+    /// Candidates older than a copy already handed out.
+    pub skipped_newer_delivered: u64,
+}
+
+/// Decides what to do with one aggregate: `candidates` in outbox commit order, the ids the
+/// subscription table holds among them (`present`), its pending copies in the table's order,
+/// and what it handed out.
+pub fn plan(
+    candidates: &[Candidate],
+    present: &HashSet<Uuid>,
+    pending: &[PendingCopy],
+    handed_out: HandedOut,
+) -> AggregatePlan {
+    let mut out = AggregatePlan::default();
+    let mut copy: Vec<(i64, Uuid)> = Vec::new();
+    for c in candidates {
+        if present.contains(&c.event.id) {
+            out.already_there += 1;
+        } else if handed_out.allows(c.outbox_seq) {
+            copy.push((c.outbox_seq, c.event.id));
+        } else {
+            out.skipped_newer_delivered += 1;
+        }
+    }
+    if copy.is_empty() {
+        return out;
+    }
+    // Merge by commit order; a pending copy whose outbox row is gone is older than anything
+    // retained. The sort is stable, so ties keep the table's order.
+    let mut merged: Vec<(i64, Uuid)> = pending
+        .iter()
+        .map(|p| (p.outbox_seq.unwrap_or(i64::MIN), p.id))
+        .chain(copy.iter().copied())
+        .collect();
+    merged.sort_by_key(|(seq, _)| *seq);
+    out.copy = copy.into_iter().map(|(_, id)| id).collect();
+    out.order = merged.into_iter().map(|(_, id)| id).collect();
+    out
+}
+
+/// The counts of one chunk (or a whole run).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BackfillCounts {
+    /// Events copied into the subscription table.
+    pub copied: u64,
+    /// Events the table already held (copied by the fan-out, or by an earlier backfill).
+    pub already_there: u64,
+    /// Events older than an event of their aggregate the subscription already handed out.
+    pub skipped_newer_delivered: u64,
+}
+
+impl std::ops::AddAssign for BackfillCounts {
+    fn add_assign(&mut self, other: Self) {
+        self.copied += other.copied;
+        self.already_there += other.already_there;
+        self.skipped_newer_delivered += other.skipped_newer_delivered;
+    }
+}
+
+/// What [`Backfill::apply`] did with a chunk.
+#[derive(Debug, Clone, Default)]
+pub struct ChunkOutcome {
+    /// The counts of the aggregates it handled.
+    pub counts: BackfillCounts,
+    /// The candidates of aggregates it could not hold (a relay had one of their rows in
+    /// flight, or a fan-out was writing them): try them again later, in this order.
+    pub deferred: Vec<Candidate>,
+}
+
+/// Backfilling one subscription's table from its outbox.
+pub trait Backfill: Send + Sync {
+    /// The ids of the retained outbox events written at or after `since` (all when `None`),
+    /// in commit order.
+    fn ids(&self, since: Option<OffsetDateTime>) -> BoxFuture<'_, Result<Vec<Uuid>, SourceError>>;
+    /// The events with these ids that are still there, in commit order.
+    fn events<'a>(&'a self, ids: &'a [Uuid]) -> BoxFuture<'a, Result<Vec<Candidate>, SourceError>>;
+    /// Applies [`plan`] to each aggregate of `chunk` (candidates in commit order) in one
+    /// transaction, holding each aggregate against the subscription's fan-out and pipeline;
+    /// aggregates it cannot hold now are returned as deferred.
+    fn apply<'a>(
+        &'a self,
+        chunk: &'a [Candidate],
+    ) -> BoxFuture<'a, Result<ChunkOutcome, SourceError>>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn candidate(seq: i64) -> Candidate {
+        Candidate {
+            outbox_seq: seq,
+            event: Event {
+                id: Uuid::from_u128(seq as u128),
+                position: crate::Position(seq),
+                aggregate_type: "Order".into(),
+                aggregate_id: "o1".into(),
+                event_type: "order.placed".into(),
+                payload: bytes::Bytes::new(),
+                headers: Vec::new(),
+                created_at: OffsetDateTime::UNIX_EPOCH,
+                attempts: 0,
+            },
+        }
+    }
+
+    fn id(seq: i64) -> Uuid {
+        Uuid::from_u128(seq as u128)
+    }
+
+    #[test]
+    fn missing_events_go_before_newer_pending_copies() {
+        let candidates = [candidate(1), candidate(2), candidate(5)];
+        let present: HashSet<Uuid> = [id(5)].into();
+        let pending = [
+            PendingCopy {
+                id: id(5),
+                outbox_seq: Some(5),
+            },
+            PendingCopy {
+                id: id(7),
+                outbox_seq: Some(7),
+            },
+        ];
+        let p = plan(&candidates, &present, &pending, HandedOut::Nothing);
+        assert_eq!(p.copy, vec![id(1), id(2)]);
+        assert_eq!(p.order, vec![id(1), id(2), id(5), id(7)]);
+        assert_eq!(p.already_there, 1);
+        assert_eq!(p.skipped_newer_delivered, 0);
+    }
+
+    #[test]
+    fn events_older_than_a_handed_out_copy_are_skipped() {
+        let candidates = [candidate(1), candidate(4), candidate(6)];
+        let pending = [PendingCopy {
+            id: id(8),
+            outbox_seq: Some(8),
+        }];
+        let p = plan(&candidates, &HashSet::new(), &pending, HandedOut::UpTo(5));
+        assert_eq!(p.copy, vec![id(6)]);
+        assert_eq!(p.order, vec![id(6), id(8)]);
+        assert_eq!(p.skipped_newer_delivered, 2);
+        let p = plan(&candidates, &HashSet::new(), &pending, HandedOut::Unknown);
+        assert!(p.copy.is_empty() && p.order.is_empty());
+        assert_eq!(p.skipped_newer_delivered, 3);
+    }
+
+    #[test]
+    fn a_pending_copy_without_its_outbox_row_stays_first() {
+        let pending = [PendingCopy {
+            id: id(100),
+            outbox_seq: None,
+        }];
+        let p = plan(
+            &[candidate(3)],
+            &HashSet::new(),
+            &pending,
+            HandedOut::Nothing,
+        );
+        assert_eq!(p.order, vec![id(100), id(3)]);
+    }
+
+    #[test]
+    fn nothing_to_copy_leaves_the_pending_rows_alone() {
+        let pending = [PendingCopy {
+            id: id(2),
+            outbox_seq: Some(2),
+        }];
+        let present: HashSet<Uuid> = [id(2)].into();
+        let p = plan(&[candidate(2)], &present, &pending, HandedOut::Nothing);
+        assert!(p.order.is_empty());
+        assert_eq!(p.already_there, 1);
+    }
+}

@@ -1,0 +1,494 @@
+//! `outbox backfill` on PostgreSQL: copying retained outbox events into a subscription's table
+//! while relays run (the argument: `outbox_core::backfill`, docs/subscriptions.md).
+//!
+//! The hold on an aggregate, per chunk transaction: the subscription table's per-aggregate
+//! advisory lock (the one its insert trigger takes, so the fan-out cannot add a row of the
+//! aggregate meanwhile), taken without waiting, then a row lock on every pending row of the
+//! aggregate (so its pipeline cannot claim them; a row a relay already claimed makes the
+//! aggregate wait for a later try). Under that hold the pending rows are deleted and inserted
+//! again together with the backfilled events, in outbox commit order.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use bytes::Bytes;
+use outbox_core::backfill::{
+    Backfill, BackfillCounts, Candidate, ChunkOutcome, HandedOut, PendingCopy, plan,
+};
+use outbox_core::sink::BoxFuture;
+use outbox_core::{Event, Position, QualifiedTable, SourceError};
+use sqlx::postgres::PgRow;
+use sqlx::types::Json;
+use sqlx::{Postgres, Row, Transaction};
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+use crate::config::{Mode, OnDelivered, PostgresConfig};
+use crate::error::source_error;
+use crate::sql::{render, render_with};
+
+/// An aggregate's key.
+type Key = (String, String);
+
+/// Backfilling one subscription table from its outbox.
+#[derive(Debug)]
+pub struct PgBackfill {
+    db: crate::db::Db,
+    outbox: String,
+    subscription: String,
+    /// The subscription table as its insert trigger names it in the lock key.
+    lock_name: String,
+    cdc: bool,
+    keeps_delivered: bool,
+    q: BackfillQueries,
+}
+
+#[derive(Debug)]
+struct BackfillQueries {
+    ids: String,
+    events: String,
+    hold: String,
+    pending: String,
+    pending_count: String,
+    handed_out: String,
+    present: String,
+    delete_pending: String,
+    insert: String,
+}
+
+impl BackfillQueries {
+    fn new(outbox: &QualifiedTable, sub: &QualifiedTable) -> Self {
+        let both = |t: &str| render_with(t, sub, &[("outbox", &outbox.table)]);
+        Self {
+            ids: render(include_str!("../queries/outbox_backfill_ids.sql"), outbox),
+            events: render(
+                include_str!("../queries/outbox_backfill_events.sql"),
+                outbox,
+            ),
+            hold: render(include_str!("../queries/outbox_backfill_hold.sql"), sub),
+            pending: both(include_str!("../queries/outbox_backfill_pending.sql")),
+            pending_count: render(
+                include_str!("../queries/outbox_backfill_pending_count.sql"),
+                sub,
+            ),
+            handed_out: both(include_str!("../queries/outbox_backfill_handed_out.sql")),
+            present: render(include_str!("../queries/outbox_backfill_present.sql"), sub),
+            delete_pending: render(
+                include_str!("../queries/outbox_backfill_delete_pending.sql"),
+                sub,
+            ),
+            insert: render(include_str!("../queries/outbox_backfill_insert.sql"), sub),
+        }
+    }
+}
+
+/// A pending row of the subscription table, read under the hold for re-insertion.
+struct PendingRow {
+    event: Event,
+    next_attempt_at: Option<OffsetDateTime>,
+    last_error: Option<String>,
+    outbox_seq: Option<i64>,
+}
+
+/// One row to insert: a backfilled event (first attempt) or a re-inserted pending row.
+struct InsertRow<'a> {
+    event: &'a Event,
+    next_attempt_at: Option<OffsetDateTime>,
+    last_error: Option<&'a str>,
+}
+
+impl PgBackfill {
+    /// Backfilling subscription `subscription`'s table from `config`'s outbox.
+    pub fn new(
+        pool: sqlx::PgPool,
+        config: &PostgresConfig,
+        subscription: &str,
+    ) -> Result<Self, String> {
+        let outbox = config.qualified_table();
+        let sub_table = outbox_core::backend::subscription_table(&config.table, subscription)?;
+        let sub = QualifiedTable::new(outbox.schema.clone(), sub_table);
+        let schema = sub.schema.as_ref().map_or("public", |s| s.as_str());
+        Ok(Self {
+            db: crate::db::Db::new(pool, config.transaction_pooling),
+            outbox: outbox.to_string(),
+            subscription: sub.to_string(),
+            lock_name: format!("{schema}.{}", sub.table.as_str()),
+            cdc: config.mode == Mode::Cdc,
+            keeps_delivered: config.mode == Mode::Cdc || config.on_delivered == OnDelivered::Mark,
+            q: BackfillQueries::new(&outbox, &sub),
+        })
+    }
+
+    fn err(&self, context: &str, e: sqlx::Error) -> SourceError {
+        source_error(context, &self.subscription, e)
+    }
+
+    async fn ids(&self, since: Option<OffsetDateTime>) -> Result<Vec<Uuid>, SourceError> {
+        if !self.keeps_delivered {
+            return Err(SourceError::fatal(format!(
+                "nothing to backfill from outbox table {}: it runs with source.on_delivered = \"delete\", so fanned-out events are not kept",
+                self.outbox
+            )));
+        }
+        // Rendered by `sql::render` from validated identifiers only.
+        crate::sql::query_scalar(sqlx::AssertSqlSafe(self.q.ids.as_str()))
+            .bind(since)
+            .bind(self.cdc)
+            .fetch_all(&self.db)
+            .await
+            .map_err(|e| source_error("selecting events to backfill", &self.outbox, e))
+    }
+
+    async fn events(&self, ids: &[Uuid]) -> Result<Vec<Candidate>, SourceError> {
+        let rows = crate::sql::query(sqlx::AssertSqlSafe(self.q.events.as_str()))
+            .bind(ids)
+            .fetch_all(&self.db)
+            .await
+            .map_err(|e| source_error("reading events to backfill", &self.outbox, e))?;
+        rows.iter()
+            .map(|r| {
+                Ok(Candidate {
+                    outbox_seq: r.try_get(0)?,
+                    event: decode_event(r, 1, r.try_get(0)?)?,
+                })
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(|e| source_error("reading events to backfill", &self.outbox, e))
+    }
+
+    /// One chunk in one transaction (see the module docs).
+    async fn apply(&self, chunk: &[Candidate]) -> Result<ChunkOutcome, SourceError> {
+        let mut by_key: BTreeMap<Key, Vec<Candidate>> = BTreeMap::new();
+        for c in chunk {
+            let key = (c.event.aggregate_type.clone(), c.event.aggregate_id.clone());
+            by_key.entry(key).or_default().push(c.clone());
+        }
+        let mut tx = self
+            .db
+            .begin()
+            .await
+            .map_err(|e| self.err("starting a backfill transaction", e))?;
+        let keys: Vec<Key> = by_key.keys().cloned().collect();
+        let held = self.hold(&mut tx, &keys).await?;
+        let pending = self.lock_pending(&mut tx, &held).await?;
+        let counts = self.pending_counts(&mut tx, &held).await?;
+        // Held, and every pending row locked by this transaction: nothing in flight.
+        let ready: Vec<Key> = held
+            .into_iter()
+            .filter(|k| {
+                let locked = pending.get(k).map_or(0, Vec::len);
+                counts.get(k).copied().unwrap_or(0) == locked as i64
+            })
+            .collect();
+        let handed = self.handed_out(&mut tx, &ready).await?;
+        let wanted: Vec<Uuid> = ready
+            .iter()
+            .flat_map(|k| by_key[k].iter().map(|c| c.event.id))
+            .collect();
+        let present: HashSet<Uuid> =
+            crate::sql::query_scalar(sqlx::AssertSqlSafe(self.q.present.as_str()))
+                .bind(&wanted)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(|e| self.err("reading the subscription's event ids", e))?
+                .into_iter()
+                .collect();
+        let mut outcome = ChunkOutcome::default();
+        let mut rows: Vec<InsertRow<'_>> = Vec::new();
+        let mut deleted: Vec<Uuid> = Vec::new();
+        let empty: Vec<PendingRow> = Vec::new();
+        for key in &ready {
+            let candidates = &by_key[key];
+            let rows_of = pending.get(key).unwrap_or(&empty);
+            let copies: Vec<PendingCopy> = rows_of
+                .iter()
+                .map(|r| PendingCopy {
+                    id: r.event.id,
+                    outbox_seq: r.outbox_seq,
+                })
+                .collect();
+            let decided = plan(
+                candidates,
+                &present,
+                &copies,
+                handed.get(key).copied().unwrap_or(HandedOut::Nothing),
+            );
+            outcome.counts += BackfillCounts {
+                copied: decided.copy.len() as u64,
+                already_there: decided.already_there,
+                skipped_newer_delivered: decided.skipped_newer_delivered,
+            };
+            if decided.order.is_empty() {
+                continue;
+            }
+            deleted.extend(rows_of.iter().map(|r| r.event.id));
+            let source: HashMap<Uuid, InsertRow<'_>> = candidates
+                .iter()
+                .map(|c| {
+                    (
+                        c.event.id,
+                        InsertRow {
+                            event: &c.event,
+                            next_attempt_at: None,
+                            last_error: None,
+                        },
+                    )
+                })
+                .chain(rows_of.iter().map(|r| {
+                    (
+                        r.event.id,
+                        InsertRow {
+                            event: &r.event,
+                            next_attempt_at: r.next_attempt_at,
+                            last_error: r.last_error.as_deref(),
+                        },
+                    )
+                }))
+                .collect();
+            let mut source = source;
+            rows.extend(decided.order.iter().filter_map(|id| source.remove(id)));
+        }
+        if !rows.is_empty() {
+            crate::sql::query(sqlx::AssertSqlSafe(self.q.delete_pending.as_str()))
+                .bind(&deleted)
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| self.err("taking pending rows out of line", e))?;
+            self.insert(&mut tx, &rows).await?;
+        }
+        tx.commit()
+            .await
+            .map_err(|e| self.err("committing a backfill chunk", e))?;
+        let ready: HashSet<&Key> = ready.iter().collect();
+        outcome.deferred = by_key
+            .iter()
+            .filter(|(k, _)| !ready.contains(k))
+            .flat_map(|(_, cs)| cs.iter().cloned())
+            .collect();
+        outcome.deferred.sort_by_key(|c| c.outbox_seq);
+        Ok(outcome)
+    }
+
+    async fn hold(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        keys: &[Key],
+    ) -> Result<Vec<Key>, SourceError> {
+        let (types, ids) = split(keys);
+        let rows = crate::sql::query(sqlx::AssertSqlSafe(self.q.hold.as_str()))
+            .bind(&types)
+            .bind(&ids)
+            .bind(&self.lock_name)
+            .fetch_all(&mut **tx)
+            .await
+            .map_err(|e| self.err("holding aggregates", e))?;
+        rows.iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(|e| self.err("holding aggregates", e))
+    }
+
+    async fn lock_pending(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        keys: &[Key],
+    ) -> Result<HashMap<Key, Vec<PendingRow>>, SourceError> {
+        let (types, ids) = split(keys);
+        let rows = crate::sql::query(sqlx::AssertSqlSafe(self.q.pending.as_str()))
+            .bind(&types)
+            .bind(&ids)
+            .fetch_all(&mut **tx)
+            .await
+            .map_err(|e| self.err("locking pending rows", e))?;
+        let mut out: HashMap<Key, Vec<PendingRow>> = HashMap::new();
+        for r in &rows {
+            let row = decode_pending(r).map_err(|e| self.err("locking pending rows", e))?;
+            let key = (
+                row.event.aggregate_type.clone(),
+                row.event.aggregate_id.clone(),
+            );
+            out.entry(key).or_default().push(row);
+        }
+        Ok(out)
+    }
+
+    async fn pending_counts(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        keys: &[Key],
+    ) -> Result<HashMap<Key, i64>, SourceError> {
+        let (types, ids) = split(keys);
+        let rows = crate::sql::query(sqlx::AssertSqlSafe(self.q.pending_count.as_str()))
+            .bind(&types)
+            .bind(&ids)
+            .fetch_all(&mut **tx)
+            .await
+            .map_err(|e| self.err("counting pending rows", e))?;
+        rows.iter()
+            .map(|r| Ok(((r.try_get(0)?, r.try_get(1)?), r.try_get(2)?)))
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(|e| self.err("counting pending rows", e))
+    }
+
+    async fn handed_out(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        keys: &[Key],
+    ) -> Result<HashMap<Key, HandedOut>, SourceError> {
+        let (types, ids) = split(keys);
+        let rows = crate::sql::query(sqlx::AssertSqlSafe(self.q.handed_out.as_str()))
+            .bind(&types)
+            .bind(&ids)
+            .fetch_all(&mut **tx)
+            .await
+            .map_err(|e| self.err("reading what the subscription delivered", e))?;
+        let decode = |r: &PgRow| -> Result<(Key, HandedOut), sqlx::Error> {
+            let last: Option<i64> = r.try_get(2)?;
+            let rows: bool = r.try_get(3)?;
+            let positioned: bool = r.try_get(4)?;
+            let handed = match (rows, positioned) {
+                // Rows whose outbox rows are gone are older than anything retained.
+                (true, _) => HandedOut::UpTo(last.unwrap_or(i64::MIN)),
+                (false, true) => HandedOut::Unknown,
+                (false, false) => HandedOut::Nothing,
+            };
+            Ok(((r.try_get(0)?, r.try_get(1)?), handed))
+        };
+        rows.iter()
+            .map(decode)
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(|e| self.err("reading what the subscription delivered", e))
+    }
+
+    async fn insert(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        rows: &[InsertRow<'_>],
+    ) -> Result<(), SourceError> {
+        let ids: Vec<Uuid> = rows.iter().map(|r| r.event.id).collect();
+        let types: Vec<&str> = rows
+            .iter()
+            .map(|r| r.event.aggregate_type.as_str())
+            .collect();
+        let agg_ids: Vec<&str> = rows.iter().map(|r| r.event.aggregate_id.as_str()).collect();
+        let event_types: Vec<&str> = rows.iter().map(|r| r.event.event_type.as_str()).collect();
+        let payloads: Vec<&[u8]> = rows.iter().map(|r| &r.event.payload[..]).collect();
+        let headers: Vec<Json<BTreeMap<&str, &str>>> = rows
+            .iter()
+            .map(|r| {
+                Json(
+                    r.event
+                        .headers
+                        .iter()
+                        .map(|(k, v)| (k.as_str(), v.as_str()))
+                        .collect(),
+                )
+            })
+            .collect();
+        let created: Vec<OffsetDateTime> = rows.iter().map(|r| r.event.created_at).collect();
+        let attempts: Vec<i32> = rows
+            .iter()
+            .map(|r| i32::try_from(r.event.attempts).unwrap_or(i32::MAX))
+            .collect();
+        let next: Vec<Option<OffsetDateTime>> = rows.iter().map(|r| r.next_attempt_at).collect();
+        let errors: Vec<Option<&str>> = rows.iter().map(|r| r.last_error).collect();
+        crate::sql::query(sqlx::AssertSqlSafe(self.q.insert.as_str()))
+            .bind(&ids)
+            .bind(&types)
+            .bind(&agg_ids)
+            .bind(&event_types)
+            .bind(&payloads)
+            .bind(&headers)
+            .bind(&created)
+            .bind(&attempts)
+            .bind(&next)
+            .bind(&errors)
+            .execute(&mut **tx)
+            .await
+            .map_err(|e| self.err("copying events into the subscription", e))?;
+        Ok(())
+    }
+}
+
+fn split(keys: &[Key]) -> (Vec<&str>, Vec<&str>) {
+    keys.iter().map(|(t, i)| (t.as_str(), i.as_str())).unzip()
+}
+
+/// An event from columns `at`.. (id, aggregate type and id, event type, payload, headers,
+/// created_at).
+fn decode_event(r: &PgRow, at: usize, position: i64) -> Result<Event, sqlx::Error> {
+    let headers: Json<serde_json::Map<String, serde_json::Value>> = r.try_get(at + 5)?;
+    let payload: Vec<u8> = r.try_get(at + 4)?;
+    Ok(Event {
+        id: r.try_get(at)?,
+        position: Position(position),
+        aggregate_type: r.try_get(at + 1)?,
+        aggregate_id: r.try_get(at + 2)?,
+        event_type: r.try_get(at + 3)?,
+        payload: Bytes::from(payload),
+        headers: outbox_core::enqueue::decode_headers(headers.0),
+        created_at: r.try_get(at + 6)?,
+        attempts: 0,
+    })
+}
+
+fn decode_pending(r: &PgRow) -> Result<PendingRow, sqlx::Error> {
+    let mut event = decode_event(r, 0, 0)?;
+    let attempts: i32 = r.try_get(7)?;
+    event.attempts = u32::try_from(attempts).unwrap_or(0);
+    Ok(PendingRow {
+        event,
+        next_attempt_at: r.try_get(8)?,
+        last_error: r.try_get(9)?,
+        outbox_seq: r.try_get(10)?,
+    })
+}
+
+impl Backfill for PgBackfill {
+    fn ids(&self, since: Option<OffsetDateTime>) -> BoxFuture<'_, Result<Vec<Uuid>, SourceError>> {
+        Box::pin(PgBackfill::ids(self, since))
+    }
+    fn events<'a>(&'a self, ids: &'a [Uuid]) -> BoxFuture<'a, Result<Vec<Candidate>, SourceError>> {
+        Box::pin(PgBackfill::events(self, ids))
+    }
+    fn apply<'a>(
+        &'a self,
+        chunk: &'a [Candidate],
+    ) -> BoxFuture<'a, Result<ChunkOutcome, SourceError>> {
+        Box::pin(PgBackfill::apply(self, chunk))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn backfill_queries_render_without_leftover_placeholders() {
+        let config = PostgresConfig::new("postgres://localhost/app");
+        let b = PgBackfill::new(
+            sqlx::PgPool::connect_lazy("postgres://localhost/app").expect("lazy pool"),
+            &config,
+            "analytics",
+        )
+        .expect("a valid subscription");
+        for sql in [
+            &b.q.ids,
+            &b.q.events,
+            &b.q.hold,
+            &b.q.pending,
+            &b.q.pending_count,
+            &b.q.handed_out,
+            &b.q.present,
+            &b.q.delete_pending,
+            &b.q.insert,
+        ] {
+            assert!(!sql.contains("{{"), "{sql}");
+        }
+        assert!(
+            b.q.pending.contains("\"public\".\"outbox\""),
+            "{}",
+            b.q.pending
+        );
+        assert_eq!(b.lock_name, "public.outbox_sub_analytics");
+    }
+}
