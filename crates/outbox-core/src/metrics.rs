@@ -64,6 +64,11 @@ pub const CANARY_LOST: &str = "outbox_canary_lost_total";
 pub const CANARY_OUT_OF_ORDER: &str = "outbox_canary_out_of_order_total";
 /// Gauge: canary probes written and not yet seen at the destination.
 pub const CANARY_IN_FLIGHT: &str = "outbox_canary_in_flight_probes";
+/// Counter: configuration reloads (SIGHUP, the console), `result="ok"` (applied, or nothing
+/// to change) or `result="refused"` (invalid, or a key that needs a restart).
+pub const CONFIG_RELOADS: &str = "outbox_config_reloads_total";
+/// Gauge: the running configuration's generation, 1 at start, +1 per applied reload.
+pub const CONFIG_GENERATION: &str = "outbox_config_generation";
 
 /// Registers descriptions with the installed recorder (call once after installing it).
 pub fn describe() {
@@ -151,6 +156,14 @@ pub fn describe() {
     describe_gauge!(
         CANARY_IN_FLIGHT,
         "Canary probes written and not yet seen at the destination"
+    );
+    describe_counter!(
+        CONFIG_RELOADS,
+        "Configuration reloads by result: ok (applied or unchanged), refused (the old one runs)"
+    );
+    describe_gauge!(
+        CONFIG_GENERATION,
+        "The running configuration's generation: 1 at start, +1 per applied reload"
     );
     describe_counter!(
         TRACE_SPANS_DROPPED,

@@ -6,6 +6,8 @@
 //! - [`registry`]: the one file that names the databases and the brokers;
 //! - [`relay`]: builds the backend's pipelines and the sink, runs the relay with the
 //!   watchdog, the metrics endpoint and the retention schedule, and drains on shutdown;
+//! - [`reload`]: SIGHUP and the console's reload: the file read again, checked, the changes
+//!   logged, the pipelines drained and started again in the same process;
 //! - [`console`]: the web console at `/ui` on the metrics listener;
 //! - [`story`]: what `outbox why` and `outbox dead show` tell, for the CLI and the console;
 //! - [`otlp`]: `[tracing]`, a span per publish attempt exported over OTLP/HTTP;
@@ -48,6 +50,7 @@ pub mod payload;
 mod readiness;
 pub mod registry;
 pub mod relay;
+pub mod reload;
 pub mod retention;
 pub mod schemas;
 mod sink;

@@ -57,4 +57,12 @@ impl Readiness {
             not_ready.insert(pipeline.to_owned());
         }
     }
+
+    /// Forgets every sink's verdict: a reload started new pipelines, which report afresh (a
+    /// subscription the new configuration dropped no longer counts).
+    pub(crate) fn forget_sinks(&self) {
+        if let Ok(mut not_ready) = self.sinks_not_ready.lock() {
+            not_ready.clear();
+        }
+    }
 }

@@ -14,6 +14,7 @@ use crate::canary;
 use crate::config::{Config, Origin};
 use crate::console::Console;
 use crate::observe::{self, Readiness};
+use crate::reload::Reloader;
 pub use crate::sink::build_sink;
 
 /// A second signal closer than this to the first is the same request delivered twice.
@@ -74,9 +75,24 @@ pub async fn run(
     origin: &Origin,
     shutdown: CancellationToken,
 ) -> Result<RelayReport, RuntimeError> {
+    run_reloadable(config, origin, shutdown, None).await
+}
+
+/// [`run`], reloading the configuration with `loader` on SIGHUP and on the console's reload
+/// action (see [`crate::reload`]): the database pool and the metrics listener stay, the
+/// pipelines drain and start again from the new configuration.
+pub async fn run_reloadable(
+    config: Config,
+    origin: &Origin,
+    shutdown: CancellationToken,
+    loader: Option<crate::reload::Loader>,
+) -> Result<RelayReport, RuntimeError> {
+    let mut reloader = loader
+        .map(|loader| Reloader::new(loader, origin))
+        .transpose()?;
     // `[payload] schemas`: every schema compiled before anything else starts; a broken one
     // stops the start, naming its file.
-    let schemas = crate::schemas::from_config(&config.payload)?;
+    let mut schemas = crate::schemas::from_config(&config.payload)?;
     if let Some(schemas) = &schemas {
         tracing::info!(dir = %schemas.dir().display(), files = %schemas.files().join(", "), "payloads validated against JSON Schema");
     }
@@ -87,10 +103,91 @@ pub async fn run(
         }
         None => None,
     };
+    if let (Some(console), Some(reloader)) = (&console, &reloader) {
+        console.attach_reloads(reloader.handle());
+    }
     let workers = config.relay.workers.get();
     let connections = u32::try_from(workers).unwrap_or(u32::MAX).saturating_add(2);
-    // The start line first, before the database answers: operators (and the crash tests)
-    // see at once that the process is up and its signal handlers are installed.
+    log_start(&config, origin, workers);
+    let backend = config
+        .source
+        .open(OpenOptions { connections })
+        .await
+        .map_err(RuntimeError::Open)?;
+    tracing::debug!(table = %backend.table(), "database open");
+    if let Some(console) = &console {
+        console.attach_backend(backend.clone());
+    }
+    let mut config = config;
+    let mut report = RelayReport::default();
+    loop {
+        // Each configuration's pipelines stop on their own token: a reload drains them as
+        // SIGTERM would, without stopping the process.
+        let pipelines = shutdown.child_token();
+        // A task of its own: it goes on while a reload reads and checks the new file.
+        let mut running = tokio::spawn(generation(
+            config.clone(),
+            backend.clone(),
+            schemas.clone(),
+            readiness.clone(),
+            console.clone(),
+            pipelines.clone(),
+        ));
+        let (prepared, request) = loop {
+            let request = tokio::select! {
+                result = &mut running => return finish(report, result),
+                request = next_request(&mut reloader) => request,
+            };
+            let Some(reloader) = reloader.as_ref() else {
+                continue;
+            };
+            match reloader.prepare(&config).await {
+                Ok(Some(prepared)) => break (prepared, request),
+                Ok(None) => reloader.unchanged(request),
+                Err(e) => reloader.refused(request, e),
+            }
+        };
+        let Some(reloader) = reloader.as_mut() else {
+            return finish(report, running.await);
+        };
+        reloader.announce(&prepared);
+        // In-flight batches finish under the configuration they started with.
+        pipelines.cancel();
+        report = finish(report, running.await)?;
+        if shutdown.is_cancelled() {
+            tracing::info!("shutdown requested during the reload: not starting the new pipelines");
+            return Ok(report);
+        }
+        (config, schemas) = reloader.applied(request, prepared);
+        readiness.forget_sinks();
+        if let Some(console) = &console {
+            console.follow(&config, reloader.handle().generation());
+        }
+    }
+}
+
+/// The next reload request, or never without a reloader.
+async fn next_request(reloader: &mut Option<Reloader>) -> crate::reload::Request {
+    match reloader {
+        Some(reloader) => reloader.next().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The relay's report once its last pipelines stopped.
+fn finish(
+    report: RelayReport,
+    last: Result<Result<RelayReport, RuntimeError>, tokio::task::JoinError>,
+) -> Result<RelayReport, RuntimeError> {
+    let mut report = report;
+    report +=
+        last.map_err(|e| RuntimeError::Relay(format!("the pipelines' task failed: {e}")))??;
+    Ok(report)
+}
+
+/// The start line, before the database answers: operators (and the crash tests) see at once
+/// that the process is up and its signal handlers are installed.
+fn log_start(config: &Config, origin: &Origin, workers: usize) {
     if matches!(origin, Origin::Defaults) {
         eprintln!(
             "outbox: no config file; using the embedded default: {} -> {}",
@@ -108,15 +205,17 @@ pub async fn run(
             .collect();
         tracing::info!(config = %origin, source = config.source.kind(), database = %config.source.describe(), subscriptions = %subscriptions.join(", "), ordering = ?config.relay.ordering, workers, "starting relay with a fan-out");
     }
-    let backend = config
-        .source
-        .open(OpenOptions { connections })
-        .await
-        .map_err(RuntimeError::Open)?;
-    tracing::debug!(table = %backend.table(), "database open");
-    if let Some(console) = &console {
-        console.attach_backend(backend.clone());
-    }
+}
+
+/// One configuration's pipelines, retention schedule and canary, until `shutdown`.
+async fn generation(
+    config: Config,
+    backend: Arc<dyn Backend>,
+    schemas: Option<Arc<crate::schemas::Schemas>>,
+    readiness: Arc<Readiness>,
+    console: Option<Arc<Console>>,
+    shutdown: CancellationToken,
+) -> Result<RelayReport, RuntimeError> {
     let pipelines = backend
         .start_relay(&config.relay)
         .await

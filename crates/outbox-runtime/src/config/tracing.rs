@@ -1,4 +1,5 @@
-//! `[tracing]`: where the relay exports its publish spans (the exporter is [`crate::otlp`]).
+//! `[tracing]`: the relay's log level (reloadable) and where it exports its publish spans
+//! (the exporter is [`crate::otlp`]).
 
 use std::collections::BTreeMap;
 use std::num::NonZeroUsize;
@@ -10,6 +11,11 @@ use serde::Deserialize;
 #[derive(Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TracingConfig {
+    /// The relay's log filter, `tracing` `EnvFilter` syntax: `info`, `debug`,
+    /// `warn,outbox_core=debug`. Set, it wins over `OUTBOX_LOG`; unset, `OUTBOX_LOG` or the
+    /// command's default. Applied at start and by each reload (SIGHUP, the console's reload).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub log_level: Option<String>,
     /// The OTLP/HTTP collector, e.g. `http://127.0.0.1:4318`; spans are POSTed to
     /// `<otlp_endpoint>/v1/traces` (protobuf). Unset: `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`
     /// (the full URL) or `OTEL_EXPORTER_OTLP_ENDPOINT` (the base, as here); none of the
@@ -32,6 +38,7 @@ pub struct TracingConfig {
 impl Default for TracingConfig {
     fn default() -> Self {
         Self {
+            log_level: None,
             otlp_endpoint: None,
             headers: BTreeMap::new(),
             service_name: None,
@@ -44,6 +51,7 @@ impl Default for TracingConfig {
 impl std::fmt::Debug for TracingConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TracingConfig")
+            .field("log_level", &self.log_level)
             .field(
                 "otlp_endpoint",
                 &self
@@ -62,6 +70,9 @@ impl std::fmt::Debug for TracingConfig {
 impl TracingConfig {
     /// Checks what serde cannot; the message names the key.
     pub fn validate(&self) -> Result<(), String> {
+        if let Some(level) = &self.log_level {
+            check_log_level(level).map_err(|why| format!("tracing.log_level: {why}"))?;
+        }
         if let Some(url) = &self.otlp_endpoint {
             check_url(url).map_err(|why| format!("tracing.otlp_endpoint: {why}"))?;
         }
@@ -96,6 +107,17 @@ impl TracingConfig {
         check_url(&url).map_err(|why| format!("{from}: {why}"))?;
         Ok(Some(url))
     }
+}
+
+/// Whether `spec` is a log filter `EnvFilter` accepts (what the binary then installs).
+pub(crate) fn check_log_level(spec: &str) -> Result<(), String> {
+    if spec.trim().is_empty() {
+        return Err("must not be empty (e.g. \"info\" or \"warn,outbox_core=debug\")".into());
+    }
+    tracing_subscriber::EnvFilter::builder()
+        .parse(spec)
+        .map(drop)
+        .map_err(|e| format!("`{spec}` is not a log filter: {e}"))
 }
 
 fn check_url(url: &str) -> Result<(), String> {

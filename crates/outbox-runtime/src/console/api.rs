@@ -10,6 +10,7 @@
 //! | `GET why/ID` | `outbox why` (404 with the notes when no committed event has the id) |
 //! | `POST dead/retry` `{"ids": [...]}` | puts dead letters back in line (actions only) |
 //! | `POST dead/purge` `{"older_than": "7d", "event_type": null}` | deletes dead letters (actions only) |
+//! | `POST reload` `{}` | reloads the configuration file, as SIGHUP does (actions only) |
 //!
 //! [`DeadLetterStore`]: outbox_core::backend::DeadLetterStore
 //! [`Explain`]: outbox_core::backend::Explain
@@ -114,17 +115,18 @@ pub(crate) async fn overview(
             "database": b.database(),
         })
     });
-    let canary = console.canary.get().map(|status| {
+    let canary = super::lock(&console.canary).as_ref().map(|status| {
         status
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
     });
+    let sink = console.sink();
     let (database_ready, sink_ready) = console.readiness.parts();
     // One sink today; a list, so fan-out sinks and subscriptions slot in without a new shape.
     let sinks = vec![json!({
-        "name": check.name.unwrap_or_else(|| console.sink.kind().to_owned()),
-        "kind": console.sink.kind(),
+        "name": check.name.unwrap_or_else(|| sink.kind().to_owned()),
+        "kind": sink.kind(),
         "up": counters.sink_up,
         "healthy": check.ok,
         "checked_at": check.at.map(outbox_core::admin::when),
@@ -144,6 +146,10 @@ pub(crate) async fn overview(
         "subscriptions": [],
         "canary": canary,
         "actions": console.ui.allow_actions,
+        "config": {
+            "generation": console.generation.load(std::sync::atomic::Ordering::Relaxed),
+            "reloadable": console.reloads.get().is_some(),
+        },
     }))
     .into_response()
 }
@@ -204,8 +210,8 @@ pub(crate) async fn why(State(console): State<Arc<Console>>, Path(id): Path<Stri
     Ok(match explain.explain(id, now).await.map_err(failed)? {
         Explanation::Found(found) => Json(json!({
             "found": true,
-            "lines": story::story_lines(&console.sink, &found, now),
-            "story": story::story_json(&console.sink, &found).unwrap_or_default(),
+            "lines": story::story_lines(&console.sink(), &found, now),
+            "story": story::story_json(&console.sink(), &found).unwrap_or_default(),
         }))
         .into_response(),
         Explanation::NotFound { message, notes } => (
@@ -283,4 +289,26 @@ pub(crate) async fn purge(
         .map_err(failed)?;
     tracing::info!(count = purged.len(), "dead letters purged from the console");
     Ok(Json(json!({ "purged": purged.len(), "ids": purged })).into_response())
+}
+
+/// `POST /ui/api/reload`: reads the configuration file again, as SIGHUP does; answers once
+/// the new configuration runs (`generation`, `changes` with secrets as `***`), or 422 with
+/// the reason it was refused (the running configuration stays).
+pub(crate) async fn reload(State(console): State<Arc<Console>>, headers: HeaderMap) -> Answer {
+    check_action(&console, &headers)?;
+    let reloads = console.reloads.get().ok_or_else(|| {
+        Refusal(
+            StatusCode::NOT_IMPLEMENTED,
+            "this relay was not started from a configuration file it can read again".to_owned(),
+        )
+    })?;
+    tracing::info!("configuration reload requested from the console");
+    match reloads.request().await {
+        Ok(outcome) => Ok(Json(json!({
+            "generation": outcome.generation,
+            "changes": outcome.changes,
+        }))
+        .into_response()),
+        Err(e) => Err(Refusal(StatusCode::UNPROCESSABLE_ENTITY, e)),
+    }
 }

@@ -137,7 +137,7 @@ pub(crate) fn check_action(console: &Console, headers: &HeaderMap) -> Result<(),
     if !console.ui.allow_actions {
         return Err(Refusal(
             StatusCode::FORBIDDEN,
-            "actions are off: set [ui] allow_actions = true to retry and purge from the console"
+            "actions are off: set [ui] allow_actions = true to retry, purge and reload from the console"
                 .to_owned(),
         ));
     }

@@ -1,7 +1,7 @@
 //! The web console at `/ui`, served by the `[metrics]` listener: backlog, oldest pending age,
 //! throughput and p99 commit→ack latency over the last hour, the sink's state, dead letters
 //! (browse, filter, show; retry and purge with `[ui] allow_actions = true`) and `why` for one
-//! event.
+//! event; with actions on, a reload of the configuration (`POST /ui/api/reload`).
 //!
 //! Server-rendered HTML with a small vanilla script that polls `/ui/api/overview` and draws
 //! the charts as inline SVG; the assets are compiled into the binary (no CDN, no build step,
@@ -15,6 +15,7 @@ mod history;
 mod tests;
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -53,14 +54,20 @@ pub struct Console {
     ui: UiConfig,
     listen: SocketAddr,
     refresh: Duration,
-    sink: SinkConfig,
+    /// The running configuration's `[sink]` (a reload replaces it).
+    sink: Mutex<SinkConfig>,
     prometheus: PrometheusHandle,
     readiness: Arc<Readiness>,
     keys: guard::Keys,
     backend: OnceLock<Arc<dyn Backend>>,
     history: Mutex<History>,
     sink_check: Mutex<SinkCheck>,
-    canary: OnceLock<crate::canary::SharedStatus>,
+    /// The running configuration's canary, if `[canary]` is on (a reload replaces it).
+    canary: Mutex<Option<crate::canary::SharedStatus>>,
+    /// Asks the relay to reload (the `outbox relay` command; not an embedded relay).
+    reloads: OnceLock<crate::reload::Reloads>,
+    /// The running configuration's generation: 1 at start, +1 per applied reload.
+    generation: AtomicU64,
     started: OffsetDateTime,
 }
 
@@ -92,14 +99,16 @@ impl Console {
             ui: config.ui.clone(),
             listen,
             refresh: config.metrics.refresh_interval,
-            sink: config.sink.clone(),
+            sink: Mutex::new(config.sink.clone()),
             prometheus,
             readiness,
             keys: guard::Keys::new(config.ui.token.clone()),
             backend: OnceLock::new(),
             history: Mutex::new(History::default()),
             sink_check: Mutex::new(SinkCheck::default()),
-            canary: OnceLock::new(),
+            canary: Mutex::new(None),
+            reloads: OnceLock::new(),
+            generation: AtomicU64::new(1),
             started: OffsetDateTime::now_utc(),
         }))
     }
@@ -111,7 +120,25 @@ impl Console {
 
     /// The canary's status, for its tile (`[canary]` on).
     pub(crate) fn attach_canary(&self, status: crate::canary::SharedStatus) {
-        let _ = self.canary.set(status);
+        *lock(&self.canary) = Some(status);
+    }
+
+    /// The reload switch, for `POST /ui/api/reload`.
+    pub(crate) fn attach_reloads(&self, reloads: crate::reload::Reloads) {
+        let _ = self.reloads.set(reloads);
+    }
+
+    /// A reload applied `config` as `generation`: the views follow its sink; the canary
+    /// tile waits for the new pipelines' canary.
+    pub(crate) fn follow(&self, config: &Config, generation: u64) {
+        *lock(&self.sink) = config.sink.clone();
+        *lock(&self.canary) = None;
+        self.generation.store(generation, Ordering::Relaxed);
+    }
+
+    /// The running configuration's `[sink]`.
+    pub(crate) fn sink(&self) -> SinkConfig {
+        lock(&self.sink).clone()
     }
 
     /// Adds a chart sample: `backlog` just read, and the counters the relay recorded.
@@ -150,12 +177,20 @@ impl Console {
             .route("/ui/api/why/{id}", get(api::why))
             .route("/ui/api/dead/retry", post(api::retry))
             .route("/ui/api/dead/purge", post(api::purge))
+            .route("/ui/api/reload", post(api::reload))
             .layer(axum::middleware::from_fn_with_state(
                 self.clone(),
                 guard::guard,
             ))
             .with_state(self.clone())
     }
+}
+
+/// The value behind `mutex`, also after a panic elsewhere (plain data, always whole).
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Unix time in milliseconds.
@@ -222,7 +257,7 @@ async fn page(State(console): State<Arc<Console>>) -> Response {
         )
         .replace("{{source}}", &escape(&source))
         .replace("{{table}}", &escape(&table))
-        .replace("{{sink}}", &escape(console.sink.kind()));
+        .replace("{{sink}}", &escape(console.sink().kind()));
     let csrf_cookie = format!(
         "{}={}; Path=/ui; HttpOnly; SameSite=Strict",
         guard::CSRF_COOKIE,

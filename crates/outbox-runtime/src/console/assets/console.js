@@ -170,6 +170,10 @@
       $("ready").textContent = ready ? "ready" : !o.ready.database ? "database unreachable" : "broker unreachable";
       $("ready").className = "badge " + (ready ? "ok" : "bad");
       if (o.source) $("source").textContent = o.source.label + " " + o.source.table;
+      if (o.config) {
+        $("generation").textContent = "config " + o.config.generation;
+        $("reload").hidden = !(actions && o.config.reloadable);
+      }
       renderSinks(o.sinks, o.subscriptions);
       renderCanary(o.canary);
       $("updated").textContent = "updated " + new Date(o.now).toLocaleTimeString();
@@ -262,6 +266,23 @@
     }
   }
 
+  // Reads the relay's configuration file again (as SIGHUP does): the answer lists the changed
+  // keys (secrets as ***), or says why the file was refused (the old one keeps running).
+  async function reload() {
+    try {
+      const data = await api("/ui/api/reload", {
+        method: "POST",
+        headers: { accept: "application/json", "content-type": "application/json", "x-outbox-csrf": csrf },
+        body: "{}",
+      });
+      const changed = data.changes.map((c) => c.key).join(", ");
+      say("configuration generation " + data.generation + (changed ? ": " + changed : ": nothing changed"));
+      poll();
+    } catch (e) {
+      say("reload refused: " + e.message, true);
+    }
+  }
+
   function why(event) {
     if (event) event.preventDefault();
     const id = $("why-id").value.trim();
@@ -301,5 +322,6 @@
   $("why-form").addEventListener("submit", why);
   $("purge").hidden = !actions;
   $("purge").addEventListener("submit", purge);
+  $("reload").addEventListener("click", reload);
   poll();
 })();
