@@ -39,6 +39,12 @@ pub(crate) async fn migrate(config: &Config) -> anyhow::Result<()> {
             println!("subscription `{}`: {line}", sub.name);
         }
     }
+    match outbox_runtime::catalog::record(&*backend, config).await {
+        Ok(lines) => lines.iter().for_each(|line| println!("{line}")),
+        Err(outbox_runtime::catalog::CatalogError::Unsupported(_))
+            if config.subscriptions.is_empty() => {}
+        Err(e) => anyhow::bail!("recording the subscription catalog: {}", crate::chain(&e)),
+    }
     if config.subscriptions.is_empty()
         && let Some(line) = claim_check_expiry(config, &config.sink).await?
     {
@@ -84,14 +90,15 @@ pub(crate) async fn status(config: &Config, json: bool) -> anyhow::Result<()> {
                 crate::chain(&e)
             )
         })?;
+    let subscriptions = crate::subscription_cmd::statuses(config, &*backend, now).await?;
     if json {
         let mut value = serde_json::to_value(&status)?;
-        if !config.subscriptions.is_empty()
+        if !subscriptions.is_empty()
             && let Some(object) = value.as_object_mut()
         {
             let mut subs = serde_json::Map::new();
-            for (name, sub) in subscription_status(config, now).await? {
-                subs.insert(name, serde_json::to_value(&sub)?);
+            for sub in &subscriptions {
+                subs.insert(sub.name.clone(), sub.to_json()?);
             }
             object.insert("subscriptions".into(), subs.into());
         }
@@ -145,42 +152,17 @@ pub(crate) async fn status(config: &Config, json: bool) -> anyhow::Result<()> {
     for line in &status.blocking_lines {
         println!("  {line}");
     }
-    for (name, sub) in subscription_status(config, now).await? {
-        let b = &sub.backlog;
+    for sub in &subscriptions {
+        let (name, b) = (&sub.name, &sub.status.backlog);
         println!(
-            "  subscription {name:<12} pending {}, retrying {}, dead-lettered {}, oldest pending {:.1}s, held aggregates {} (details: outbox status --subscription {name})",
+            "  subscription {name:<12} pending {}, retrying {}, dead-lettered {}, oldest pending {:.1}s, held aggregates {}, {} (details: outbox status --subscription {name})",
             b.pending,
             b.retrying,
             b.dead,
             b.oldest_pending_age_seconds,
-            sub.held_aggregates.len()
+            sub.status.held_aggregates.len(),
+            sub.remark()
         );
     }
     Ok(())
-}
-
-/// The status of every subscription's table, in config order.
-async fn subscription_status(
-    config: &Config,
-    now: OffsetDateTime,
-) -> anyhow::Result<Vec<(String, outbox_core::admin::StatusReport)>> {
-    let mut out = Vec::with_capacity(config.subscriptions.len());
-    for sub in &config.subscriptions {
-        let one = outbox_runtime::subscription::for_subscription(config, &sub.name)
-            .map_err(|e| anyhow::anyhow!(e))?;
-        let backend = open(&one, 1).await?;
-        let status = backend
-            .status(now, config.metrics.stuck_after)
-            .await
-            .map_err(|e| {
-                anyhow::anyhow!(
-                    "subscription `{}` ({}): {}",
-                    sub.name,
-                    backend.table(),
-                    crate::chain(&e)
-                )
-            })?;
-        out.push((sub.name.clone(), status));
-    }
-    Ok(out)
 }

@@ -139,6 +139,7 @@ async fn checks(config: &Config, args: &DoctorArgs) -> Vec<DoctorCheck> {
         out.extend(database);
         out.push(sink);
         out.extend(payload);
+        out.extend(crate::subscription_cmd::doctor(config).await);
         return out;
     }
     let subscriptions = futures::future::join_all(
@@ -150,6 +151,7 @@ async fn checks(config: &Config, args: &DoctorArgs) -> Vec<DoctorCheck> {
     let (database, subscriptions) = tokio::join!(database, subscriptions);
     out.extend(database);
     out.extend(subscriptions.into_iter().flatten());
+    out.extend(crate::subscription_cmd::doctor(config).await);
     out
 }
 

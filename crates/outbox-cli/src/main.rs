@@ -14,6 +14,7 @@ mod demo;
 mod doctor;
 mod replay;
 mod retention;
+mod subscription_cmd;
 mod verify;
 mod why;
 
@@ -77,6 +78,9 @@ enum Command {
     Dead(dead::DeadCommand),
     /// Publish delivered events again (same ids), e.g. after a consumer lost data.
     Replay(replay::ReplayArgs),
+    /// The subscription catalog every relay fans out by: list, pause, resume, remove.
+    #[command(subcommand)]
+    Subscription(subscription_cmd::SubscriptionCommand),
     /// Copy the retained events a subscription takes into its table, in commit order, while
     /// relays run (`--subscription NAME`, then `--since DURATION` or `--all`).
     Backfill(backfill::BackfillArgs),
@@ -199,6 +203,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Retention(command) => retention::run(&load()?.0, command).await,
         Command::Capture(command) => capture::run(&load()?.0, command).await,
         Command::Replay(args) => replay::run(&load()?.0, args).await,
+        Command::Subscription(command) => subscription_cmd::run(&load()?.0, command).await,
         Command::Backfill(args) => {
             let invocation = backfill::Invocation {
                 config: cli.config.as_deref(),

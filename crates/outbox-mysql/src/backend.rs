@@ -103,6 +103,7 @@ pub struct MySqlBackend {
     producer: MySqlProducer,
     ledger: crate::verify::MySqlLedger,
     capture: crate::capture::MySqlCapture,
+    catalog: crate::catalog::MySqlCatalog,
 }
 
 fn fatal(context: &str, e: &(dyn std::error::Error + 'static)) -> SourceError {
@@ -206,6 +207,7 @@ impl MySqlBackend {
             admin: MySqlAdmin::new(pool.clone(), &config),
             ledger: crate::verify::MySqlLedger::new(pool.clone(), &config),
             capture: crate::capture::MySqlCapture::new(pool.clone(), &config),
+            catalog: crate::catalog::MySqlCatalog::new(pool.clone(), &config.table),
             producer: MySqlProducer {
                 pool: pool.clone(),
                 outbox: MySqlOutbox::new(config.table.clone()),
@@ -599,6 +601,9 @@ impl Backend for MySqlBackend {
     }
     fn forward(&self) -> Result<&dyn outbox_core::backend::Forward, Unsupported> {
         Ok(&self.producer)
+    }
+    fn catalog(&self) -> Result<&dyn outbox_core::catalog::SubscriptionCatalog, Unsupported> {
+        Ok(&self.catalog)
     }
     fn delivery_ledger(&self) -> Result<&dyn outbox_core::verify::DeliveryLedger, Unsupported> {
         Ok(&self.ledger)

@@ -16,6 +16,7 @@
 mod admin;
 mod backend;
 mod capture;
+mod catalog;
 mod cdc;
 mod config;
 mod connect;

@@ -17,14 +17,13 @@
 //! like any outbox, across replicas. Copies keep the event id: a batch copied again after a
 //! crash adds nothing (the id is already there).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_core::backend::{Backend, BoxedSource, OpenOptions, Pipelines};
+use outbox_core::backend::{Backend, OpenOptions, Pipelines};
 use outbox_core::relay::ErrorChain;
-use outbox_core::sink::Delivery;
-use outbox_core::{DynSink, Event, Ordering, Relay, RelayReport, Sink, SinkError, Source};
+use outbox_core::{DynSink, Ordering, Relay, RelayReport};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
@@ -34,118 +33,15 @@ use crate::console::Console;
 use crate::observe::{self, Readiness};
 
 pub use crate::config::subscription::{Filter, Patterns, Resolved, SubscriptionConfig};
+pub use fanout::FanOut;
+
+mod fanout;
+mod gate;
 
 /// Checks `[sinks.*]` and `[[subscription]]` and resolves each subscription (see
 /// [`Config::resolve_subscriptions`]).
 pub fn resolve(config: &Config) -> Result<Vec<Resolved>, String> {
     config.resolve_subscriptions()
-}
-
-/// The fan-out: a sink that copies each event into the tables of the subscriptions that take
-/// it, and wakes their pipelines.
-pub struct FanOut {
-    routes: Vec<Route>,
-}
-
-struct Route {
-    name: String,
-    filter: Filter,
-    backend: Arc<dyn Backend>,
-    wake: Arc<Notify>,
-}
-
-impl std::fmt::Debug for FanOut {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("FanOut")
-            .field(
-                "subscriptions",
-                &self.routes.iter().map(|r| &r.name).collect::<Vec<_>>(),
-            )
-            .finish()
-    }
-}
-
-impl Sink for FanOut {
-    fn name(&self) -> &'static str {
-        "fanout"
-    }
-
-    async fn publish<'a>(&'a self, batch: &'a [Event]) -> Result<Vec<Delivery>, SinkError> {
-        let copies = self.routes.iter().map(|route| async move {
-            let selected: Vec<Event> = batch
-                .iter()
-                .filter(|e| route.filter.matches(e))
-                .map(|e| {
-                    let mut copy = e.clone();
-                    // The outbox pipeline numbered the event among all of its aggregate's
-                    // events; the subscription numbers it among those it takes (gap-free for
-                    // its consumers), so the copy must not carry the first number.
-                    copy.headers
-                        .retain(|(name, _)| name != outbox_core::message::header::AGGREGATE_SEQ);
-                    copy
-                })
-                .collect();
-            if selected.is_empty() {
-                return Ok(());
-            }
-            let forward = route
-                .backend
-                .forward()
-                .map_err(|e| SinkError::rejected(format!("subscription `{}`: {e}", route.name)))?;
-            forward.copy_in(&selected).await.map_err(|e| {
-                SinkError::unavailable(format!(
-                    "copying {} event(s) to subscription `{}` ({}): {}",
-                    selected.len(),
-                    route.name,
-                    route.backend.table(),
-                    ErrorChain(&e)
-                ))
-            })?;
-            route.wake.notify_one();
-            Ok(())
-        });
-        // All-or-nothing for the batch: a copy that failed leaves every event pending, and
-        // copying again skips what the others already hold.
-        for result in futures::future::join_all(copies).await {
-            result?;
-        }
-        Ok(vec![Ok(()); batch.len()])
-    }
-
-    async fn healthcheck(&self) -> Result<(), SinkError> {
-        Ok(())
-    }
-}
-
-/// A subscription's source, woken as soon as the fan-out copied events into its table.
-struct Woken {
-    inner: BoxedSource,
-    wake: Arc<Notify>,
-}
-
-impl Source for Woken {
-    fn fetch(
-        &mut self,
-        limit: usize,
-        now: time::OffsetDateTime,
-    ) -> impl std::future::Future<
-        Output = Result<outbox_core::source::Fetched, outbox_core::SourceError>,
-    > + Send {
-        self.inner.fetch(limit, now)
-    }
-    fn settle(
-        &mut self,
-        settlements: &[outbox_core::source::Settlement],
-        now: time::OffsetDateTime,
-    ) -> impl std::future::Future<Output = Result<(), outbox_core::SourceError>> + Send {
-        self.inner.settle(settlements, now)
-    }
-    async fn wait_for_events(&mut self, max: Duration) {
-        tokio::select! {
-            () = self.inner.wait_for_events(max) => {}
-            () = self.wake.notified() => {}
-        }
-    }
 }
 
 /// Runs the fan-out over the outbox's `pipelines` and one relay per subscription, until
@@ -162,7 +58,14 @@ pub(crate) async fn run(
     let connections = u32::try_from(config.relay.workers.get())
         .unwrap_or(u32::MAX)
         .saturating_add(2);
-    let mut routes = Vec::with_capacity(subscriptions.len());
+    // The catalog's own small pool: read once per fan-out batch and per subscription claim.
+    let outbox = config
+        .source
+        .open(OpenOptions { connections: 2 })
+        .await
+        .map_err(RuntimeError::Open)?;
+    check_catalogued(&*outbox, &subscriptions).await?;
+    let mut wakes = HashMap::with_capacity(subscriptions.len());
     let mut started = Vec::with_capacity(subscriptions.len());
     for sub in subscriptions {
         let backend = sub
@@ -180,12 +83,7 @@ pub(crate) async fn run(
         // Each subscription's delivered rows are removed by the same schedule as the outbox's.
         crate::retention::spawn(&config.retention, backend.clone(), shutdown.clone());
         let wake = Arc::new(Notify::new());
-        routes.push(Route {
-            name: sub.name.clone(),
-            filter: sub.filter.clone(),
-            backend: backend.clone(),
-            wake: wake.clone(),
-        });
+        wakes.insert(sub.name.clone(), wake.clone());
         tracing::info!(subscription = %sub.name, table = %backend.table(), sink = sub.sink.kind(), "subscription ready");
         started.push((sub, sub_pipelines, wake));
     }
@@ -198,6 +96,7 @@ pub(crate) async fn run(
         readiness.expect_sink(&sub.name);
         let tracer = traces.as_ref().map(|t| t.tracer());
         let schemas = schemas.clone();
+        let outbox = outbox.clone();
         tasks.spawn(async move {
             let Pipelines {
                 sources,
@@ -247,11 +146,10 @@ pub(crate) async fn run(
             if let Some(tracer) = tracer {
                 relay = relay.with_tracer(tracer);
             }
-            let sources: Vec<Woken> = sources
+            let sources: Vec<gate::Gated> = sources
                 .into_iter()
-                .map(|inner| Woken {
-                    inner,
-                    wake: wake.clone(),
+                .map(|inner| {
+                    gate::Gated::new(inner, wake.clone(), outbox.clone(), sub.name.clone())
                 })
                 .collect();
             let result = relay.run(sources, shutdown.clone()).await;
@@ -272,7 +170,8 @@ pub(crate) async fn run(
         watchdog,
         closed,
     } = pipelines;
-    let fanout: Arc<Box<dyn DynSink>> = Arc::new(Box::new(FanOut { routes }));
+    let fanout: Arc<Box<dyn DynSink>> =
+        Arc::new(Box::new(FanOut::new(outbox, config.source.clone(), wakes)));
     let watcher = tokio::spawn(observe::watch_labeled(
         inspector,
         watchdog,
@@ -322,6 +221,34 @@ pub(crate) async fn run(
             Ok(report)
         }
     }
+}
+
+/// Refuses to start a subscription of the file that `outbox migrate` has not recorded: the
+/// fan-out copies only into catalogued subscriptions, so its pipeline would wait for
+/// nothing. Logs the catalogued ones this file lacks (copied into, not delivered here).
+async fn check_catalogued(
+    outbox: &dyn Backend,
+    subscriptions: &[Resolved],
+) -> Result<(), RuntimeError> {
+    let catalogued = crate::catalog::read(outbox)
+        .await
+        .map_err(|e| RuntimeError::Relay(format!("reading the subscription catalog: {e}")))?;
+    if let Some(missing) = subscriptions
+        .iter()
+        .find(|s| !catalogued.iter().any(|c| c.name == s.name))
+    {
+        return Err(RuntimeError::Config(crate::ConfigError::new(format!(
+            "subscription `{}` is in this file but not in the subscription catalog of {}; run `outbox migrate` with this file first",
+            missing.name,
+            outbox.table()
+        ))));
+    }
+    for c in catalogued {
+        if !subscriptions.iter().any(|s| s.name == c.name) {
+            tracing::warn!(subscription = %c.name, sink = %c.sink, "catalogued subscription not in this file (no [sinks.{}] entry for it here): this relay copies its events and delivers none", c.sink);
+        }
+    }
+    Ok(())
 }
 
 /// The configuration of one subscription's own pipeline: its table as `[source]`, its sink
