@@ -1,0 +1,513 @@
+//! `outbox backfill --subscription NAME`: the retained events a subscription takes reach its
+//! table while relays run, in commit order per aggregate, across kill -9 of the backfill and
+//! of a relay; events older than one the subscription already delivered are counted, never
+//! delivered out of order; bad input changes nothing.
+
+mod support;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context, ensure};
+use outbox_core::NewEvent;
+use outbox_postgres::PgOutbox;
+use outbox_testkit::services::Postgres;
+use outbox_testkit::wait::eventually;
+use support::Workdir;
+
+/// Generous: a busy machine is slower, never stuck this long.
+const PATIENCE: Duration = Duration::from_secs(180);
+
+/// A config with subscription `all` (file `all.jsonl`) and, when `paid` is given, subscription
+/// `paid` (`order.paid` events only) writing to that path.
+fn config(url: &str, work: &Workdir, paid: Option<&str>) -> String {
+    let mut text = format!(
+        r#"
+[source]
+kind = "postgres"
+url = "{url}"
+[relay]
+batch_size = 100
+max_attempts = 1000000
+backoff.initial = "20ms"
+backoff.max = "200ms"
+[sinks.all]
+kind = "file"
+path = "{}"
+[[subscription]]
+name = "all"
+sink = "all"
+"#,
+        work.path().join("all.jsonl").display()
+    );
+    if let Some(path) = paid {
+        text.push_str(&format!(
+            "[sinks.paid]\nkind = \"file\"\npath = \"{path}\"\n[[subscription]]\nname = \"paid\"\nsink = \"paid\"\nevent_type = \"*.paid\"\n"
+        ));
+    }
+    text
+}
+
+fn event_type(n: u64) -> &'static str {
+    if n % 2 == 1 {
+        "order.paid"
+    } else {
+        "order.placed"
+    }
+}
+
+/// Writes events `from..to` of each aggregate `o{a}` (payload `{"n":N}`), one transaction per
+/// round of one event per aggregate: per aggregate, commit order is `n`.
+async fn write(
+    pool: &sqlx::PgPool,
+    aggregates: &[usize],
+    from: u64,
+    to: u64,
+) -> anyhow::Result<()> {
+    for n in from..to {
+        let events: Vec<NewEvent> = aggregates
+            .iter()
+            .map(|a| {
+                NewEvent::new(
+                    "Order",
+                    format!("o{a}"),
+                    event_type(n),
+                    format!("{{\"n\":{n}}}"),
+                )
+            })
+            .collect();
+        let mut tx = pool.begin().await?;
+        PgOutbox::default().enqueue_batch(&mut *tx, &events).await?;
+        tx.commit().await?;
+    }
+    Ok(())
+}
+
+async fn count(pool: &sqlx::PgPool, sql: &'static str) -> i64 {
+    sqlx::query_scalar::<_, i64>(sql)
+        .fetch_one(pool)
+        .await
+        .unwrap_or(-1)
+}
+
+/// Waits until the outbox and both subscription tables hold no pending row.
+async fn wait_all_delivered(pool: &sqlx::PgPool, work: &Workdir) -> anyhow::Result<()> {
+    eventually(PATIENCE, || async {
+        count(
+            pool,
+            "SELECT (SELECT count(*) FROM outbox WHERE state <> 'delivered')
+                  + (SELECT count(*) FROM outbox_sub_all WHERE state <> 'delivered')
+                  + (SELECT count(*) FROM outbox_sub_paid WHERE state <> 'delivered')",
+        )
+        .await
+            == 0
+    })
+    .await
+    .with_context(|| {
+        format!(
+            "not everything delivered\nrelay log:\n{}",
+            work.read_log("relay.log")
+        )
+    })
+}
+
+/// One line of a file sink.
+struct Line {
+    id: String,
+    aggregate: String,
+    n: u64,
+    seq: u64,
+}
+
+fn lines(path: &Path) -> anyhow::Result<Vec<Line>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?;
+    text.lines()
+        .map(|l| {
+            let m: serde_json::Value = serde_json::from_str(l)?;
+            Ok(Line {
+                id: m["id"].as_str().context("id")?.to_owned(),
+                aggregate: m["aggregate_id"]
+                    .as_str()
+                    .context("aggregate_id")?
+                    .to_owned(),
+                n: m["payload"]["n"].as_u64().with_context(|| format!("{m}"))?,
+                seq: m["headers"]["aggregate_seq"]
+                    .as_str()
+                    .with_context(|| format!("no aggregate_seq: {m}"))?
+                    .parse()?,
+            })
+        })
+        .collect()
+}
+
+/// The consumer's view: per aggregate, events arrive in commit order (a redelivery may repeat
+/// one, never go back), and `aggregate_seq` is 1, 2, 3, ... over them, one number per event.
+/// Returns the distinct ids received.
+fn check_order(received: &[Line], what: &str) -> anyhow::Result<HashSet<String>> {
+    let mut by_seq: BTreeMap<&str, BTreeMap<u64, u64>> = BTreeMap::new();
+    let mut seen: HashMap<&str, u64> = HashMap::new();
+    let mut first = HashSet::new();
+    for m in received {
+        let prev = by_seq.entry(&m.aggregate).or_default().insert(m.seq, m.n);
+        ensure!(
+            prev.is_none_or(|p| p == m.n),
+            "{what}: {} aggregate_seq {} on events {prev:?} and {}",
+            m.aggregate,
+            m.seq,
+            m.n
+        );
+        if first.insert(m.id.clone())
+            && let Some(last) = seen.insert(&m.aggregate, m.n)
+        {
+            ensure!(
+                m.n > last,
+                "{what}: {} received event {} after event {last} (inversion)",
+                m.aggregate,
+                m.n
+            );
+        }
+    }
+    for (aggregate, seqs) in &by_seq {
+        let numbers: Vec<u64> = seqs.keys().copied().collect();
+        ensure!(
+            numbers == (1..=seqs.len() as u64).collect::<Vec<_>>(),
+            "{what}: {aggregate}'s aggregate_seq values are not 1..{}: {numbers:?}",
+            seqs.len()
+        );
+        let ns: Vec<u64> = seqs.values().copied().collect();
+        ensure!(
+            ns.windows(2).all(|w| w[0] < w[1]),
+            "{what}: {aggregate}'s aggregate_seq does not follow commit order: {ns:?}"
+        );
+    }
+    Ok(first)
+}
+
+/// The counts of a backfill's final line.
+fn counts(stdout: &str) -> anyhow::Result<BTreeMap<&'static str, u64>> {
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("backfill of subscription"))
+        .with_context(|| format!("no final line: {stdout}"))?;
+    let mut out = BTreeMap::new();
+    for (key, label) in [
+        ("copied", "copied "),
+        ("already", "already there "),
+        ("filter", "skipped by the filter "),
+        ("newer", "already delivered) "),
+    ] {
+        let at = line
+            .find(label)
+            .with_context(|| format!("`{label}` in {line}"))?
+            + label.len();
+        let n: String = line[at..]
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect();
+        out.insert(key, n.parse()?);
+    }
+    Ok(out)
+}
+
+/// How many of the events written before `old_max` (outbox seq) subscription `paid` holds.
+async fn old_in_paid(pool: &sqlx::PgPool, old_max: i64) -> i64 {
+    sqlx::query_scalar::<_, i64>(
+        "SELECT count(*) FROM outbox_sub_paid s JOIN outbox o USING (id) WHERE o.seq <= $1",
+    )
+    .bind(old_max)
+    .fetch_one(pool)
+    .await
+    .unwrap_or(-1)
+}
+
+fn sigkill(child: &tokio::process::Child) -> anyhow::Result<()> {
+    let pid = child.id().context("already gone")?;
+    ensure!(
+        std::process::Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status()?
+            .success(),
+        "kill -KILL"
+    );
+    Ok(())
+}
+
+/// Old events (fanned out before subscription `paid` existed) and live traffic on the same
+/// aggregates; `paid`'s sink fails meanwhile (`/dev/full`), so its live copies wait pending
+/// and the backfill must put the old events ahead of them. The backfill and a relay are
+/// killed with SIGKILL mid-way; a rerun completes. Afterwards every `order.paid` event
+/// reaches `paid` once (redeliveries aside), in commit order per aggregate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backfill_during_live_traffic_survives_kill_9_in_commit_order() -> anyhow::Result<()> {
+    let url = Postgres::shared().await?.fresh_database().await?;
+    let work = Workdir::new()?;
+    let old = work.write_config("old.toml", &config(&url, &work, None))?;
+    let failing = work.write_config("failing.toml", &config(&url, &work, Some("/dev/full")))?;
+    let paid_file = work.path().join("paid.jsonl");
+    let good = work.write_config(
+        "good.toml",
+        &config(&url, &work, Some(&paid_file.display().to_string())),
+    )?;
+    let arg = |p: &Path| p.to_str().map(str::to_owned).context("utf-8 path");
+    work.run_ok(&["migrate", "--config", &arg(&failing)?])
+        .await?;
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(4)
+        .connect(&url)
+        .await?;
+    // 1. 40 aggregates x 500 events, fanned out by a relay that knows only `all`.
+    let aggregates: Vec<usize> = (0..40).collect();
+    write(&pool, &aggregates, 0, 500).await?;
+    let mut relay = work.spawn_relay(&old, "relay.log")?;
+    support::wait_drained(&pool, Duration::from_secs(60)).await?;
+    support::terminate(&mut relay, Duration::from_secs(30)).await?;
+    ensure!(
+        count(&pool, "SELECT count(*) FROM outbox_sub_paid").await == 0,
+        "paid not empty"
+    );
+    let old_max: i64 = sqlx::query_scalar("SELECT max(seq) FROM outbox")
+        .fetch_one(&pool)
+        .await?;
+
+    // 2. Relays that know `paid` (its sink failing) and producers on half of the aggregates.
+    let mut relays = vec![
+        work.spawn_relay(&failing, "relay.log")?,
+        work.spawn_relay(&failing, "relay.log")?,
+    ];
+    let stop = Arc::new(AtomicBool::new(false));
+    let live = {
+        let (pool, stop) = (pool.clone(), stop.clone());
+        tokio::spawn(async move {
+            let live: Vec<usize> = (0..20).collect();
+            let mut n = 500;
+            while !stop.load(Ordering::Relaxed) {
+                write(&pool, &live, n, n + 1).await?;
+                n += 1;
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            anyhow::Ok(n)
+        })
+    };
+    eventually(PATIENCE, || async {
+        count(&pool, "SELECT count(*) FROM outbox_sub_paid").await > 0
+    })
+    .await
+    .context("live traffic never reached subscription paid")?;
+
+    // 3. The backfill, killed once it copied some chunks and before it finished.
+    let backfill_args = ["backfill", "--subscription", "paid", "--all", "--config"];
+    let mut first = work
+        .command(&[&backfill_args[..], &[&arg(&failing)?]].concat())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    eventually(PATIENCE, || async {
+        old_in_paid(&pool, old_max).await >= 2000
+    })
+    .await
+    .context("the backfill copied nothing")?;
+    ensure!(
+        first.try_wait()?.is_none(),
+        "the backfill finished before it could be killed mid-way"
+    );
+    sigkill(&first)?;
+    first.wait().await?;
+    let after_kill = old_in_paid(&pool, old_max).await;
+    ensure!(
+        after_kill < 10_000,
+        "the first backfill copied everything ({after_kill})"
+    );
+
+    // 4. A relay killed and replaced while the backfill runs again, to the end.
+    let second = work.command(&[&backfill_args[..], &[&arg(&failing)?]].concat());
+    let second = tokio::spawn(support::output(second));
+    sigkill(&relays[0])?;
+    relays[0].wait().await?;
+    relays[0] = work.spawn_relay(&failing, "relay.log")?;
+    let out = second.await??;
+    ensure!(
+        out.code == Some(0),
+        "backfill: {}{}",
+        out.stdout,
+        out.stderr
+    );
+    let c = counts(&out.stdout)?;
+    ensure!(
+        c["newer"] == 0,
+        "nothing was delivered to paid, yet: {}",
+        out.stdout
+    );
+    ensure!(
+        c["filter"] >= 10_000,
+        "order.placed events pass the filter: {}",
+        out.stdout
+    );
+    ensure!(
+        c["copied"] > 0 && c["already"] >= after_kill as u64,
+        "the rerun copies the rest and finds the first run's copies: {}",
+        out.stdout
+    );
+    stop.store(true, Ordering::Relaxed);
+    live.await??;
+
+    // 5. The failing relays replaced by ones whose `paid` sink works; everything drains.
+    for r in &mut relays {
+        sigkill(r)?;
+        r.wait().await?;
+    }
+    let mut relay = work.spawn_relay(&good, "relay.log")?;
+    wait_all_delivered(&pool, &work).await?;
+    support::terminate(&mut relay, Duration::from_secs(30)).await?;
+
+    let expected: HashSet<String> = sqlx::query_scalar::<_, String>(
+        "SELECT id::text FROM outbox WHERE event_type = 'order.paid'",
+    )
+    .fetch_all(&pool)
+    .await?
+    .into_iter()
+    .collect();
+    let received = check_order(&lines(&paid_file)?, "paid.jsonl")?;
+    ensure!(
+        received == expected,
+        "paid.jsonl: {} distinct events, {} order.paid events in the outbox; missing {:?}",
+        received.len(),
+        expected.len(),
+        expected.difference(&received).take(5).collect::<Vec<_>>()
+    );
+    Ok(())
+}
+
+/// Aggregate o1 got a live event that `paid` delivered; its older events can no longer be
+/// delivered in order, so the backfill counts them as skipped. Aggregate o2 had no live event:
+/// its old events are copied and delivered in order. A rerun finds them there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_older_than_a_delivered_one_are_counted_not_delivered() -> anyhow::Result<()> {
+    let url = Postgres::shared().await?.fresh_database().await?;
+    let work = Workdir::new()?;
+    let paid_file = work.path().join("paid.jsonl");
+    let old = work.write_config("old.toml", &config(&url, &work, None))?;
+    let new = work.write_config(
+        "new.toml",
+        &config(&url, &work, Some(&paid_file.display().to_string())),
+    )?;
+    let new_arg = new.to_str().context("utf-8 path")?;
+    work.run_ok(&["migrate", "--config", new_arg]).await?;
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect(&url)
+        .await?;
+    // n = 0..10 on o1 and o2: five order.paid (odd n), five order.placed.
+    write(&pool, &[1, 2], 0, 10).await?;
+    let mut relay = work.spawn_relay(&old, "relay.log")?;
+    support::wait_drained(&pool, Duration::from_secs(60)).await?;
+    support::terminate(&mut relay, Duration::from_secs(30)).await?;
+
+    let mut relay = work.spawn_relay(&new, "relay.log")?;
+    write(&pool, &[1], 11, 12).await?;
+    eventually(PATIENCE, || async {
+        lines(&paid_file).is_ok_and(|l| l.len() == 1)
+    })
+    .await
+    .context("the live event never reached paid.jsonl")?;
+
+    let args = [
+        "backfill",
+        "--subscription",
+        "paid",
+        "--all",
+        "--config",
+        new_arg,
+    ];
+    let out = work.run_ok(&args).await?;
+    let c = counts(&out)?;
+    ensure!(
+        c["copied"] == 5 && c["newer"] == 5 && c["filter"] == 10 && c["already"] == 1,
+        "{out}"
+    );
+    eventually(PATIENCE, || async {
+        lines(&paid_file).is_ok_and(|l| l.len() >= 6)
+    })
+    .await
+    .context("o2's events never reached paid.jsonl")?;
+    let received = lines(&paid_file)?;
+    check_order(&received, "paid.jsonl")?;
+    let of = |a: &str| -> Vec<u64> {
+        received
+            .iter()
+            .filter(|m| m.aggregate == a)
+            .map(|m| m.n)
+            .collect()
+    };
+    ensure!(of("o1") == vec![11], "o1: {:?}", of("o1"));
+    ensure!(of("o2") == vec![1, 3, 5, 7, 9], "o2: {:?}", of("o2"));
+
+    let again = counts(&work.run_ok(&args).await?)?;
+    ensure!(
+        again["copied"] == 0 && again["already"] == 6 && again["newer"] == 5,
+        "rerun: {again:?}"
+    );
+    support::terminate(&mut relay, Duration::from_secs(30)).await?;
+    Ok(())
+}
+
+/// Unknown subscription, a `--since` that is no duration, both or neither of `--since` and
+/// `--all`, no `--subscription`: a clear error, a non-zero exit, nothing copied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_refused_and_copies_nothing() -> anyhow::Result<()> {
+    let url = Postgres::shared().await?.fresh_database().await?;
+    let work = Workdir::new()?;
+    let paid = work.path().join("paid.jsonl");
+    let cfg = work.write_config(
+        "outbox.toml",
+        &config(&url, &work, Some(&paid.display().to_string())),
+    )?;
+    let cfg = cfg.to_str().context("utf-8 path")?;
+    work.run_ok(&["migrate", "--config", cfg]).await?;
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&url)
+        .await?;
+    write(&pool, &[1], 0, 4).await?;
+    sqlx::query("UPDATE outbox SET state = 'delivered'")
+        .execute(&pool)
+        .await?;
+    // (arguments, what the error line says, what stderr names)
+    for (args, needle, names) in [
+        (
+            vec!["--subscription", "nope", "--all"],
+            "no subscription named `nope`",
+            "paid",
+        ),
+        (
+            vec!["--subscription", "paid", "--since", "yesterday"],
+            "'yesterday'",
+            "--since",
+        ),
+        (
+            vec!["--subscription", "paid", "--since", "2h", "--all"],
+            "cannot be used with",
+            "--all",
+        ),
+        (
+            vec!["--subscription", "paid"],
+            "required arguments were not provided",
+            "--since",
+        ),
+        (vec!["--all"], "--subscription", "--subscription"),
+    ] {
+        let mut full = vec!["backfill", "--config", cfg];
+        full.extend(&args);
+        let out = work.run(&full).await?;
+        out.assert_clear_error(needle)?;
+        ensure!(out.stderr.contains(names), "{args:?}: {}", out.stderr);
+        ensure!(
+            count(&pool, "SELECT count(*) FROM outbox_sub_paid").await == 0,
+            "{args:?} copied something"
+        );
+    }
+    Ok(())
+}
