@@ -7,6 +7,8 @@
 //! aggregate whose event failed takes no further part in the batch, so a later event never
 //! overtakes an earlier one that is being retried or dead-lettered.
 
+mod publish;
+
 use std::collections::HashMap;
 use std::num::{NonZeroU32, NonZeroUsize};
 use std::sync::Arc;
@@ -18,11 +20,10 @@ use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics as m;
-use crate::policy::{Backoff, FailureAction, RetryPolicy};
-use crate::sink::Delivery;
+use crate::policy::{Backoff, RetryPolicy};
 use crate::source::{Fetched, Outcome, Settlement};
-use crate::trace::{AttemptOutcome, AttemptSpan, PublishTracer};
-use crate::{Event, Sink, SinkError, SinkErrorKind, Source, SourceError, SourceErrorKind};
+use crate::trace::PublishTracer;
+use crate::{Event, Sink, Source, SourceError, SourceErrorKind};
 
 /// Which events must reach the broker in commit order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, Default)]
@@ -394,192 +395,6 @@ impl<K: Sink> Relay<K> {
                 self.config.source_timeout
             ))),
         }
-    }
-
-    /// Publishes one batch wave by wave and decides every event's outcome. Returns the
-    /// settlements, the totals, and the error that made the broker count as unavailable.
-    ///
-    /// No wave is published unless it can finish (`relay.publish_timeout`) before the claim's
-    /// `valid_until`: a relay that was paused past its claim publishes nothing stale.
-    async fn publish_batch(
-        &self,
-        events: Vec<Event>,
-        policy: &RetryPolicy,
-        rng: &mut impl rand::Rng,
-        valid_until: Option<tokio::time::Instant>,
-    ) -> (Vec<Settlement>, RelayReport, Option<SinkError>) {
-        let mut settlements = Vec::with_capacity(events.len());
-        let mut report = RelayReport::default();
-        let mut sink_down: Option<SinkError> = None;
-        let sink_name = self.sink.name();
-        let waves = split_into_waves(events, self.config.ordering);
-        // Aggregates that failed earlier in this batch: their later events are released.
-        let mut failed: HashMap<(String, String), ()> = HashMap::new();
-        let ordered = self.config.ordering != Ordering::None;
-
-        let mut expired = false;
-        for wave in waves {
-            // Checked on the monotonic clock right before each publish: a process that was
-            // stopped (SIGSTOP, a frozen VM) sees the time that passed.
-            if !expired
-                && let Some(deadline) = valid_until
-                && tokio::time::Instant::now() + self.config.publish_timeout > deadline
-            {
-                expired = true;
-                tracing::warn!(
-                    sink = sink_name,
-                    "the claim on this batch expires before a publish could finish (was the relay paused?); not publishing the rest: another replica delivers it"
-                );
-            }
-            if expired {
-                report.fenced += wave.len() as u64;
-            }
-            // With total order, the first event that is not delivered holds back everything
-            // after it in the batch, whatever its aggregate.
-            let total_halt = self.config.ordering == Ordering::Total && !failed.is_empty();
-            let (mut wave, held): (Vec<Event>, Vec<Event>) =
-                if sink_down.is_some() || total_halt || expired {
-                    (Vec::new(), wave)
-                } else if ordered && !failed.is_empty() {
-                    wave.into_iter().partition(|e| {
-                        !failed.contains_key(&(e.aggregate_type.clone(), e.aggregate_id.clone()))
-                    })
-                } else {
-                    (wave, Vec::new())
-                };
-            settlements.extend(held.iter().map(|e| Settlement {
-                position: e.position,
-                outcome: Outcome::Released,
-            }));
-            if wave.is_empty() {
-                continue;
-            }
-            // One span per event, started right before the publish call; the tracer may put
-            // its own span's context in the message's trace headers (the row keeps its own).
-            let mut spans: Option<std::vec::IntoIter<Box<dyn AttemptSpan>>> =
-                self.tracer.as_ref().map(|tracer| {
-                    wave.iter_mut()
-                        .map(|event| tracer.start(event, sink_name))
-                        .collect::<Vec<_>>()
-                        .into_iter()
-                });
-            let deliveries: Vec<Delivery> =
-                match tokio::time::timeout(self.config.publish_timeout, self.sink.publish(&wave))
-                    .await
-                {
-                    Ok(Ok(d)) if d.len() == wave.len() => d,
-                    Ok(Ok(d)) => {
-                        let e = SinkError::transient(format!(
-                            "sink `{sink_name}` returned {} results for {} events",
-                            d.len(),
-                            wave.len()
-                        ));
-                        vec![Err(e); wave.len()]
-                    }
-                    Ok(Err(e)) => vec![Err(e); wave.len()],
-                    Err(_) => {
-                        let e = SinkError::unavailable(format!(
-                            "no acknowledgement within {:?} (relay.publish_timeout)",
-                            self.config.publish_timeout
-                        ));
-                        vec![Err(e); wave.len()]
-                    }
-                };
-            let acked_at = OffsetDateTime::now_utc();
-            let latency_histogram = metrics::histogram!(m::COMMIT_TO_ACK_SECONDS, self.labels(&[]));
-            let mut published = 0u64;
-            for (event, delivery) in wave.iter().zip(deliveries) {
-                let mut span = spans.as_mut().and_then(Iterator::next);
-                let outcome = match delivery {
-                    Ok(()) => {
-                        published += 1;
-                        let latency = (acked_at - event.created_at).as_seconds_f64().max(0.0);
-                        latency_histogram.record(latency);
-                        end_span(&mut span, AttemptOutcome::Delivered);
-                        Outcome::Delivered
-                    }
-                    Err(err) => match policy.on_failure(err.kind(), event.attempts, rng) {
-                        FailureAction::Release => {
-                            end_span(&mut span, AttemptOutcome::Released { error: &err });
-                            sink_down.get_or_insert(err);
-                            Outcome::Released
-                        }
-                        FailureAction::RetryAfter(delay) => {
-                            report.retried += 1;
-                            let kind = match err.kind() {
-                                SinkErrorKind::Unavailable => "unavailable",
-                                SinkErrorKind::Transient => "transient",
-                                SinkErrorKind::Rejected => "rejected",
-                            };
-                            metrics::counter!(
-                                m::EVENTS_FAILED,
-                                self.labels(&[("sink", sink_name), ("kind", kind)])
-                            )
-                            .increment(1);
-                            tracing::debug!(event_id = %event.id, error = %err.report(), retry_in = ?delay, "publish failed; will retry");
-                            end_span(&mut span, AttemptOutcome::Retry { error: &err });
-                            Outcome::Retry {
-                                not_before: acked_at + delay,
-                                error: err.report(),
-                            }
-                        }
-                        FailureAction::DeadLetter => {
-                            report.dead_lettered += 1;
-                            metrics::counter!(
-                                m::EVENTS_DEAD_LETTERED,
-                                self.labels(&[("sink", sink_name)])
-                            )
-                            .increment(1);
-                            let reason = if err.kind() == SinkErrorKind::Transient {
-                                format!(
-                                    "gave up after {} failed attempts: {}",
-                                    event.attempts + 1,
-                                    err.report()
-                                )
-                            } else {
-                                err.report()
-                            };
-                            tracing::warn!(
-                                event_id = %event.id,
-                                aggregate_type = %event.aggregate_type,
-                                event_type = %event.event_type,
-                                reason = %reason,
-                                "event dead-lettered"
-                            );
-                            end_span(
-                                &mut span,
-                                AttemptOutcome::DeadLetter {
-                                    error: &err,
-                                    reason: &reason,
-                                },
-                            );
-                            Outcome::DeadLetter { reason }
-                        }
-                    },
-                };
-                if ordered && outcome != Outcome::Delivered {
-                    failed.insert(
-                        (event.aggregate_type.clone(), event.aggregate_id.clone()),
-                        (),
-                    );
-                }
-                settlements.push(Settlement {
-                    position: event.position,
-                    outcome,
-                });
-            }
-            report.delivered += published;
-            metrics::counter!(m::EVENTS_PUBLISHED, self.labels(&[("sink", sink_name)]))
-                .increment(published);
-        }
-        (settlements, report, sink_down)
-    }
-}
-
-/// Ends an attempt's span, if there is one, with its outcome.
-fn end_span(span: &mut Option<Box<dyn AttemptSpan>>, outcome: AttemptOutcome<'_>) {
-    if let Some(span) = span.take() {
-        span.end(outcome);
     }
 }
 

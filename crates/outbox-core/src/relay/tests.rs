@@ -1,5 +1,7 @@
 use super::*;
-use crate::Position;
+use crate::sink::Delivery;
+use crate::trace::{AttemptOutcome, AttemptSpan};
+use crate::{Position, SinkError};
 
 fn ev(agg: &str, pos: i64) -> Event {
     Event {
