@@ -16,6 +16,7 @@ pub mod backfill;
 pub mod canary;
 pub mod capture;
 pub mod catalog;
+pub mod change_stream;
 pub mod cloudevents;
 pub mod destination;
 pub mod enqueue;

@@ -429,6 +429,11 @@ impl<M: Clone> Ledger<M> {
     }
 
     /// The queued event at `position`.
+    pub fn queued_at(&self, position: i64) -> Option<&Entry<M>> {
+        self.queue.get(&position)
+    }
+
+    /// The queued event at `position`, to change.
     pub fn queued_mut(&mut self, position: i64) -> Option<&mut Entry<M>> {
         self.queue.get_mut(&position)
     }

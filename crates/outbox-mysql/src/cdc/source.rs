@@ -14,12 +14,13 @@ use std::str::FromStr as _;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::{FutureExt as _, StreamExt as _};
+use futures::StreamExt as _;
 use mysql_async::binlog::events::{EventData, RowsEventData};
 use mysql_async::{BinlogStream, BinlogStreamRequest};
+use outbox_core::change_stream::{self, ChangeStream, LogReader, StreamMeta};
 use outbox_core::source::{Fetched, Outcome, Settlement};
 use outbox_core::spill::{self, Buffered, SpillSettings, Spillable, TxnBuffer};
-use outbox_core::stream_ledger::{self, LedgerStats, PUMP_BUDGET};
+use outbox_core::stream_ledger;
 use outbox_core::{DeadLetterPolicy, Event, Ordering, Source, SourceError};
 use sqlx::mysql::MySqlConnectOptions;
 use sqlx::{Connection as _, MySqlConnection, MySqlPool, Row as _};
@@ -37,13 +38,7 @@ use crate::error::source_error;
 use crate::sql::stmt;
 
 /// How often a standby tries to take the stream over.
-pub(crate) const STANDBY_RETRY: Duration = Duration::from_secs(1);
-
-/// Events kept in memory (received, not settled for good) before the source stops reading
-/// the binlog; the server then waits (TCP backpressure). An open transaction is always read to
-/// its commit: past `source.spill_after_*` it goes to a scratch file, and after its commit it is
-/// loaded from there in batches up to this bound.
-const MAX_BUFFERED: usize = 50_000;
+pub(crate) const STANDBY_RETRY: Duration = change_stream::STANDBY_RETRY;
 
 /// How often the kept position is saved when only transactions without outbox events moved
 /// it (every batch of events saves it at once).
@@ -65,8 +60,13 @@ struct Meta {
     put_back: bool,
 }
 
-type Ledger = stream_ledger::Ledger<Meta>;
 type Entry = stream_ledger::Entry<Meta>;
+
+impl StreamMeta for Meta {
+    fn put_back(&self) -> bool {
+        self.put_back
+    }
+}
 
 /// How a large transaction's events are kept in its scratch file.
 impl Spillable for Meta {
@@ -154,28 +154,17 @@ pub struct MySqlCdcSource {
     queries: Arc<CdcQueries>,
     database: String,
     table: String,
-    ordering: Ordering,
-    hold: bool,
+    /// The shared change-stream state: ledger, dead-letter checks, the claim.
+    cs: ChangeStream<Meta>,
     server_id: u32,
     live: Option<Live>,
     /// When an open transaction goes to a scratch file (`source.spill_*`).
     spill: Arc<SpillSettings>,
     columns: Option<Columns>,
     files: FileNames,
-    ledger: Ledger,
     /// Token of the kept position as last saved.
     saved: u64,
     saved_at: Instant,
-    /// Aggregates known to have dead letters (checked against the table before use).
-    dead: HashSet<(String, String)>,
-    next_attempt: Instant,
-    standing_by: bool,
-    /// A stream failure seen in `wait_for_events`, returned by the next `fetch`.
-    failure: Option<SourceError>,
-    stats: Arc<LedgerStats>,
-    /// After (re)starting: the server's binlog head at the start. Until the stream has
-    /// passed it, `fetch` waits for it, so the first batch holds what was committed before.
-    catch_up: Option<u64>,
     /// MariaDB: the GTID position at the end of each transaction not yet saved, by token.
     gtids: BTreeMap<u64, String>,
     /// The kept row's token belongs to another server's binlog: set it to 0 before the next
@@ -188,7 +177,7 @@ impl std::fmt::Debug for MySqlCdcSource {
         f.debug_struct("MySqlCdcSource")
             .field("table", &self.table)
             .field("streaming", &self.live.is_some())
-            .field("confirmed", &self.ledger.confirmed())
+            .field("confirmed", &self.cs.ledger.confirmed())
             .finish_non_exhaustive()
     }
 }
@@ -214,22 +203,14 @@ impl MySqlCdcSource {
             database,
             table: config.table.to_string(),
             config: config.clone(),
-            ordering,
-            hold: dead_letter == DeadLetterPolicy::HoldAggregate && ordering != Ordering::None,
+            cs: ChangeStream::new(ordering, dead_letter),
             server_id: config.server_id.unwrap_or_else(random_server_id),
             live: None,
             spill: Arc::new(config.spill_settings()),
             columns: None,
             files: FileNames::default(),
-            ledger: Ledger::new(0),
             saved: 0,
             saved_at: Instant::now(),
-            dead: HashSet::new(),
-            next_attempt: Instant::now(),
-            standing_by: false,
-            failure: None,
-            stats: Arc::new(LedgerStats::default()),
-            catch_up: None,
             gtids: BTreeMap::new(),
             rebase_row: false,
         })
@@ -237,7 +218,7 @@ impl MySqlCdcSource {
 
     /// An inspector that reports this source's in-memory backlog.
     pub fn inspector(&self) -> super::MySqlCdcInspector {
-        super::MySqlCdcInspector::with_stats(self.pool.clone(), &self.config, self.stats.clone())
+        super::MySqlCdcInspector::with_stats(self.pool.clone(), &self.config, self.cs.stats.clone())
     }
 
     /// True while this source holds the stream.
@@ -254,14 +235,12 @@ impl MySqlCdcSource {
         if self.live.is_some() {
             return Ok(true);
         }
-        if Instant::now() < self.next_attempt {
+        if !self.cs.claim.due() {
             return Ok(false);
         }
-        self.next_attempt = Instant::now() + STANDBY_RETRY;
         let Some(lock) = self.take_lock().await? else {
-            if !self.standing_by {
+            if self.cs.claim.stand_by() {
                 tracing::info!(table = %self.table, retry_every = ?STANDBY_RETRY, "another relay streams this outbox's binlog; standing by");
-                self.standing_by = true;
             }
             return Ok(false);
         };
@@ -334,9 +313,9 @@ impl MySqlCdcSource {
         let head = super::setup::current_position(&self.pool)
             .await
             .map_err(|e| self.db_err("reading the binlog head", e))?;
-        self.catch_up = head.and_then(|h| h.token()).filter(|h| *h > token);
+        self.cs.catch_up = head.and_then(|h| h.token()).filter(|h| *h > token);
         self.files.note(&start.file);
-        self.ledger.reset(token);
+        self.cs.ledger.reset(token);
         self.saved = token;
         self.gtids.clear();
         tracing::info!(
@@ -344,13 +323,10 @@ impl MySqlCdcSource {
             resume_at = %format!("{}:{}", start.file, start.offset),
             gtid = %gtid.as_ref().map(ToString::to_string).unwrap_or_default(),
             server_id = self.server_id,
-            took_over = self.standing_by,
+            took_over = self.cs.claim.took(),
             "streaming the outbox from the binlog"
         );
-        self.standing_by = false;
-        self.stats
-            .streaming
-            .store(true, std::sync::atomic::Ordering::Relaxed);
+        self.cs.set_streaming(true);
         self.live = Some(Live {
             stream,
             lock,
@@ -473,7 +449,7 @@ impl MySqlCdcSource {
                 dead.insert(key);
             }
         }
-        self.dead = dead;
+        self.cs.dead = dead;
         Ok(())
     }
 
@@ -481,11 +457,9 @@ impl MySqlCdcSource {
     /// and the stream resends everything after the kept position.
     fn lost(&mut self, error: SourceError) -> SourceError {
         self.live = None;
-        self.stats
-            .streaming
-            .store(false, std::sync::atomic::Ordering::Relaxed);
-        self.ledger.reset(self.saved);
-        self.next_attempt = Instant::now();
+        self.cs.set_streaming(false);
+        self.cs.ledger.reset(self.saved);
+        self.cs.claim.retry_now();
         tracing::warn!(error = %outbox_core::relay::ErrorChain(&error), "binlog stream lost; events after the kept position will be streamed again");
         error
     }
@@ -500,11 +474,13 @@ impl MySqlCdcSource {
                 .with_source(e)
         };
         let end = u64::from(event.header().log_pos());
-        if let (Some(barrier), Some(file)) = (self.catch_up, live.file.as_deref())
-            && end > 0
-            && token(file, end).is_some_and(|t| t >= barrier)
+        if let Some(reached) = live
+            .file
+            .as_deref()
+            .filter(|_| end > 0)
+            .and_then(|f| token(f, end))
         {
-            self.catch_up = None;
+            self.cs.reached(reached);
         }
         if event.header().event_type_raw() == MARIADB_GTID_EVENT {
             if let Some((domain, seq, standalone)) = mariadb_gtid(event.data()) {
@@ -622,7 +598,7 @@ impl MySqlCdcSource {
         let Some(token) = token(file, end) else {
             return Ok(false);
         };
-        if std::mem::take(&mut live.check_token) && token <= self.ledger.confirmed() {
+        if std::mem::take(&mut live.check_token) && token <= self.cs.ledger.confirmed() {
             // Resumed by GTID, the stream's first transaction ends at or before the kept
             // token: that token was measured in another binlog (a failover to a replica whose
             // file of the same name holds the transactions at other offsets). Left as it is,
@@ -634,7 +610,7 @@ impl MySqlCdcSource {
                 file,
                 "the kept binlog position is not in this server's binlog (failover?): following this server's positions from here"
             );
-            self.ledger.reset(0);
+            self.cs.ledger.reset(0);
             self.saved = 0;
             self.rebase_row = true;
         }
@@ -648,78 +624,19 @@ impl MySqlCdcSource {
         match live.pending.take().map_err(spill_error)? {
             Buffered::Memory(events) => {
                 let any = !events.is_empty();
-                self.ledger.commit(events, token);
+                self.cs.ledger.commit(events, token);
                 Ok(any)
             }
             Buffered::Spilled(events) => {
                 // Loaded in batches by `pump`; the binlog waits until all of it is loaded.
-                self.ledger.commit_spilled(events, token);
+                self.cs.ledger.commit_spilled(events, token);
                 Ok(true)
             }
         }
     }
 
-    /// Reads what the stream has ready without waiting.
-    fn pump(&mut self) -> Result<(), SourceError> {
-        let until = Instant::now() + PUMP_BUDGET;
-        loop {
-            if self.ledger.draining() {
-                // A large transaction loads from its scratch file first (commit order).
-                return self.ledger.refill(MAX_BUFFERED).map_err(|e| self.lost(e));
-            }
-            if Instant::now() >= until {
-                return Ok(()); // the rest at the next fetch
-            }
-            let pending = self.live.as_ref().map_or(0, |l| l.pending.len());
-            if self.ledger.unsettled() >= MAX_BUFFERED && pending == 0 {
-                return Ok(());
-            }
-            let Some(live) = self.live.as_mut() else {
-                return Ok(());
-            };
-            match live.stream.next().now_or_never() {
-                None => return Ok(()),
-                Some(received) => {
-                    self.receive(received)?;
-                }
-            }
-        }
-    }
-
-    /// Right after the start: reads the stream until it passed the binlog head of the start
-    /// (everything committed before is then in memory), a batch is full, or
-    /// `source.connect_timeout` passed.
-    async fn wait_for_catch_up(&mut self, limit: usize) -> Result<(), SourceError> {
-        let deadline = Instant::now() + self.config.connect_timeout;
-        while self.catch_up.is_some()
-            && self.ledger.unsettled() < MAX_BUFFERED
-            && !self.ledger.draining()
-            && self
-                .ledger
-                .selectable(limit, OffsetDateTime::now_utc(), self.ordering)
-                .len()
-                < limit
-        {
-            let Some(live) = self.live.as_mut() else {
-                return Ok(());
-            };
-            let received = match tokio::time::timeout_at(deadline, live.stream.next()).await {
-                Err(_) => {
-                    self.catch_up = None;
-                    return Ok(());
-                }
-                Ok(r) => r,
-            };
-            self.receive(received)?;
-        }
-        Ok(())
-    }
-
     /// Applies one item of the stream; a failure ends the session.
-    fn receive(
-        &mut self,
-        received: Option<Result<mysql_async::binlog::events::Event, mysql_async::Error>>,
-    ) -> Result<bool, SourceError> {
+    fn receive(&mut self, received: BinlogItem) -> Result<bool, SourceError> {
         match received {
             Some(Ok(event)) => self.apply(&event).map_err(|e| self.lost(e)),
             None => Err(self.lost(SourceError::unavailable(
@@ -742,6 +659,7 @@ impl MySqlCdcSource {
     /// letters behind it. An aggregate whose dead letters were retried or purged flows again.
     async fn resolve(&mut self, now: OffsetDateTime) -> Result<(), SourceError> {
         let invalid: Vec<(Entry, i32, String)> = self
+            .cs
             .ledger
             .queued()
             .filter_map(|e| e.meta.invalid.clone().map(|why| (e.clone(), 1, why)))
@@ -750,26 +668,12 @@ impl MySqlCdcSource {
             self.write_dead(&invalid, now).await?;
             for (entry, _, why) in &invalid {
                 tracing::error!(row = entry.meta.row, reason = %why, "dead-lettered an outbox row that cannot be published");
-                if let Some(entry) = self.ledger.remove_queued(entry.event.position.0) {
-                    self.ledger.finish(&entry);
+                if let Some(entry) = self.cs.ledger.remove_queued(entry.event.position.0) {
+                    self.cs.ledger.finish(&entry);
                 }
             }
         }
-        let suspects = self.ledger.suspects(&self.dead);
-        if suspects.is_empty() {
-            return Ok(());
-        }
-        let mut groups: Vec<((String, String), Vec<i64>)> = Vec::new();
-        for position in suspects {
-            let Some(entry) = self.ledger.queued_mut(position) else {
-                continue;
-            };
-            let key = entry.aggregate();
-            match groups.iter_mut().find(|(k, _)| *k == key) {
-                Some((_, positions)) => positions.push(position),
-                None => groups.push((key, vec![position])),
-            }
-        }
+        let groups = self.cs.suspect_groups();
         for (key, positions) in groups {
             let dead_ids: Vec<String> = sqlx::query_scalar(stmt(&self.queries.dead_of_aggregate))
                 .bind(&key.0)
@@ -794,6 +698,7 @@ impl MySqlCdcSource {
                     .map_err(|e| self.db_err("reading the retried events of an aggregate", e))?;
                 // Where the stream holds each put-back row already (its ledger position).
                 let held: std::collections::HashMap<i64, i64> = self
+                    .cs
                     .ledger
                     .entries()
                     .filter(|e| e.meta.put_back)
@@ -801,7 +706,7 @@ impl MySqlCdcSource {
                     .collect();
                 let mut overtaking = Vec::new();
                 for p in &positions {
-                    if let Some(e) = self.ledger.queued_mut(*p) {
+                    if let Some(e) = self.cs.ledger.queued_mut(*p) {
                         // A put-back row with a lower seq that the stream has not handed over
                         // ahead of this event (not yet streamed, or streamed after it).
                         let waits = put_back.iter().any(|(row, seq)| {
@@ -815,45 +720,16 @@ impl MySqlCdcSource {
                     }
                 }
                 if overtaking.is_empty() {
-                    self.dead.remove(&key);
+                    self.cs.dead.remove(&key);
                 } else {
                     self.restream(&overtaking).await?;
                 }
                 continue;
             }
-            let mut park = Vec::new();
-            for p in positions {
-                let Some(entry) = self.ledger.queued_mut(p) else {
-                    continue;
-                };
-                if dead_ids.contains(&entry.event.id) {
-                    if let Some(entry) = self.ledger.remove_queued(p) {
-                        tracing::debug!(event_id = %entry.event.id, "skipping an event that is already dead-lettered");
-                        self.ledger.finish(&entry);
-                    }
-                } else if self.hold {
-                    let attempts = entry.event.attempts as i32;
-                    let reason = format!(
-                        "held: event {} of aggregate {}/{} is dead-lettered (dead_letter = \"hold-aggregate\"); retry them together, in order",
-                        dead_ids[0], key.0, key.1
-                    );
-                    park.push((entry.clone(), attempts, reason));
-                } else {
-                    entry.checked = true;
-                }
-            }
+            let park = self.cs.behind_dead(&key, positions, &dead_ids);
             if !park.is_empty() {
                 self.write_dead(&park, now).await?;
-                for (entry, _, _) in &park {
-                    if let Some(entry) = self.ledger.remove_queued(entry.event.position.0) {
-                        self.ledger.finish(&entry);
-                    }
-                }
-                tracing::warn!(
-                    aggregate_type = %key.0,
-                    held = park.len(),
-                    "events parked as dead letters behind a dead letter of their aggregate"
-                );
+                self.cs.settle_parked(&key, &park, |_| true);
             }
         }
         Ok(())
@@ -864,7 +740,7 @@ impl MySqlCdcSource {
     async fn restream(&mut self, positions: &[i64]) -> Result<(), SourceError> {
         let rows: Vec<i64> = positions
             .iter()
-            .filter_map(|p| self.ledger.queued_mut(*p).map(|e| e.meta.row))
+            .filter_map(|p| self.cs.ledger.queued_mut(*p).map(|e| e.meta.row))
             .collect();
         let list = serde_json::Value::from(rows).to_string();
         let err = |e| source_error("streaming events again", &self.table, e);
@@ -879,9 +755,9 @@ impl MySqlCdcSource {
         }
         tx.commit().await.map_err(err)?;
         for p in positions {
-            if let Some(entry) = self.ledger.remove_queued(*p) {
+            if let Some(entry) = self.cs.ledger.remove_queued(*p) {
                 tracing::info!(event_id = %entry.event.id, "streaming an event again after the retried dead letters of its aggregate");
-                self.ledger.finish(&entry);
+                self.cs.ledger.finish(&entry);
             }
         }
         Ok(())
@@ -910,7 +786,7 @@ impl MySqlCdcSource {
     /// Saves the confirmed position when it moved: at once after a batch of events (`force`),
     /// otherwise at most every [`IDLE_SAVE_EVERY`].
     async fn save_position(&mut self, force: bool) -> Result<(), SourceError> {
-        let confirmed = self.ledger.confirmed();
+        let confirmed = self.cs.ledger.confirmed();
         if confirmed <= self.saved || (!force && self.saved_at.elapsed() < IDLE_SAVE_EVERY) {
             return Ok(());
         }
@@ -1033,23 +909,24 @@ fn binlog_error(context: &str, at: &BinlogPos, e: mysql_async::Error) -> SourceE
 
 impl Source for MySqlCdcSource {
     async fn fetch(&mut self, limit: usize, now: OffsetDateTime) -> Result<Fetched, SourceError> {
-        if let Some(e) = self.failure.take() {
+        if let Some(e) = self.cs.failure.take() {
             return Err(e);
         }
         // A fetch without settle: the previous batch goes back untouched.
-        self.ledger.release_in_flight();
+        self.cs.ledger.release_in_flight();
         if !self.ensure_streaming().await? {
             return Ok(Fetched::default());
         }
         self.check_lock().await?;
-        self.pump()?;
-        if self.catch_up.is_some() {
-            self.wait_for_catch_up(limit).await?;
+        change_stream::pump(&mut Binlog(self))?;
+        if self.cs.catch_up.is_some() {
+            let timeout = self.config.connect_timeout;
+            change_stream::catch_up(&mut Binlog(self), limit, timeout).await?;
         }
         self.resolve(now).await?;
         self.save_position(false).await?;
-        let events = self.ledger.take(limit, now, self.ordering);
-        self.stats.publish(&self.ledger);
+        let events = self.cs.ledger.take(limit, now, self.cs.ordering);
+        self.cs.publish_stats();
         Ok(Fetched {
             more: events.len() >= limit,
             events,
@@ -1063,29 +940,17 @@ impl Source for MySqlCdcSource {
         now: OffsetDateTime,
     ) -> Result<(), SourceError> {
         // Dead letters first: the only part that can fail, and then nothing is recorded.
-        let dead: Vec<(Entry, i32, String)> = settlements
-            .iter()
-            .filter_map(|s| match &s.outcome {
-                Outcome::DeadLetter { reason } => self.ledger.in_flight(s.position.0).map(|e| {
-                    (
-                        e.clone(),
-                        i32::try_from(e.event.attempts + 1).unwrap_or(i32::MAX),
-                        reason.clone(),
-                    )
-                }),
-                _ => None,
-            })
-            .collect();
+        let dead = self.cs.dead_letters(settlements);
         if !dead.is_empty()
             && let Err(e) = self.write_dead(&dead, now).await
         {
-            self.ledger.release_in_flight();
+            self.cs.ledger.release_in_flight();
             return Err(e);
         }
         let put_back: Vec<i64> = settlements
             .iter()
             .filter(|s| s.outcome == Outcome::Delivered)
-            .filter_map(|s| self.ledger.in_flight(s.position.0))
+            .filter_map(|s| self.cs.ledger.in_flight(s.position.0))
             .filter(|e| e.meta.put_back)
             .map(|e| e.meta.row)
             .collect();
@@ -1095,86 +960,55 @@ impl Source for MySqlCdcSource {
                 .execute(&self.pool)
                 .await;
             if let Err(e) = done {
-                self.ledger.release_in_flight();
+                self.cs.ledger.release_in_flight();
                 return Err(self.db_err("recording retried dead letters as delivered", e));
             }
         }
-        for s in settlements {
-            let Some(mut entry) = self.ledger.take_in_flight(s.position.0) else {
-                continue; // settled already, or from before a reconnect
-            };
-            match &s.outcome {
-                Outcome::Delivered => {
-                    self.ledger.finish(&entry);
-                }
-                Outcome::DeadLetter { .. } => {
-                    if self.hold {
-                        let key = entry.aggregate();
-                        self.ledger.uncheck(&key);
-                        self.dead.insert(key);
-                    }
-                    self.ledger.finish(&entry);
-                }
-                Outcome::Retry { not_before, .. } => {
-                    entry.event.attempts += 1;
-                    entry.not_before = Some(*not_before);
-                    self.ledger.requeue(entry);
-                }
-                Outcome::Released => self.ledger.requeue(entry),
-            }
-        }
-        self.ledger.release_in_flight();
-        self.stats.publish(&self.ledger);
+        self.cs.apply(settlements);
+        self.cs.publish_stats();
         self.save_position(true).await
     }
 
     async fn wait_for_events(&mut self, max: Duration) {
-        let mut deadline = Instant::now() + max;
-        if self.failure.is_some() {
-            return;
-        }
-        if self.live.is_none() {
-            tokio::time::sleep_until(deadline.min(self.next_attempt)).await;
-            return;
-        }
-        let now = OffsetDateTime::now_utc();
-        if let Some(due) = self.ledger.next_due(now) {
-            let wait = (due - now).try_into().unwrap_or(Duration::ZERO);
-            deadline = deadline.min(Instant::now() + wait);
-        }
-        if !self.ledger.selectable(1, now, self.ordering).is_empty() {
-            return;
-        }
-        loop {
-            if self.ledger.draining() {
-                let waited = self
-                    .ledger
-                    .wait_draining(MAX_BUFFERED, self.ordering, deadline);
-                if let Err(e) = waited.await {
-                    self.failure = Some(self.lost(e));
-                }
-                return;
-            }
-            let Some(live) = self.live.as_mut() else {
-                return;
-            };
-            let received = match tokio::time::timeout_at(deadline, live.stream.next()).await {
-                Err(_) => return,
-                Ok(r) => r,
-            };
-            match self.receive(received) {
-                Ok(true) => {
-                    let now = OffsetDateTime::now_utc();
-                    if !self.ledger.selectable(1, now, self.ordering).is_empty() {
-                        return;
-                    }
-                }
-                Ok(false) => {}
-                Err(e) => {
-                    self.failure = Some(e);
-                    return;
-                }
-            }
-        }
+        change_stream::wait_for_events(&mut Binlog(self), max).await;
+    }
+}
+
+/// One item of the binlog stream.
+type BinlogItem = Option<Result<mysql_async::binlog::events::Event, mysql_async::Error>>;
+
+/// The source as the shared machinery reads its log ([`LogReader`]).
+struct Binlog<'a>(&'a mut MySqlCdcSource);
+
+impl LogReader for Binlog<'_> {
+    type Meta = Meta;
+    type Item = BinlogItem;
+
+    fn stream(&self) -> &ChangeStream<Meta> {
+        &self.0.cs
+    }
+
+    fn stream_mut(&mut self) -> &mut ChangeStream<Meta> {
+        &mut self.0.cs
+    }
+
+    fn is_open(&self) -> bool {
+        self.0.live.is_some()
+    }
+
+    fn next_item(&mut self) -> Option<impl Future<Output = BinlogItem> + Send + '_> {
+        self.0.live.as_mut().map(|live| live.stream.next())
+    }
+
+    fn receive(&mut self, item: BinlogItem) -> Result<bool, SourceError> {
+        self.0.receive(item)
+    }
+
+    fn lost(&mut self, error: SourceError) -> SourceError {
+        self.0.lost(error)
+    }
+
+    fn mid_transaction(&self) -> bool {
+        self.0.live.as_ref().is_some_and(|l| !l.pending.is_empty())
     }
 }

@@ -27,7 +27,6 @@ pub(crate) struct Meta {
 }
 
 pub(crate) type Entry = outbox_core::stream_ledger::Entry<Meta>;
-pub(crate) type Ledger = outbox_core::stream_ledger::Ledger<Meta>;
 
 impl Meta {
     /// The row's seq (`None` for a table-less event).
@@ -41,6 +40,12 @@ impl Meta {
     /// Whether this is a dead letter put back in line and not delivered since.
     pub(crate) fn put_back(&self) -> bool {
         matches!(self.origin, Origin::Row { put_back: true, .. })
+    }
+}
+
+impl outbox_core::change_stream::StreamMeta for Meta {
+    fn put_back(&self) -> bool {
+        Meta::put_back(self)
     }
 }
 

@@ -6,7 +6,10 @@
 //! - `decode.rs`: pgoutput messages to events, emitted only at commit.
 //! - `ledger.rs`: what is in memory, and the rule that confirms the slot's position.
 //! - `offset.rs`: the acknowledged position saved in a table, so a database crash replays little.
-//! - `source.rs`: [`PgCdcSource`], the [`outbox_core::Source`] over all of that.
+//! - `source.rs`: [`PgCdcSource`], the [`outbox_core::Source`] over all of that, on the shared
+//!   change-stream machinery ([`outbox_core::change_stream`]); its parts in `source/`: taking
+//!   the slot (`open.rs`), the stream read into the ledger (`wal.rs`), a lost slot
+//!   (`recover.rs`), dead letters and put-back order (`dead.rs`).
 //! - `message.rs`: the table-less event encoding and [`emit_message`].
 //! - `inspect.rs`: [`PgCdcInspector`], backlog and slot lag.
 //!
