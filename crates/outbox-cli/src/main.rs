@@ -129,9 +129,7 @@ fn main() -> ExitCode {
         | Command::Bench(_)
         | Command::Retention(_)
         | Command::Replay(_)
-        | Command::Backfill(_) => {
-            "info"
-        }
+        | Command::Backfill(_) => "info",
         // The NATS and RabbitMQ clients log a refused connection as ERROR lines of their own; the command's
         // verdict already says it, with the URL.
         _ => "warn,async_nats=off,lapin=off",
@@ -157,17 +155,12 @@ fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
-    let load = || -> anyhow::Result<(outbox_runtime::Config, outbox_runtime::Origin)> {
-        let (config, origin) =
-            outbox_runtime::config::load(cli.config.as_deref(), cli.database_url.as_deref())?;
-        match &cli.subscription {
-            Some(name) => Ok((
-                outbox_runtime::subscription::for_subscription(&config, name)
-                    .map_err(|e| anyhow::anyhow!(e))?,
-                origin,
-            )),
-            None => Ok((config, origin)),
-        }
+    let load = || {
+        load_config(
+            cli.config.as_deref(),
+            cli.database_url.as_deref(),
+            cli.subscription.as_deref(),
+        )
     };
     let done = match cli.command {
         // Its own exit codes: 0 proven, 1 a finding, 2 cannot verify.
@@ -185,15 +178,35 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Relay(args) => {
             // Signals first: SIGTERM during start-up still means "stop cleanly".
             let shutdown = outbox_runtime::relay::cancel_on_signal()?;
-            let (config, origin) = load()?;
-            let config = match &args.crash_test_scratch {
-                Some(tag) => crash_test::scratch::scratch_config(
-                    &config,
-                    &crash_test::scratch::parse_tag(tag)?,
-                )?,
-                None => config,
+            let scratch = args
+                .crash_test_scratch
+                .as_deref()
+                .map(crash_test::scratch::parse_tag)
+                .transpose()?;
+            // The relay reads its configuration again on SIGHUP exactly as here.
+            let (path, url, subscription) = (
+                cli.config.clone(),
+                cli.database_url.clone(),
+                cli.subscription.clone(),
+            );
+            let load_relay = move || -> anyhow::Result<(outbox_runtime::Config, _)> {
+                let (config, origin) =
+                    load_config(path.as_deref(), url.as_deref(), subscription.as_deref())?;
+                let config = match &scratch {
+                    Some(tag) => crash_test::scratch::scratch_config(&config, tag)?,
+                    None => config,
+                };
+                Ok((config, origin))
             };
-            outbox_runtime::relay::run(config, &origin, shutdown)
+            let (config, origin) = load_relay()?;
+            outbox_runtime::reload::apply_log_level(config.tracing.log_level.as_deref())
+                .map_err(|e| anyhow::anyhow!("tracing.log_level: {e}"))?;
+            let loader: outbox_runtime::reload::Loader = std::sync::Arc::new(move || {
+                load_relay()
+                    .map(|(config, _)| config)
+                    .map_err(|e| chain(e.as_ref()))
+            });
+            outbox_runtime::relay::run_reloadable(config, &origin, shutdown, Some(loader))
                 .await
                 .map(drop)
                 .map_err(|e| anyhow::anyhow!(chain(&e)))
@@ -230,29 +243,56 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     done.map(|()| ExitCode::SUCCESS)
 }
 
+/// The configuration (`--config`, `--database-url`), narrowed to one subscription's own
+/// pipeline with `--subscription`.
+fn load_config(
+    path: Option<&std::path::Path>,
+    database_url: Option<&str>,
+    subscription: Option<&str>,
+) -> anyhow::Result<(outbox_runtime::Config, outbox_runtime::Origin)> {
+    let (config, origin) = outbox_runtime::config::load(path, database_url)?;
+    match subscription {
+        Some(name) => Ok((
+            outbox_runtime::subscription::for_subscription(&config, name)
+                .map_err(|e| anyhow::anyhow!(e))?,
+            origin,
+        )),
+        None => Ok((config, origin)),
+    }
+}
+
 fn init_tracing(format: LogFormat, default_level: &str) {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_env("OUTBOX_LOG")
-        // sqlx logs every server NOTICE ("schema already exists, skipping") at info; the
-        // RabbitMQ client's certificate verifier logs each refused certificate at error,
-        // which the sink's own error already reports with the reason.
-        .unwrap_or_else(|_| {
-            EnvFilter::new(format!(
-                "{default_level},sqlx=warn,rustls_platform_verifier=off"
-            ))
-        });
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::{EnvFilter, fmt, reload};
+    // sqlx logs every server NOTICE ("schema already exists, skipping") at info; the
+    // RabbitMQ client's certificate verifier logs each refused certificate at error,
+    // which the sink's own error already reports with the reason.
+    let startup = std::env::var("OUTBOX_LOG")
+        .ok()
+        .filter(|spec| EnvFilter::builder().parse(spec).is_ok())
+        .unwrap_or_else(|| format!("{default_level},sqlx=warn,rustls_platform_verifier=off"));
+    // Behind a reload handle: `[tracing] log_level` is applied after the config is read, and
+    // again by each reload (SIGHUP, the console), without a restart.
+    let (filter, handle) = reload::Layer::new(EnvFilter::new(&startup));
+    outbox_runtime::reload::install_log_filter(Box::new(move |level| {
+        let filter = EnvFilter::builder()
+            .parse(level.unwrap_or(&startup))
+            .map_err(|e| e.to_string())?;
+        handle.reload(filter).map_err(|e| e.to_string())
+    }));
     // Colours only on a terminal: log files and journald get plain text.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let layer = fmt::layer()
         .with_ansi(ansi)
         // A closed stderr must not turn a log line into a panic (tracing-subscriber reports
         // write errors with eprintln!, which panics on a broken pipe).
         .log_internal_errors(false)
         .with_writer(std::io::stderr);
+    let registry = tracing_subscriber::registry().with(filter);
     match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => registry.with(layer).init(),
+        LogFormat::Json => registry.with(layer.json()).init(),
     }
 }
 

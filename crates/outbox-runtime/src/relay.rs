@@ -103,8 +103,11 @@ pub async fn run_reloadable(
         }
         None => None,
     };
-    if let (Some(console), Some(reloader)) = (&console, &reloader) {
-        console.attach_reloads(reloader.handle());
+    if let Some(reloader) = &reloader {
+        reloader.publish_generation();
+        if let Some(console) = &console {
+            console.attach_reloads(reloader.handle());
+        }
     }
     let workers = config.relay.workers.get();
     let connections = u32::try_from(workers).unwrap_or(u32::MAX).saturating_add(2);

@@ -138,7 +138,6 @@ impl Reloader {
             Origin::Defaults | Origin::Code => None,
         };
         let raw = file.as_deref().map(diff::raw_keys).unwrap_or_default();
-        metrics::gauge!(m::CONFIG_GENERATION).set(1.0);
         Ok(Self {
             loader,
             file,
@@ -149,6 +148,11 @@ impl Reloader {
                 generation: Arc::new(AtomicU64::new(1)),
             },
         })
+    }
+
+    /// Shows the first generation, once the metrics recorder is installed.
+    pub(crate) fn publish_generation(&self) {
+        metrics::gauge!(m::CONFIG_GENERATION).set(self.handle.generation() as f64);
     }
 
     /// What the console holds to ask for a reload.
