@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use clap::Args;
 use outbox_core::backfill::{BackfillCounts, Candidate};
+use outbox_runtime::catalog::CatalogError;
 use outbox_runtime::subscription::Filter;
 use time::OffsetDateTime;
 
@@ -53,15 +54,8 @@ pub(crate) async fn run(invocation: Invocation<'_>, args: BackfillArgs) -> anyho
         bail!("--subscription: required; name the [[subscription]] to backfill");
     };
     let (config, _) = outbox_runtime::config::load(invocation.config, invocation.database_url)?;
-    // Checks the name (the error lists the configured ones) before anything is opened.
-    outbox_runtime::subscription::for_subscription(&config, name)
-        .map_err(|e| anyhow::anyhow!(e))?;
-    let filter = outbox_runtime::subscription::resolve(&config)
-        .map_err(|e| anyhow::anyhow!(e))?
-        .into_iter()
-        .find(|s| s.name == name)
-        .map(|s| s.filter)
-        .context("--subscription: the subscription vanished while resolving")?;
+    let backend = crate::admin::open(&config, 2).await?;
+    let filter = subscription_filter(&config, &*backend, name).await?;
     let since = match args.since {
         Some(age) => Some(
             OffsetDateTime::now_utc()
@@ -73,7 +67,6 @@ pub(crate) async fn run(invocation: Invocation<'_>, args: BackfillArgs) -> anyho
         ),
         None => None,
     };
-    let backend = crate::admin::open(&config, 2).await?;
     let backfill = backend
         .backfill(name)
         .map_err(|e| anyhow::anyhow!(e.to_string()))?;
@@ -118,6 +111,33 @@ pub(crate) async fn run(invocation: Invocation<'_>, args: BackfillArgs) -> anyho
         );
     }
     Ok(())
+}
+
+/// The subscription's filter: from the catalog (what every relay fans out by), or from the
+/// file's `[[subscription]]` where the database has no catalog.
+async fn subscription_filter(
+    config: &outbox_runtime::Config,
+    backend: &dyn outbox_core::backend::Backend,
+    name: &str,
+) -> anyhow::Result<Filter> {
+    match outbox_runtime::catalog::find(backend, name).await {
+        Ok(sub) => Ok(sub.filter),
+        Err(CatalogError::Unsupported(_)) => {
+            // Checks the name (the error lists the configured ones).
+            outbox_runtime::subscription::for_subscription(config, name)
+                .map_err(|e| anyhow::anyhow!(e))?;
+            outbox_runtime::subscription::resolve(config)
+                .map_err(|e| anyhow::anyhow!(e))?
+                .into_iter()
+                .find(|s| s.name == name)
+                .map(|s| s.filter)
+                .context("--subscription: the subscription vanished while resolving")
+        }
+        Err(e @ CatalogError::Unknown { .. }) => Err(anyhow::anyhow!(
+            "--subscription: {e}; add it to [[subscription]] and run `outbox migrate` first"
+        )),
+        Err(e) => Err(anyhow::anyhow!("--subscription: {e}")),
+    }
 }
 
 /// The state of one run: counts, deferred candidates, progress.

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Backfill speed (`outbox backfill`, docs/subscriptions.md "Backfill"): retained events copied
+# into a new subscription's table per second.
+#
+#   scripts/bench/backfill.sh [--events N] [--aggregates A] [--rounds R]
+#
+# Starts PostgreSQL on a free port of 127.0.0.1 (scripts/services.sh, fsync=off as the tests
+# run it). For each round: a fresh database, `outbox migrate` with a plain file sink, N events
+# (default 100,000 on 1,000 aggregates, half `order.paid`) written with one INSERT ... SELECT
+# and marked delivered (retained, fanned out before the subscription existed), then
+# `outbox migrate` with a file that adds subscription `paid` (`event_type = "*.paid"`, sink
+# /dev/null), then `outbox backfill --subscription paid --all` (release build:
+# target/release/outbox, or OUTBOX_BIN), timed from start to exit, no relay running. Reports
+# the median of the rounds: events read per second (all retained events, filter included) and
+# events copied per second. Results: a Markdown table on stdout and
+# scripts/bench/results/backfill-<date>.json.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+# shellcheck source=scripts/services.sh
+source scripts/services.sh
+
+events=100000
+aggregates=1000
+rounds=3
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --events) events=$2; shift 2 ;;
+    --aggregates) aggregates=$2; shift 2 ;;
+    --rounds) rounds=$2; shift 2 ;;
+    -h | --help) sed -n '2,16p' "$0"; exit 0 ;;
+    *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
+    esac
+done
+case "$events$aggregates$rounds" in *[!0-9]*) echo "options take whole numbers" >&2; exit 2 ;; esac
+
+bin=${OUTBOX_BIN:-target/release/outbox}
+[ -x "$bin" ] || { echo "no binary at $bin: cargo build --release -p outbox-cli" >&2; exit 1; }
+work=$(mktemp -d "${TMPDIR:-/tmp}/outbox-backfill.XXXXXX")
+cleanup() {
+    services_stop "$work"
+    rm -rf "$work"
+}
+trap cleanup EXIT
+services_install
+services_start_postgres "$work"
+pg=$OUTBOX_TEST_DATABASE_URL
+
+median() { sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
+
+secs_all=()
+copied=0
+for round in $(seq 1 "$rounds"); do
+    db="backfill_${round}_$$"
+    psql -q "$pg" -c "CREATE DATABASE $db" >/dev/null
+    url="${pg%/*}/$db"
+    printf '[source]\nkind = "postgres"\nurl = "%s"\n[sink]\nkind = "file"\npath = "/dev/null"\n' \
+        "$url" >"$work/before.toml"
+    printf '[source]\nkind = "postgres"\nurl = "%s"\n[sinks.null]\nkind = "file"\npath = "/dev/null"\n[[subscription]]\nname = "paid"\nsink = "null"\nevent_type = "*.paid"\n' \
+        "$url" >"$work/after.toml"
+    "$bin" migrate --config "$work/before.toml" >/dev/null 2>"$work/migrate.log"
+    psql -q "$url" -c "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+        SELECT 'Order', 'o_' || (g % $aggregates),
+               CASE WHEN g % 2 = 1 THEN 'order.paid' ELSE 'order.placed' END,
+               convert_to('{\"order_id\":\"o_' || (g % $aggregates) || '\",\"n\":' || g || '}', 'UTF8')
+        FROM generate_series(1, $events) AS g" >/dev/null
+    psql -q "$url" -c "UPDATE outbox SET state = 'delivered', delivered_at = now(), next_attempt_at = '-infinity'" >/dev/null
+    psql -q "$url" -c "VACUUM ANALYZE" >/dev/null
+    "$bin" migrate --config "$work/after.toml" >/dev/null 2>>"$work/migrate.log"
+    start=$(date +%s.%N)
+    OUTBOX_LOG=warn "$bin" backfill --subscription paid --all --config "$work/after.toml" \
+        >"$work/backfill.out" 2>"$work/backfill.log" || {
+        echo "backfill failed:" >&2; cat "$work/backfill.out" "$work/backfill.log" >&2; exit 1; }
+    end=$(date +%s.%N)
+    copied=$(psql -qtA "$url" -c "SELECT count(*) FROM outbox_sub_paid")
+    secs_all+=("$(awk -v s="$start" -v e="$end" 'BEGIN { printf "%.3f", e - s }')")
+    tail -n 1 "$work/backfill.out" >&2
+    psql -q "$pg" -c "DROP DATABASE $db" >/dev/null
+done
+secs=$(printf '%s\n' "${secs_all[@]}" | median)
+read -r read_rate copy_rate < <(awk -v d="$secs" -v n="$events" -v c="$copied" \
+    'BEGIN { printf "%.0f %.0f\n", n / d, c / d }')
+printf '| retained events | aggregates | copied | median s | events read/s | events copied/s |\n| ---: | ---: | ---: | ---: | ---: | ---: |\n'
+printf '| %s | %s | %s | %s | %s | %s |\n' "$events" "$aggregates" "$copied" "$secs" "$read_rate" "$copy_rate"
+mkdir -p scripts/bench/results
+out="scripts/bench/results/backfill-$(date +%Y-%m-%d-%H%M).json"
+printf '{"machine":"%s, %s cores","events":%s,"aggregates":%s,"copied":%s,"rounds":%s,"median_seconds":%s,"events_read_per_second":%s,"events_copied_per_second":%s}\n' \
+    "$(uname -r)" "$(nproc)" "$events" "$aggregates" "$copied" "$rounds" "$secs" "$read_rate" "$copy_rate" >"$out"
+echo "results: $out" >&2
