@@ -30,10 +30,14 @@ use crate::identifier::{Identifier, QualifiedTable};
 use crate::sink::BoxFuture;
 
 mod dialect;
+mod error;
 pub mod recorded;
+pub mod snapshot;
 mod trigger;
 
 pub use dialect::{Dialect, LiteralError, quote_literal};
+pub use error::CaptureError;
+pub use snapshot::{SnapshotChunk, SnapshotRun, SnapshotStart};
 pub use trigger::{OpTrigger, op_trigger_name, row_object, splice};
 
 /// One `[[capture]]` entry: which table, and how each of its rows becomes an event.
@@ -455,65 +459,28 @@ pub struct InstalledCapture {
     pub config: Option<CaptureConfig>,
 }
 
-/// Why a capture command failed.
-#[derive(Debug, thiserror::Error)]
-pub enum CaptureError {
-    /// An entry cannot be installed as configured (a missing table or column, a column of an
-    /// unusable type, a name taken): the message names the key.
-    #[error("{key}: {message}")]
-    Invalid {
-        /// The config key, e.g. `capture[0].aggregate_id`.
-        key: String,
-        /// What is wrong, and what to do.
-        message: String,
-    },
-    /// The outbox table does not exist.
-    #[error("outbox table {table} does not exist in {database}; run `outbox migrate` first")]
-    NotMigrated {
-        /// The outbox table.
-        table: String,
-        /// The database, secrets redacted.
-        database: String,
-    },
-    /// The database refused or could not be reached; nothing was changed.
-    #[error("{context}")]
-    Database {
-        /// What was being done.
-        context: String,
-        /// The database error.
-        #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
-    },
-}
-
-impl CaptureError {
-    /// An [`Invalid`](Self::Invalid) error for `key`.
-    pub fn invalid(key: impl Into<String>, message: impl Into<String>) -> Self {
-        Self::Invalid {
-            key: key.into(),
-            message: message.into(),
-        }
-    }
-}
-
-impl CaptureError {
-    /// Maps a database error to [`Database`](Self::Database) with `context`.
-    pub fn database<E: std::error::Error + Send + Sync + 'static>(
-        context: impl Into<String>,
-    ) -> impl FnOnce(E) -> Self {
-        let context = context.into();
-        move |e| Self::Database {
-            context,
-            source: Box::new(e),
-        }
-    }
-}
-
 /// Implements [`Capture`] for a type with inherent `async fn install`, `remove` and `list`
-/// of the trait's signatures (each backend's capture module).
+/// of the trait's signatures (each backend's capture module); `impl_capture!(T, snapshot)`
+/// also forwards [`Capture::snapshot`] to an inherent `async fn snapshot(&self, entry) ->
+/// Result<impl SnapshotRun, CaptureError>`.
 #[macro_export]
 macro_rules! impl_capture {
-    ($ty:ty) => {
+    (@snapshot $ty:ty) => {};
+    (@snapshot $ty:ty, snapshot) => {
+        fn snapshot<'a>(
+            &'a self,
+            entry: $crate::capture::CaptureEntry<'a>,
+        ) -> $crate::sink::BoxFuture<
+            'a,
+            Result<Box<dyn $crate::capture::SnapshotRun + 'a>, $crate::capture::CaptureError>,
+        > {
+            Box::pin(async move {
+                let run = <$ty>::snapshot(self, entry).await?;
+                Ok(Box::new(run) as Box<dyn $crate::capture::SnapshotRun + 'a>)
+            })
+        }
+    };
+    ($ty:ty $(, $snapshot:ident)?) => {
         impl $crate::capture::Capture for $ty {
             fn install<'a>(
                 &'a self,
@@ -537,6 +504,7 @@ macro_rules! impl_capture {
             > {
                 Box::pin(<$ty>::list(self))
             }
+            $crate::impl_capture!(@snapshot $ty $(, $snapshot)?);
         }
     };
 }
@@ -560,6 +528,21 @@ pub trait Capture: Send + Sync {
     ) -> BoxFuture<'a, Result<Vec<String>, CaptureError>>;
     /// The captures writing into this backend's outbox table.
     fn list(&self) -> BoxFuture<'_, Result<Vec<InstalledCapture>, CaptureError>>;
+    /// Starts a snapshot of the installed capture `entry`, or resumes its unfinished one
+    /// (docs/capture.md, "Snapshot"): checks the capture is installed as configured, that
+    /// its table and columns are there, and that the table has a single-column primary key,
+    /// before anything is written.
+    fn snapshot<'a>(
+        &'a self,
+        entry: CaptureEntry<'a>,
+    ) -> BoxFuture<'a, Result<Box<dyn SnapshotRun + 'a>, CaptureError>> {
+        Box::pin(async move {
+            Err(CaptureError::invalid(
+                entry.key("table"),
+                "`outbox capture snapshot` is not supported by this database yet",
+            ))
+        })
+    }
 }
 
 #[cfg(test)]

@@ -1,4 +1,4 @@
-//! `outbox capture install|remove|list`: business tables as event sources (docs/capture.md),
+//! `outbox capture install|remove|snapshot|list`: business tables as event sources (docs/capture.md),
 //! through the backend's capture support (PostgreSQL, SQLite, MySQL/MariaDB: row triggers
 //! per `[[capture]]` entry, writing the event into the outbox table in the business
 //! transaction).
@@ -8,6 +8,8 @@ use clap::Subcommand;
 use outbox_core::Identifier;
 use outbox_core::capture::{CaptureEntry, CaptureError, InstalledCapture, validate_all};
 use outbox_runtime::Config;
+
+mod snapshot;
 
 /// `outbox capture` subcommands.
 #[derive(Debug, Subcommand)]
@@ -25,6 +27,19 @@ pub(crate) enum CaptureCommand {
         /// Only the capture with this name.
         #[arg(long)]
         name: Option<Identifier>,
+    },
+    /// Turn the rows already in each captured table (or in one) into events
+    /// (`capture_op: snapshot`) while the application keeps writing: chunk by chunk in
+    /// primary-key order, each chunk one short transaction; resumes after a kill.
+    Snapshot {
+        /// Only the capture with this name (its `name`, or its table's name).
+        #[arg(long)]
+        name: Option<Identifier>,
+        /// At most this many rows per second (chunks of about a tenth of that, 1 to 2,000
+        /// rows), so the application's transactions keep their pace.
+        #[arg(long, value_name = "ROWS_PER_S", default_value_t = snapshot::DEFAULT_RATE,
+              value_parser = clap::value_parser!(u32).range(1..))]
+        rate: u32,
     },
     /// List the captures installed in the database for the configured outbox table.
     List {
@@ -63,6 +78,15 @@ pub(crate) async fn run(config: &Config, command: CaptureCommand) -> anyhow::Res
             let capture = backend.capture()?;
             for line in capture.remove(&names).await.map_err(e)? {
                 println!("{line}");
+            }
+        }
+        CaptureCommand::Snapshot { name, rate } => {
+            validate_all(&config.capture).map_err(|m| anyhow::anyhow!(m))?;
+            let entries = selected(config, name.as_ref())?;
+            let backend = crate::admin::open(config, 2).await?;
+            let capture = backend.capture()?;
+            for entry in entries {
+                snapshot::run(capture, entry, rate).await?;
             }
         }
         CaptureCommand::List { json } => {

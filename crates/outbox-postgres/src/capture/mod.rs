@@ -19,8 +19,8 @@
 //! nothing.
 
 use outbox_core::capture::{
-    CaptureEntry, CaptureError, CaptureOp, CaptureRecord, InstalledCapture, TableColumn,
-    check_columns, check_entries, install_line, payload_type_error, quote_literal,
+    CaptureEntry, CaptureError, CaptureOp, CaptureRecord, TableColumn, check_columns,
+    check_entries, install_line, payload_type_error, quote_literal,
 };
 use outbox_core::{Identifier, QualifiedTable};
 use sqlx::{Executor, PgPool, Postgres, Transaction};
@@ -30,9 +30,12 @@ use crate::sql::render_with;
 
 macro_rules! query_file {
     ($name:literal) => {
-        include_str!(concat!("../queries/", $name, ".sql"))
+        include_str!(concat!("../../queries/", $name, ".sql"))
     };
 }
+
+mod list;
+mod snapshot;
 
 const FUNCTION: &str = query_file!("capture_function");
 const TRIGGER: &str = query_file!("capture_trigger");
@@ -54,11 +57,27 @@ const SIGNATURE: &str = "{{qname:_outbox_capture}}()";
 
 /// `@EVENT_TYPE@` of capture_function.sql: the fixed value, or a column as text.
 const EVENT_TYPE_FIXED: &str = "TG_ARGV[2]";
-const EVENT_TYPE_COLUMN: &str = "NEW.{{event_type_column}}::text";
-/// `@PAYLOAD@`: the row as JSON text, a text-like column's text (UTF-8), a bytea column.
-const PAYLOAD_ROW: &str = "pg_catalog.convert_to(pg_catalog.to_jsonb(NEW)::text, 'UTF8')";
-const PAYLOAD_TEXT: &str = "pg_catalog.convert_to(NEW.{{payload_column}}::text, 'UTF8')";
-const PAYLOAD_BYTEA: &str = "NEW.{{payload_column}}";
+
+impl PayloadKind {
+    /// `@PAYLOAD@`: the row as JSON text, a text-like column's text (UTF-8), a bytea column,
+    /// read from `row` (`NEW` in the trigger, the table's alias in a snapshot: one expression
+    /// for both, so a snapshot event carries what the trigger would write for the same row).
+    fn expression(self, row: &str) -> String {
+        match self {
+            Self::Row => format!("pg_catalog.convert_to(pg_catalog.to_jsonb({row})::text, 'UTF8')"),
+            Self::Text => {
+                format!("pg_catalog.convert_to({row}.{{{{payload_column}}}}::text, 'UTF8')")
+            }
+            Self::Bytea => format!("{row}.{{{{payload_column}}}}"),
+        }
+    }
+}
+
+/// `@EVENT_TYPE@` for an event type from a column, read from `row` (see
+/// [`PayloadKind::expression`]).
+fn event_type_column(row: &str) -> String {
+    format!("{row}.{{{{event_type_column}}}}::text")
+}
 
 /// Base types a payload column may have (`format_type` spelling), and bytea.
 const TEXT_PAYLOAD_TYPES: [&str; 4] = ["json", "jsonb", "text", "character varying"];
@@ -81,7 +100,7 @@ pub struct PgCapture {
 
 /// What a payload column gives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum PayloadKind {
+pub(crate) enum PayloadKind {
     Row,
     Text,
     Bytea,
@@ -89,11 +108,13 @@ enum PayloadKind {
 
 /// One entry, checked against the catalog: what to install.
 #[derive(Debug)]
-struct Plan<'a> {
-    entry: CaptureEntry<'a>,
+pub(crate) struct Plan<'a> {
+    pub(crate) entry: CaptureEntry<'a>,
     /// `schema.table`, the `capture_table` header.
-    table: QualifiedTable,
-    payload: PayloadKind,
+    pub(crate) table: QualifiedTable,
+    /// The table's oid.
+    pub(crate) oid: i64,
+    pub(crate) payload: PayloadKind,
 }
 
 impl PgCapture {
@@ -106,7 +127,7 @@ impl PgCapture {
         }
     }
 
-    fn schema(&self) -> &Identifier {
+    pub(crate) fn schema(&self) -> &Identifier {
         self.outbox
             .schema
             .as_ref()
@@ -115,7 +136,12 @@ impl PgCapture {
 
     /// Renders `template` for capture `name`: `{{qname:_outbox_capture}}` is its function,
     /// `{{name:_outbox_capture}}` its trigger, `{{schema}}.{{outbox_table}}` the outbox.
-    fn render(&self, template: &str, name: &Identifier, named: &[(&str, &Identifier)]) -> String {
+    pub(crate) fn render(
+        &self,
+        template: &str,
+        name: &Identifier,
+        named: &[(&str, &Identifier)],
+    ) -> String {
         let capture = QualifiedTable::new(Some(self.schema().clone()), name.clone());
         let mut all: Vec<(&str, &Identifier)> = vec![("outbox_table", &self.outbox.table)];
         all.extend_from_slice(named);
@@ -126,18 +152,7 @@ impl PgCapture {
     pub async fn install(&self, entries: &[CaptureEntry<'_>]) -> Result<Vec<String>, CaptureError> {
         let context = format!("installing captures into outbox table {}", self.outbox);
         let mut tx = self.begin(&context).await?;
-        let outbox_oid: Option<i64> =
-            crate::sql::query_scalar("SELECT to_regclass($1)::oid::bigint")
-                .bind(self.outbox.quoted())
-                .fetch_one(&mut *tx)
-                .await
-                .map_err(db(&context))?;
-        let Some(outbox_oid) = outbox_oid else {
-            return Err(CaptureError::NotMigrated {
-                table: self.outbox.to_string(),
-                database: self.database.clone(),
-            });
-        };
+        let outbox_oid = self.outbox_oid(&mut tx, &context).await?;
         check_entries(entries)?;
         let mut plans = Vec::with_capacity(entries.len());
         for entry in entries {
@@ -151,10 +166,30 @@ impl PgCapture {
         Ok(lines)
     }
 
+    /// The outbox table's oid; [`CaptureError::NotMigrated`] when it does not exist.
+    pub(crate) async fn outbox_oid(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        context: &str,
+    ) -> Result<i64, CaptureError> {
+        let oid: Option<i64> = crate::sql::query_scalar("SELECT to_regclass($1)::oid::bigint")
+            .bind(self.outbox.quoted())
+            .fetch_one(&mut **tx)
+            .await
+            .map_err(db(context))?;
+        oid.ok_or_else(|| CaptureError::NotMigrated {
+            table: self.outbox.to_string(),
+            database: self.database.clone(),
+        })
+    }
+
     /// Begins the transaction of an install or remove: a `lock_timeout`, and one capture
     /// command per outbox table at a time (two concurrent `CREATE OR REPLACE FUNCTION` of
     /// the same function fail).
-    async fn begin(&self, context: &str) -> Result<Transaction<'static, Postgres>, CaptureError> {
+    pub(crate) async fn begin(
+        &self,
+        context: &str,
+    ) -> Result<Transaction<'static, Postgres>, CaptureError> {
         let mut tx = self.pool.begin().await.map_err(db(context))?;
         crate::sql::query(LOCK_TIMEOUT_SQL)
             .bind(LOCK_TIMEOUT)
@@ -171,7 +206,7 @@ impl PgCapture {
 
     /// Checks one entry against the catalog: the table, its columns and their types, and
     /// that the capture's name is free or already this capture's.
-    async fn check<'a>(
+    pub(crate) async fn check<'a>(
         &self,
         tx: &mut Transaction<'static, Postgres>,
         entry: CaptureEntry<'a>,
@@ -288,12 +323,13 @@ impl PgCapture {
         Ok(Plan {
             entry,
             table,
+            oid,
             payload,
         })
     }
 
     /// `Some(record)` when the function exists (`Some(None)`: without a readable record).
-    async fn function_record(
+    pub(crate) async fn function_record(
         &self,
         tx: &mut Transaction<'static, Postgres>,
         signature: &str,
@@ -369,21 +405,17 @@ impl PgCapture {
         .await
         .map_err(lock_or_db(format!("{context}: dropping the old trigger")))?;
         let event_type = if config.event_type_column.is_some() {
-            EVENT_TYPE_COLUMN
+            event_type_column("NEW")
         } else {
-            EVENT_TYPE_FIXED
+            EVENT_TYPE_FIXED.to_owned()
         };
-        let payload = match plan.payload {
-            PayloadKind::Row => PAYLOAD_ROW,
-            PayloadKind::Text => PAYLOAD_TEXT,
-            PayloadKind::Bytea => PAYLOAD_BYTEA,
-        };
+        let payload = plan.payload.expression("NEW");
         // Only constants of this file are spliced before rendering; `render` then fills in
         // the validated identifiers.
         let function = self.render(
             &FUNCTION
-                .replace("@EVENT_TYPE@", event_type)
-                .replace("@PAYLOAD@", payload),
+                .replace("@EVENT_TYPE@", &event_type)
+                .replace("@PAYLOAD@", &payload),
             &name,
             &named,
         );
@@ -494,54 +526,6 @@ impl PgCapture {
         tx.commit().await.map_err(db(&context))?;
         Ok(lines)
     }
-
-    /// The captures writing into this outbox table, by name.
-    pub async fn list(&self) -> Result<Vec<InstalledCapture>, CaptureError> {
-        type Row = (
-            String,
-            Option<String>,
-            Option<String>,
-            Option<String>,
-            bool,
-            bool,
-            bool,
-        );
-        let rows: Vec<Row> = crate::sql::query_as(LIST)
-            .bind(self.schema().as_str())
-            .fetch_all(&self.pool)
-            .await
-            .map_err(db(format!(
-                "listing captures into outbox table {}",
-                self.outbox
-            )))?;
-        let outbox = self.outbox.to_string();
-        let mut out = Vec::new();
-        for (function, record, trigger, table, on_insert, on_update, enabled) in rows {
-            let Some(record) = Record::parse(record.as_deref()) else {
-                continue;
-            };
-            if record.outbox != outbox {
-                continue;
-            }
-            let mut on = Vec::new();
-            if on_insert {
-                on.push(CaptureOp::Insert);
-            }
-            if on_update {
-                on.push(CaptureOp::Update);
-            }
-            out.push(InstalledCapture {
-                name: record.config.name().to_string(),
-                function: format!("{}.{function}", self.schema()),
-                table,
-                trigger,
-                on,
-                enabled,
-                config: Some(record.config),
-            });
-        }
-        Ok(out)
-    }
 }
 
 /// What a `relkind` is, for messages.
@@ -558,7 +542,7 @@ fn relkind(kind: &str) -> &'static str {
     }
 }
 
-fn db(context: impl Into<String>) -> impl FnOnce(sqlx::Error) -> CaptureError {
+pub(crate) fn db(context: impl Into<String>) -> impl FnOnce(sqlx::Error) -> CaptureError {
     CaptureError::database(context)
 }
 
@@ -580,74 +564,7 @@ fn lock_or_db(context: String) -> impl FnOnce(sqlx::Error) -> CaptureError {
     }
 }
 
-outbox_core::impl_capture!(PgCapture);
+outbox_core::impl_capture!(PgCapture, snapshot);
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn capture() -> PgCapture {
-        let config: PostgresConfig = toml::from_str(
-            "url = \"postgres://u:secret@h/db\"\nschema = \"app\"\ntable = \"events\"",
-        )
-        .expect("valid");
-        PgCapture {
-            pool: crate::db::Db::new(
-                PgPool::connect_lazy("postgres://u@127.0.0.1:1/db").expect("lazy pool"),
-                false,
-            ),
-            outbox: config.qualified_table(),
-            database: config.url.redacted(),
-        }
-    }
-
-    #[tokio::test]
-    async fn every_template_renders_without_leftover_placeholders() {
-        let c = capture();
-        let id = |s: &str| Identifier::new(s).expect("valid");
-        let (schema, table, agg, et, pay) = (
-            id("shop"),
-            id("bookings"),
-            id("customer_id"),
-            id("status"),
-            id("doc"),
-        );
-        let named: Vec<(&str, &Identifier)> = vec![
-            ("captured_schema", &schema),
-            ("captured_table", &table),
-            ("aggregate_id", &agg),
-            ("event_type_column", &et),
-            ("payload_column", &pay),
-        ];
-        let name = id("bookings");
-        for template in [
-            FUNCTION
-                .replace("@EVENT_TYPE@", EVENT_TYPE_COLUMN)
-                .replace("@PAYLOAD@", PAYLOAD_TEXT),
-            TRIGGER.to_owned(),
-            COMMENT.to_owned(),
-            DROP_FUNCTION.to_owned(),
-            DROP_TRIGGER.to_owned(),
-            SIGNATURE.to_owned(),
-        ] {
-            let sql = c.render(&template, &name, &named);
-            assert!(!sql.contains("{{"), "{sql}");
-        }
-        let function = c.render(
-            &FUNCTION
-                .replace("@EVENT_TYPE@", EVENT_TYPE_COLUMN)
-                .replace("@PAYLOAD@", PAYLOAD_BYTEA),
-            &name,
-            &named,
-        );
-        assert!(function.contains("FUNCTION \"app\".\"bookings_outbox_capture\"()"));
-        assert!(function.contains("INSERT INTO \"app\".\"events\" "));
-        assert!(function.contains("NEW.\"customer_id\"::text"));
-        assert!(function.contains("NEW.\"status\"::text"));
-        assert!(function.contains("v_payload      bytea := NEW.\"doc\";"));
-        let trigger = c.render(TRIGGER, &name, &named);
-        assert!(trigger.contains(
-            "CREATE TRIGGER \"bookings_outbox_capture\" AFTER @EVENTS@ ON \"shop\".\"bookings\""
-        ));
-    }
-}
+mod tests;
