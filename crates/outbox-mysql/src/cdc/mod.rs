@@ -4,8 +4,10 @@
 //!
 //! - `setup.rs`: what `migrate` checks and records (binlog settings, the start position).
 //! - `binlog.rs`: binlog coordinates, the session's connection options, rows to events.
-//! - `source.rs`: [`MySqlCdcSource`], the [`outbox_core::Source`] over the stream, with the
-//!   shared in-memory ledger ([`outbox_core::stream_ledger`]) and the kept position.
+//! - `source.rs`: [`MySqlCdcSource`], the [`outbox_core::Source`] over the stream, on the
+//!   shared change-stream machinery ([`outbox_core::change_stream`]); its parts in `source/`:
+//!   the session, its lock and the kept position (`session.rs`), binlog events into the
+//!   ledger (`log.rs`), dead letters and put-back order (`dead.rs`).
 //!
 //! Design and operations: `docs/mysql.md`, section "CDC: the binlog source".
 
