@@ -193,8 +193,29 @@ async fn sighup_adds_a_subscription_while_events_keep_flowing_in_order() -> anyh
         .await
         .with_context(|| work.read_log(LOG))?;
 
-    // The edit: a second sink and a filtered subscription; its table first, as documented.
+    // The edit: a second sink and a filtered subscription. Before `migrate` recorded it,
+    // the reload is refused and the first subscription goes on.
     work.write_config("outbox.toml", &file_subscriptions(&db, &work, port, true))?;
+    sighup(&relay)?;
+    logged(&work, REFUSED, 1).await?;
+    ensure!(
+        work.read_log(LOG)
+            .contains("subscription[paid]: not in the subscription catalog"),
+        "{}",
+        work.read_log(LOG)
+    );
+    let seen = lines(&work, "all.jsonl").len();
+    outbox_testkit::wait::eventually(WAIT, || async {
+        lines(&work, "all.jsonl").len() >= seen + 10
+    })
+    .await
+    .with_context(|| {
+        format!(
+            "the refused reload stopped delivery:
+{}",
+            work.read_log(LOG)
+        )
+    })?;
     work.run_ok(&["migrate", "--config", cfg_arg]).await?;
     sighup(&relay)?;
     logged(&work, APPLIED, 1).await?;

@@ -144,7 +144,7 @@ pub async fn run_reloadable(
             let Some(reloader) = reloader.as_ref() else {
                 continue;
             };
-            match reloader.prepare(&config).await {
+            match reloader.prepare(&config, backend.as_ref()).await {
                 Ok(Some(prepared)) => break (prepared, request),
                 Ok(None) => reloader.unchanged(request),
                 Err(e) => reloader.refused(request, e),

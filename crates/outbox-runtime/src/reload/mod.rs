@@ -19,9 +19,8 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use outbox_core::backend::OpenOptions;
+use outbox_core::backend::Backend;
 use outbox_core::metrics as m;
-use outbox_core::relay::ErrorChain;
 use tokio::sync::{mpsc, oneshot};
 
 pub use diff::Change;
@@ -170,7 +169,11 @@ impl Reloader {
 
     /// Reads and checks the file again against `current`: `Ok(None)` when nothing changed,
     /// `Err` (naming the key) when it cannot be applied.
-    pub(crate) async fn prepare(&self, current: &Config) -> Result<Option<Prepared>, String> {
+    pub(crate) async fn prepare(
+        &self,
+        current: &Config,
+        outbox: &dyn Backend,
+    ) -> Result<Option<Prepared>, String> {
         let config = (self.loader)()?;
         let raw = self.file.as_deref().map(diff::raw_keys).unwrap_or_default();
         let changes =
@@ -190,7 +193,7 @@ impl Reloader {
             ));
         }
         let schemas = crate::schemas::from_config(&config.payload).map_err(|e| e.to_string())?;
-        check_new_tables(current, &config).await?;
+        check_catalogued(current, &config, outbox).await?;
         Ok(Some(Prepared {
             config,
             schemas,
@@ -251,34 +254,25 @@ impl Reloader {
     }
 }
 
-/// Each subscription the new configuration adds must have its table (`outbox migrate` with
-/// the new file creates it): checked before anything stops, so a missing table refuses the
-/// reload instead of stopping the relay.
-async fn check_new_tables(current: &Config, new: &Config) -> Result<(), String> {
-    let known: Vec<&str> = current
-        .subscriptions
-        .iter()
-        .map(|s| s.name.as_str())
-        .collect();
+/// Each subscription the new configuration adds must be in the outbox's subscription catalog
+/// (`outbox migrate` with the new file records it and creates its table): checked before
+/// anything stops, so a missing one refuses the reload instead of stopping the relay (the
+/// new pipelines would refuse to start without it).
+async fn check_catalogued(
+    current: &Config,
+    new: &Config,
+    outbox: &dyn Backend,
+) -> Result<(), String> {
     for sub in new.resolve_subscriptions()? {
-        if known.contains(&sub.name.as_str()) {
+        if current.subscriptions.iter().any(|s| s.name == sub.name) {
             continue;
         }
-        let missing = |e: &dyn std::fmt::Display| {
+        crate::catalog::find(outbox, &sub.name).await.map_err(|e| {
             format!(
-                "subscription[{}]: its table cannot be read ({e}); run `outbox migrate` with the new file first",
+                "subscription[{}]: not in the subscription catalog ({e}); run `outbox migrate` with the new file first",
                 sub.name
             )
-        };
-        let backend = sub
-            .source
-            .open(OpenOptions { connections: 1 })
-            .await
-            .map_err(|e| missing(&ErrorChain(&e)))?;
-        backend
-            .pending()
-            .await
-            .map_err(|e| missing(&ErrorChain(&e)))?;
+        })?;
     }
     Ok(())
 }
