@@ -1,6 +1,6 @@
 //! SQLite behind the core's backend seam: [`SqliteConfig`] opens a [`SqliteBackend`], which
 //! builds the relay's single pipeline (one writer, a lease) and answers the operator commands.
-//! Replay is not offered: `outbox replay` says so and how to do it by hand.
+//! `outbox replay` puts delivered rows back in line (`crate::replay`).
 
 use std::ops::ControlFlow;
 use std::sync::Arc;
@@ -90,6 +90,7 @@ pub struct SqliteBackend {
     dead: SqliteDeadLetters,
     inspector: SqliteInspector,
     retention: SqliteRetention,
+    replay: crate::replay::SqliteReplay,
     producer: SqliteProducer,
     ledger: crate::verify::SqliteLedger,
     capture: crate::capture::SqliteCapture,
@@ -111,6 +112,11 @@ impl SqliteBackend {
             dead: SqliteDeadLetters::new(pool.clone(), &config.table),
             inspector: SqliteInspector::new(pool.clone(), &config),
             retention: SqliteRetention::new(pool.clone(), &config.table),
+            replay: crate::replay::SqliteReplay::new(
+                pool.clone(),
+                &config.table,
+                config.on_delivered,
+            ),
             ledger: crate::verify::SqliteLedger::new(pool.clone(), &config),
             capture: crate::capture::SqliteCapture::new(pool.clone(), config.table.clone()),
             catalog: crate::catalog::SqliteCatalog::new(pool.clone(), &config.table),
@@ -332,9 +338,7 @@ impl Backend for SqliteBackend {
         Ok(self)
     }
     fn replay(&self) -> Result<&dyn outbox_core::backend::Replay, Unsupported> {
-        Err(Unsupported::new(self.kind(), "replay").with_hint(
-            "set `state = 'pending', attempts = 0, next_attempt_at = 0` on the rows to publish again",
-        ))
+        Ok(&self.replay)
     }
     fn retention(&self) -> Result<&dyn Retention, Unsupported> {
         Ok(&self.retention)

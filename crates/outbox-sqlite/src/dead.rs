@@ -195,7 +195,7 @@ impl SqliteDeadLetters {
     }
 }
 
-fn parse_id(text: String) -> Result<Uuid, sqlx::Error> {
+pub(crate) fn parse_id(text: String) -> Result<Uuid, sqlx::Error> {
     Uuid::parse_str(&text).map_err(|e| sqlx::Error::Decode(Box::new(e)))
 }
 

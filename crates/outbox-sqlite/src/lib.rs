@@ -36,6 +36,7 @@ mod lease;
 mod migrate;
 mod poll;
 mod producer;
+mod replay;
 mod retention;
 mod scratch;
 mod sql;
