@@ -9,7 +9,7 @@ use outbox_core::capture::snapshot::chunk_rows;
 use outbox_core::capture::{Capture, CaptureEntry, CaptureError, SnapshotStart};
 
 /// `--rate` when not given: rows per second.
-pub(crate) const DEFAULT_RATE: u32 = 5_000;
+pub(crate) const DEFAULT_RATE: u32 = 1_000;
 
 /// How often a plain progress line is printed when stderr is not a terminal.
 const LINE_EVERY: Duration = Duration::from_secs(2);

@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# What `outbox capture snapshot` does and costs (docs/capture.md, "Snapshot"; figures in
+# docs/benchmarks.md, "Capture snapshot (issue 39)"):
+#
+#   scripts/bench/capture_snapshot.sh [--rows 1000000] [--seconds 15] [--clients 4] [--rate 1000]
+#
+# Starts its own PostgreSQL on a free port of 127.0.0.1 (default durability), runs `outbox
+# migrate`, fills `items` (id bigint primary key, v, note) with --rows rows by generate_series
+# and installs a capture on it (on insert and update, payload = "row"), then:
+#   1. the application alone: pgbench, --clients clients, one `UPDATE items SET v = v + 1` of a
+#      random row per transaction, for --seconds: transactions/s without a snapshot;
+#   2. the same pgbench while `outbox capture snapshot --rate R` runs: transactions/s with it,
+#      and the snapshot's rows/s (it is stopped when pgbench ends);
+#   3. the whole table snapshotted unthrottled (--rate 1000000: chunks of 2,000 rows), no
+#      other load: rows/s.
+# Needs pgbench and an `outbox` binary (target/release/outbox, or OUTBOX_BIN). Everything lives
+# in a temporary directory that is removed at exit.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+# shellcheck source=scripts/services.sh
+source scripts/services.sh
+
+rows=1000000
+seconds=15
+clients=4
+rate=1000
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --rows) rows=$2; shift 2 ;;
+    --seconds) seconds=$2; shift 2 ;;
+    --clients) clients=$2; shift 2 ;;
+    --rate) rate=$2; shift 2 ;;
+    -h | --help) sed -n '2,19p' "$0"; exit 0 ;;
+    *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
+    esac
+done
+case "$rows$seconds$clients$rate" in *[!0-9]*) echo "options take whole numbers" >&2; exit 2 ;; esac
+bin=${OUTBOX_BIN:-target/release/outbox}
+[ -x "$bin" ] || { echo "no binary at $bin: cargo build --release -p outbox-cli (or set OUTBOX_BIN)" >&2; exit 1; }
+bin=$(cd "$(dirname "$bin")" && pwd)/$(basename "$bin")
+command -v pgbench >/dev/null || { echo "pgbench not found (Debian: postgresql-client)" >&2; exit 1; }
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/outbox-snapshot.XXXXXX")
+chmod 755 "$work"
+bindir=$(services_pg_bindir)
+snap=
+cleanup() {
+    [ -n "$snap" ] && kill "$snap" 2>/dev/null || true
+    _services_as_postgres "$bindir/pg_ctl" -D "$work/data" -m immediate stop >/dev/null 2>&1 || true
+    rm -rf "$work"
+}
+trap cleanup EXIT
+[ "$(id -u)" = 0 ] && chown postgres: "$work"
+_services_as_postgres "$bindir/initdb" -D "$work/data" -U postgres -A trust -E UTF8 --locale=C >/dev/null
+port=$(services_free_port)
+_services_as_postgres "$bindir/pg_ctl" -D "$work/data" -l "$work/postgres.log" -w -s \
+    -o "-p $port -k $work -c listen_addresses=127.0.0.1 -c shared_buffers=256MB" start
+url="postgres://postgres@127.0.0.1:$port/postgres"
+
+cat >"$work/outbox.toml" <<TOML
+[source]
+kind = "postgres"
+url = "$url"
+
+[[capture]]
+table = "items"
+aggregate_type = "Item"
+aggregate_id = "id"
+event_type = "item.changed"
+on = ["insert", "update"]
+TOML
+"$bin" migrate --config "$work/outbox.toml" >/dev/null
+psql -qX "$url" -c "CREATE TABLE items (id bigint PRIMARY KEY, v bigint NOT NULL DEFAULT 0, note text)" \
+    -c "INSERT INTO items (id, note) SELECT g, 'row ' || g FROM generate_series(1, $rows) AS g" \
+    -c "VACUUM ANALYZE items"
+"$bin" capture install --config "$work/outbox.toml" >&2
+cat >"$work/update.sql" <<SQL
+\set id random(1, $rows)
+UPDATE items SET v = v + 1 WHERE id = :id;
+SQL
+tps() { pgbench -n -M prepared -c "$clients" -j 2 -T "$seconds" -f "$work/update.sql" "$url" 2>/dev/null | awk '/^tps/ {print $3; exit}'; }
+# Rows snapshotted so far (0 before the first snapshot created its progress table).
+snapshotted() { psql -qXtA "$url" -c "SELECT COALESCE((SELECT rows FROM outbox_capture_snapshots WHERE name = 'items'), 0)" 2>/dev/null || echo 0; }
+
+alone=$(tps)
+echo "1. the application alone: $alone tps" >&2
+
+"$bin" capture snapshot --config "$work/outbox.toml" --rate "$rate" >"$work/throttled.out" 2>&1 &
+snap=$!
+before=$(snapshotted)
+start=$(date +%s.%N)
+with=$(tps)
+after=$(snapshotted)
+end=$(date +%s.%N)
+kill "$snap" 2>/dev/null || true
+wait "$snap" 2>/dev/null || true
+cat "$work/throttled.out" >&2
+snap=
+throttled=$(awk -v a="$before" -v b="$after" -v s="$start" -v e="$end" 'BEGIN {printf "%.0f", (b - a) / (e - s)}')
+echo "2. with the snapshot at --rate $rate: $with tps; the snapshot did $throttled rows/s" >&2
+
+# A new snapshot (the throttled one was killed: this run resumes it; remove its progress so the
+# measurement covers the whole table).
+psql -qX "$url" -c "DELETE FROM outbox_capture_snapshots" -c "TRUNCATE outbox"
+start=$(date +%s.%N)
+"$bin" capture snapshot --config "$work/outbox.toml" --rate 1000000 >"$work/full.out" 2>&1
+end=$(date +%s.%N)
+grep 'snapshot finished' "$work/full.out" >&2
+events=$(psql -qXtA "$url" -c "SELECT count(*) FROM outbox WHERE headers->>'capture_op' = 'snapshot'")
+[ "$events" = "$rows" ] || { echo "snapshot events $events, rows $rows" >&2; exit 1; }
+full=$(awk -v n="$rows" -v s="$start" -v e="$end" 'BEGIN {printf "%.0f", n / (e - s)}')
+echo "3. unthrottled snapshot of $rows rows, nothing else running: $full rows/s (whole command)" >&2
+
+awk -v a="$alone" -v w="$with" -v r="$rate" -v t="$throttled" -v f="$full" -v n="$rows" -v c="$clients" -v s="$seconds" 'BEGIN {
+    printf "| %d rows; pgbench: %d clients, one UPDATE of a random row per transaction, %d s | value |\n| --- | ---: |\n", n, c, s
+    printf "| application tps, no snapshot | %.0f |\n", a
+    printf "| application tps, snapshot running at --rate %d | %.0f (%+.1f %%) |\n", r, w, 100 * (w / a - 1)
+    printf "| snapshot rows/s during that (--rate %d) | %d |\n", r, t
+    printf "| snapshot rows/s unthrottled (--rate 1000000, chunks of 2,000), no other load | %d |\n", f
+}'
