@@ -178,7 +178,7 @@ async fn replicas_on_an_old_file_copy_into_a_new_subscription(
     // Only old-file relays run for a while: they copy into `late` (nobody delivers it yet).
     outbox_testkit::wait::eventually(Duration::from_secs(60), || async {
         status_json(work, &old).await.ok().is_some_and(|s| {
-            s["subscriptions"]["late"]["backlog"]["pending"]
+            s["subscriptions"]["late"]["pending"]
                 .as_u64()
                 .unwrap_or(0)
                 >= 20
@@ -305,7 +305,7 @@ async fn pause_resume_remove(work: &Workdir, db: Db, source: &str) -> anyhow::Re
             .await
             .ok()?;
         let s: serde_json::Value = serde_json::from_str(&out).ok()?;
-        s["subscriptions"]["a"]["backlog"]["pending"].as_u64()
+        s["subscriptions"]["a"]["pending"].as_u64()
     };
     outbox_testkit::wait::eventually(Duration::from_secs(60), || async {
         ids(work, "b") == written && pending_a().await == Some(30)
