@@ -73,8 +73,9 @@ impl HandedOut {
 pub struct AggregatePlan {
     /// Candidates to copy in, by id.
     pub copy: Vec<Uuid>,
-    /// When anything is copied: every pending row of the aggregate afterwards (copied and
-    /// existing), in the order they must be (re)inserted; empty otherwise.
+    /// When anything is copied: the rows to insert, in this order: the copies, and the
+    /// pending rows that must come after one of them (taken out and inserted again); the
+    /// pending rows older than every copy keep their place. Empty when nothing is copied.
     pub order: Vec<Uuid>,
     /// Candidates the table already holds.
     pub already_there: u64,
@@ -105,11 +106,16 @@ pub fn plan(
     if copy.is_empty() {
         return out;
     }
-    // Merge by commit order; a pending copy whose outbox row is gone is older than anything
-    // retained. The sort is stable, so ties keep the table's order.
-    let mut merged: Vec<(i64, Uuid)> = pending
+    // Pending copies older than every copied event keep their place (their seq is already
+    // below anything inserted now); the rest are inserted again, merged with the copies by
+    // commit order. A pending copy whose outbox row is gone is older than anything retained.
+    // The sort is stable, so ties keep the table's order.
+    let first = copy.iter().map(|(seq, _)| *seq).min().unwrap_or(i64::MAX);
+    let key = |p: &PendingCopy| p.outbox_seq.unwrap_or(i64::MIN);
+    let keep = pending.iter().take_while(|p| key(p) < first).count();
+    let mut merged: Vec<(i64, Uuid)> = pending[keep..]
         .iter()
-        .map(|p| (p.outbox_seq.unwrap_or(i64::MIN), p.id))
+        .map(|p| (key(p), p.id))
         .chain(copy.iter().copied())
         .collect();
     merged.sort_by_key(|(seq, _)| *seq);
@@ -194,6 +200,10 @@ mod tests {
         let present: HashSet<Uuid> = [id(5)].into();
         let pending = [
             PendingCopy {
+                id: id(0),
+                outbox_seq: Some(0),
+            },
+            PendingCopy {
                 id: id(5),
                 outbox_seq: Some(5),
             },
@@ -226,7 +236,7 @@ mod tests {
     }
 
     #[test]
-    fn a_pending_copy_without_its_outbox_row_stays_first() {
+    fn a_pending_copy_without_its_outbox_row_stays_first_in_place() {
         let pending = [PendingCopy {
             id: id(100),
             outbox_seq: None,
@@ -237,7 +247,12 @@ mod tests {
             &pending,
             HandedOut::Nothing,
         );
-        assert_eq!(p.order, vec![id(100), id(3)]);
+        assert_eq!(p.copy, vec![id(3)]);
+        assert_eq!(
+            p.order,
+            vec![id(3)],
+            "the older pending row keeps its place"
+        );
     }
 
     #[test]

@@ -220,7 +220,13 @@ impl PgBackfill {
             if decided.order.is_empty() {
                 continue;
             }
-            deleted.extend(rows_of.iter().map(|r| r.event.id));
+            let moved: HashSet<Uuid> = decided.order.iter().copied().collect();
+            deleted.extend(
+                rows_of
+                    .iter()
+                    .map(|r| r.event.id)
+                    .filter(|id| moved.contains(id)),
+            );
             let source: HashMap<Uuid, InsertRow<'_>> = candidates
                 .iter()
                 .map(|c| {
