@@ -114,7 +114,7 @@ impl Writer {
         let task = tokio::spawn(async move {
             let mut n = 0u64;
             while !flag.load(Ordering::SeqCst) {
-                let paid = n % 3 == 0;
+                let paid = n.is_multiple_of(3);
                 let event_type = if paid { "invoice.paid" } else { "order.placed" };
                 let event = NewEvent::new(
                     "Order",
