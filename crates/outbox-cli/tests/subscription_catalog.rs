@@ -177,12 +177,10 @@ async fn replicas_on_an_old_file_copy_into_a_new_subscription(
     );
     // Only old-file relays run for a while: they copy into `late` (nobody delivers it yet).
     outbox_testkit::wait::eventually(Duration::from_secs(60), || async {
-        status_json(work, &old).await.ok().is_some_and(|s| {
-            s["subscriptions"]["late"]["pending"]
-                .as_u64()
-                .unwrap_or(0)
-                >= 20
-        })
+        status_json(work, &old)
+            .await
+            .ok()
+            .is_some_and(|s| s["subscriptions"]["late"]["pending"].as_u64().unwrap_or(0) >= 20)
     })
     .await
     .context("old-file relays did not copy into `late`")?;
