@@ -2,7 +2,8 @@
 //! events that match a subscription's filter into its table, in commit order, while relays
 //! run (docs/subscriptions.md, "Backfill").
 //!
-//! The ids are read once in commit order; then pages of events are read, filtered here with
+//! The ids are read once, grouped by aggregate and in commit order within each (so a page
+//! holds whole aggregates and each aggregate is held once); then pages of events are read, filtered here with
 //! the subscription's own filter (the one the fan-out uses), and handed to the backend, which
 //! applies each page in one transaction holding its aggregates (`outbox_core::backfill`).
 //! An aggregate the backend cannot hold now (a relay has one of its rows in flight) waits,

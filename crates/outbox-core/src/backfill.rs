@@ -156,7 +156,7 @@ pub struct ChunkOutcome {
 /// Backfilling one subscription's table from its outbox.
 pub trait Backfill: Send + Sync {
     /// The ids of the retained outbox events written at or after `since` (all when `None`),
-    /// in commit order.
+    /// grouped by aggregate, each aggregate's in commit order.
     fn ids(&self, since: Option<OffsetDateTime>) -> BoxFuture<'_, Result<Vec<Uuid>, SourceError>>;
     /// The events with these ids that are still there, in commit order.
     fn events<'a>(&'a self, ids: &'a [Uuid]) -> BoxFuture<'a, Result<Vec<Candidate>, SourceError>>;
