@@ -3,7 +3,7 @@
 //!
 //! A reload reads the file the relay was started with again, with the same checks as at
 //! start (`docs/operations.md`, "Reloading the config"). An invalid file, or a change to a key
-//! that needs a restart ([`diff::needs_restart`]), is refused: the error is logged naming the
+//! that needs a restart (`diff::needs_restart`), is refused: the error is logged naming the
 //! key, the running configuration keeps going, and `outbox_config_reloads_total
 //! {result="refused"}` counts it. A valid file's changes are logged one key a line (secrets
 //! as `***`); then the relay drains its pipelines (each batch in flight finishes under the
