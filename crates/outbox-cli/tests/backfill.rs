@@ -297,7 +297,8 @@ async fn a_backfill_during_live_traffic_survives_kill_9_in_commit_order() -> any
     .await
     .context("live traffic never reached subscription paid")?;
 
-    // 3. The backfill, killed once it copied some chunks and before it finished.
+    // 3. The backfill, killed once its first chunk committed and before it finished (pages
+    //    hold whole aggregates, about 20 pages here: killing at the first leaves the margin).
     let backfill_args = ["backfill", "--subscription", "paid", "--all", "--config"];
     let mut first = work
         .command(&[&backfill_args[..], &[&arg(&good)?]].concat())
@@ -305,7 +306,7 @@ async fn a_backfill_during_live_traffic_survives_kill_9_in_commit_order() -> any
         .stderr(Stdio::null())
         .spawn()?;
     eventually(PATIENCE, || async {
-        old_in_paid(&pool, old_max).await >= 2000
+        old_in_paid(&pool, old_max).await > 0
     })
     .await
     .context("the backfill copied nothing")?;
