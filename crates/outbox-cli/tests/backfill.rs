@@ -305,11 +305,9 @@ async fn a_backfill_during_live_traffic_survives_kill_9_in_commit_order() -> any
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()?;
-    eventually(PATIENCE, || async {
-        old_in_paid(&pool, old_max).await > 0
-    })
-    .await
-    .context("the backfill copied nothing")?;
+    eventually(PATIENCE, || async { old_in_paid(&pool, old_max).await > 0 })
+        .await
+        .context("the backfill copied nothing")?;
     ensure!(
         first.try_wait()?.is_none(),
         "the backfill finished before it could be killed mid-way"
