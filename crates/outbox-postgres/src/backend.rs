@@ -126,7 +126,11 @@ impl PgBackend {
             retention: PgRetention::new(pool.clone(), &config),
             capture: crate::capture::PgCapture::new(pool.clone(), &config),
             ledger: crate::verify::PgLedger::new(pool.clone(), &config),
-            catalog: crate::catalog::PgCatalog::new(pool.clone(), &config.qualified_table()),
+            catalog: crate::catalog::PgCatalog::new(
+                pool.clone(),
+                &config.qualified_table(),
+                config.transaction_pooling,
+            ),
             producer: PgProducer {
                 pool: crate::db::Db::new(pool.clone(), config.transaction_pooling),
                 outbox: PgOutbox::new(config.qualified_table())

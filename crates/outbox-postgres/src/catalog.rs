@@ -9,6 +9,8 @@ use outbox_core::catalog::{
 use outbox_core::sink::BoxFuture;
 use outbox_core::{QualifiedTable, SourceError};
 use sqlx::{Executor, PgPool};
+
+use crate::db::Db;
 use time::OffsetDateTime;
 
 use crate::sql::{query, query_as, render, stmt};
@@ -34,16 +36,18 @@ struct Queries {
 /// The subscription catalog of one PostgreSQL outbox table.
 #[derive(Debug, Clone)]
 pub(crate) struct PgCatalog {
-    pool: PgPool,
+    /// Every statement in a transaction of its own: the catalog is read once per fan-out
+    /// batch, also through a transaction pooler (`crate::db`).
+    db: Db,
     table: String,
     q: Queries,
 }
 
 impl PgCatalog {
-    pub(crate) fn new(pool: PgPool, table: &QualifiedTable) -> Self {
+    pub(crate) fn new(pool: PgPool, table: &QualifiedTable, pooled: bool) -> Self {
         let r = |t: &str| -> Arc<str> { render(t, table).into() };
         Self {
-            pool,
+            db: Db::new(pool, pooled),
             table: format!("{table}_subscriptions"),
             q: Queries {
                 create: r(query_file!("subscriptions_create")),
@@ -80,7 +84,7 @@ impl PgCatalog {
         &self,
         records: &[CatalogRecord],
     ) -> Result<Vec<(String, Recorded)>, sqlx::Error> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.db.begin().await?;
         tx.execute(query(stmt(&self.q.lock))).await?;
         tx.execute(query(stmt(&self.q.create))).await?;
         let mut out = Vec::with_capacity(records.len());
@@ -115,7 +119,7 @@ impl SubscriptionCatalog for PgCatalog {
         Box::pin(async move {
             let rows: Vec<(String, String, String, String, OffsetDateTime)> =
                 query_as(stmt(&self.q.list))
-                    .fetch_all(&self.pool)
+                    .fetch_all(&self.db)
                     .await
                     .map_err(|e| self.error(&e))?;
             rows.into_iter()
@@ -141,7 +145,7 @@ impl SubscriptionCatalog for PgCatalog {
             let done = query(stmt(&self.q.set_state))
                 .bind(name)
                 .bind(state.as_str())
-                .execute(&self.pool)
+                .execute(&self.db)
                 .await
                 .map_err(|e| self.error(&e))?;
             Ok(done.rows_affected() > 0)
@@ -152,7 +156,7 @@ impl SubscriptionCatalog for PgCatalog {
         Box::pin(async move {
             let done = query(stmt(&self.q.remove))
                 .bind(name)
-                .execute(&self.pool)
+                .execute(&self.db)
                 .await
                 .map_err(|e| self.error(&e))?;
             Ok(done.rows_affected() > 0)
