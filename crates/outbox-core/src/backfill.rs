@@ -15,7 +15,7 @@
 //! The decision is [`plan`], the same for every database; the databases supply the hold, the
 //! reads and the writes.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use time::OffsetDateTime;
 use uuid::Uuid;
@@ -58,6 +58,18 @@ pub enum HandedOut {
 }
 
 impl HandedOut {
+    /// From what a subscription table tells of one aggregate: the newest outbox position
+    /// among its handed-out rows still there (`None` when their outbox rows are gone: older
+    /// than anything retained), whether any handed-out row is there, and whether its
+    /// delivery numbering moved (something was handed out, maybe since removed).
+    pub fn from_facts(last: Option<i64>, rows: bool, positioned: bool) -> Self {
+        match (rows, positioned) {
+            (true, _) => Self::UpTo(last.unwrap_or(i64::MIN)),
+            (false, true) => Self::Unknown,
+            (false, false) => Self::Nothing,
+        }
+    }
+
     /// Whether a missing event at `outbox_seq` can still be delivered in order.
     pub fn allows(self, outbox_seq: i64) -> bool {
         match self {
@@ -167,6 +179,167 @@ pub trait Backfill: Send + Sync {
         &'a self,
         chunk: &'a [Candidate],
     ) -> BoxFuture<'a, Result<ChunkOutcome, SourceError>>;
+}
+
+/// An aggregate: (aggregate type, aggregate id).
+pub type AggregateKey = (String, String);
+
+/// A pending row of the subscription table, read under the hold, for re-insertion.
+#[derive(Debug, Clone)]
+pub struct PendingRow {
+    /// The row's event, with its attempts so far.
+    pub event: Event,
+    /// Its backoff (`None`: ready at once).
+    pub next_attempt_at: Option<OffsetDateTime>,
+    /// Its last error.
+    pub last_error: Option<String>,
+    /// The outbox row's commit-order position (`None`: retention removed it).
+    pub outbox_seq: Option<i64>,
+}
+
+/// One row to insert: a backfilled event (first attempt) or a re-inserted pending row.
+#[derive(Debug, Clone, Copy)]
+pub struct InsertRow<'a> {
+    /// The event (attempts included).
+    pub event: &'a Event,
+    /// Backoff of a re-inserted row (`None`: ready at once).
+    pub next_attempt_at: Option<OffsetDateTime>,
+    /// Last error of a re-inserted row.
+    pub last_error: Option<&'a str>,
+}
+
+/// One database's side of [`apply_chunk`]: the statements of one chunk transaction on a
+/// subscription table. The hold is the database's; the decision and the order are
+/// [`plan`]'s, the same everywhere.
+pub trait ChunkStore: Send + Sync {
+    /// The open chunk transaction.
+    type Tx: Send;
+    /// Starts a chunk transaction.
+    fn begin(&self) -> BoxFuture<'_, Result<Self::Tx, SourceError>>;
+    /// Holds what it can of `keys` (sorted) against the subscription's fan-out and pipeline
+    /// until the transaction ends, without waiting for a relay: returns the held aggregates,
+    /// each with all its pending rows in the table's (delivery) order, none in flight. An
+    /// aggregate it cannot hold now is left out (tried again later).
+    fn hold<'a>(
+        &'a self,
+        tx: &'a mut Self::Tx,
+        keys: &'a [AggregateKey],
+    ) -> BoxFuture<'a, Result<HashMap<AggregateKey, Vec<PendingRow>>, SourceError>>;
+    /// What the subscription handed out of each held aggregate.
+    fn handed_out<'a>(
+        &'a self,
+        tx: &'a mut Self::Tx,
+        keys: &'a [AggregateKey],
+    ) -> BoxFuture<'a, Result<HashMap<AggregateKey, HandedOut>, SourceError>>;
+    /// Which of these event ids the subscription table holds, in any state.
+    fn present<'a>(
+        &'a self,
+        tx: &'a mut Self::Tx,
+        ids: &'a [Uuid],
+    ) -> BoxFuture<'a, Result<HashSet<Uuid>, SourceError>>;
+    /// Takes the pending rows `taken_out` out of line and inserts `rows`, in this order
+    /// (each aggregate's in outbox commit order), so the pipeline delivers them so.
+    fn put_in_line<'a>(
+        &'a self,
+        tx: &'a mut Self::Tx,
+        taken_out: &'a [Uuid],
+        rows: &'a [InsertRow<'a>],
+    ) -> BoxFuture<'a, Result<(), SourceError>>;
+    /// Commits the chunk.
+    fn commit(&self, tx: Self::Tx) -> BoxFuture<'_, Result<(), SourceError>>;
+}
+
+/// [`Backfill::apply`] over a [`ChunkStore`]: one transaction for the chunk; each aggregate
+/// the store holds gets [`plan`]; the others come back deferred, in commit order.
+pub async fn apply_chunk<S: ChunkStore>(
+    store: &S,
+    chunk: &[Candidate],
+) -> Result<ChunkOutcome, SourceError> {
+    let mut by_key: BTreeMap<AggregateKey, Vec<Candidate>> = BTreeMap::new();
+    for c in chunk {
+        let key = (c.event.aggregate_type.clone(), c.event.aggregate_id.clone());
+        by_key.entry(key).or_default().push(c.clone());
+    }
+    let keys: Vec<AggregateKey> = by_key.keys().cloned().collect();
+    let mut tx = store.begin().await?;
+    let pending = store.hold(&mut tx, &keys).await?;
+    let ready: Vec<AggregateKey> = keys
+        .iter()
+        .filter(|k| pending.contains_key(*k))
+        .cloned()
+        .collect();
+    let handed = store.handed_out(&mut tx, &ready).await?;
+    let wanted: Vec<Uuid> = ready
+        .iter()
+        .flat_map(|k| by_key[k].iter().map(|c| c.event.id))
+        .collect();
+    let present = store.present(&mut tx, &wanted).await?;
+    let mut outcome = ChunkOutcome::default();
+    let mut rows: Vec<InsertRow<'_>> = Vec::new();
+    let mut taken_out: Vec<Uuid> = Vec::new();
+    for key in &ready {
+        let candidates = &by_key[key];
+        let rows_of = &pending[key];
+        let copies: Vec<PendingCopy> = rows_of
+            .iter()
+            .map(|r| PendingCopy {
+                id: r.event.id,
+                outbox_seq: r.outbox_seq,
+            })
+            .collect();
+        let decided = plan(
+            candidates,
+            &present,
+            &copies,
+            handed.get(key).copied().unwrap_or(HandedOut::Nothing),
+        );
+        outcome.counts += BackfillCounts {
+            copied: decided.copy.len() as u64,
+            already_there: decided.already_there,
+            skipped_newer_delivered: decided.skipped_newer_delivered,
+        };
+        if decided.order.is_empty() {
+            continue;
+        }
+        let moved: HashSet<Uuid> = decided.order.iter().copied().collect();
+        taken_out.extend(
+            rows_of
+                .iter()
+                .map(|r| r.event.id)
+                .filter(|id| moved.contains(id)),
+        );
+        let mut source: HashMap<Uuid, InsertRow<'_>> = candidates
+            .iter()
+            .map(|c| {
+                let row = InsertRow {
+                    event: &c.event,
+                    next_attempt_at: None,
+                    last_error: None,
+                };
+                (c.event.id, row)
+            })
+            .chain(rows_of.iter().map(|r| {
+                let row = InsertRow {
+                    event: &r.event,
+                    next_attempt_at: r.next_attempt_at,
+                    last_error: r.last_error.as_deref(),
+                };
+                (r.event.id, row)
+            }))
+            .collect();
+        rows.extend(decided.order.iter().filter_map(|id| source.remove(id)));
+    }
+    if !rows.is_empty() {
+        store.put_in_line(&mut tx, &taken_out, &rows).await?;
+    }
+    store.commit(tx).await?;
+    outcome.deferred = by_key
+        .into_iter()
+        .filter(|(k, _)| !pending.contains_key(k))
+        .flat_map(|(_, cs)| cs)
+        .collect();
+    outcome.deferred.sort_by_key(|c| c.outbox_seq);
+    Ok(outcome)
 }
 
 #[cfg(test)]

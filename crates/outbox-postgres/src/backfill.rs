@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use bytes::Bytes;
 use outbox_core::backfill::{
-    Backfill, BackfillCounts, Candidate, ChunkOutcome, HandedOut, PendingCopy, plan,
+    Backfill, Candidate, ChunkOutcome, ChunkStore, HandedOut, InsertRow, PendingRow, apply_chunk,
 };
 use outbox_core::sink::BoxFuture;
 use outbox_core::{Event, Position, QualifiedTable, SourceError};
@@ -27,7 +27,7 @@ use crate::error::source_error;
 use crate::sql::{render, render_with};
 
 /// An aggregate's key.
-type Key = (String, String);
+type Key = outbox_core::backfill::AggregateKey;
 
 /// Backfilling one subscription table from its outbox.
 #[derive(Debug)]
@@ -79,21 +79,6 @@ impl BackfillQueries {
             insert: render(include_str!("../queries/outbox_backfill_insert.sql"), sub),
         }
     }
-}
-
-/// A pending row of the subscription table, read under the hold for re-insertion.
-struct PendingRow {
-    event: Event,
-    next_attempt_at: Option<OffsetDateTime>,
-    last_error: Option<String>,
-    outbox_seq: Option<i64>,
-}
-
-/// One row to insert: a backfilled event (first attempt) or a re-inserted pending row.
-struct InsertRow<'a> {
-    event: &'a Event,
-    next_attempt_at: Option<OffsetDateTime>,
-    last_error: Option<&'a str>,
 }
 
 impl PgBackfill {
@@ -155,123 +140,54 @@ impl PgBackfill {
             .map_err(|e| source_error("reading events to backfill", &self.outbox, e))
     }
 
-    /// One chunk in one transaction (see the module docs).
-    async fn apply(&self, chunk: &[Candidate]) -> Result<ChunkOutcome, SourceError> {
-        let mut by_key: BTreeMap<Key, Vec<Candidate>> = BTreeMap::new();
-        for c in chunk {
-            let key = (c.event.aggregate_type.clone(), c.event.aggregate_id.clone());
-            by_key.entry(key).or_default().push(c.clone());
-        }
-        let mut tx = self
-            .db
-            .begin()
-            .await
-            .map_err(|e| self.err("starting a backfill transaction", e))?;
-        let keys: Vec<Key> = by_key.keys().cloned().collect();
-        let held = self.hold(&mut tx, &keys).await?;
-        let pending = self.lock_pending(&mut tx, &held).await?;
-        let counts = self.pending_counts(&mut tx, &held).await?;
+    /// The held aggregates of `keys` with their pending rows (see the module docs): the
+    /// advisory lock taken, and every pending row locked by this transaction.
+    async fn hold_all(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        keys: &[Key],
+    ) -> Result<HashMap<Key, Vec<PendingRow>>, SourceError> {
+        let held = self.hold(tx, keys).await?;
+        let mut pending = self.lock_pending(tx, &held).await?;
+        let counts = self.pending_counts(tx, &held).await?;
         // Held, and every pending row locked by this transaction: nothing in flight.
-        let ready: Vec<Key> = held
+        Ok(held
             .into_iter()
-            .filter(|k| {
-                let locked = pending.get(k).map_or(0, Vec::len);
-                counts.get(k).copied().unwrap_or(0) == locked as i64
+            .filter_map(|k| {
+                let rows = pending.remove(&k).unwrap_or_default();
+                (counts.get(&k).copied().unwrap_or(0) == rows.len() as i64).then_some((k, rows))
             })
-            .collect();
-        let handed = self.handed_out(&mut tx, &ready).await?;
-        let wanted: Vec<Uuid> = ready
-            .iter()
-            .flat_map(|k| by_key[k].iter().map(|c| c.event.id))
-            .collect();
-        let present: HashSet<Uuid> =
+            .collect())
+    }
+
+    async fn present(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        ids: &[Uuid],
+    ) -> Result<HashSet<Uuid>, SourceError> {
+        Ok(
             crate::sql::query_scalar(sqlx::AssertSqlSafe(self.q.present.as_str()))
-                .bind(&wanted)
-                .fetch_all(&mut *tx)
+                .bind(ids)
+                .fetch_all(&mut **tx)
                 .await
                 .map_err(|e| self.err("reading the subscription's event ids", e))?
                 .into_iter()
-                .collect();
-        let mut outcome = ChunkOutcome::default();
-        let mut rows: Vec<InsertRow<'_>> = Vec::new();
-        let mut deleted: Vec<Uuid> = Vec::new();
-        let empty: Vec<PendingRow> = Vec::new();
-        for key in &ready {
-            let candidates = &by_key[key];
-            let rows_of = pending.get(key).unwrap_or(&empty);
-            let copies: Vec<PendingCopy> = rows_of
-                .iter()
-                .map(|r| PendingCopy {
-                    id: r.event.id,
-                    outbox_seq: r.outbox_seq,
-                })
-                .collect();
-            let decided = plan(
-                candidates,
-                &present,
-                &copies,
-                handed.get(key).copied().unwrap_or(HandedOut::Nothing),
-            );
-            outcome.counts += BackfillCounts {
-                copied: decided.copy.len() as u64,
-                already_there: decided.already_there,
-                skipped_newer_delivered: decided.skipped_newer_delivered,
-            };
-            if decided.order.is_empty() {
-                continue;
-            }
-            let moved: HashSet<Uuid> = decided.order.iter().copied().collect();
-            deleted.extend(
-                rows_of
-                    .iter()
-                    .map(|r| r.event.id)
-                    .filter(|id| moved.contains(id)),
-            );
-            let source: HashMap<Uuid, InsertRow<'_>> = candidates
-                .iter()
-                .map(|c| {
-                    (
-                        c.event.id,
-                        InsertRow {
-                            event: &c.event,
-                            next_attempt_at: None,
-                            last_error: None,
-                        },
-                    )
-                })
-                .chain(rows_of.iter().map(|r| {
-                    (
-                        r.event.id,
-                        InsertRow {
-                            event: &r.event,
-                            next_attempt_at: r.next_attempt_at,
-                            last_error: r.last_error.as_deref(),
-                        },
-                    )
-                }))
-                .collect();
-            let mut source = source;
-            rows.extend(decided.order.iter().filter_map(|id| source.remove(id)));
-        }
-        if !rows.is_empty() {
-            crate::sql::query(sqlx::AssertSqlSafe(self.q.delete_pending.as_str()))
-                .bind(&deleted)
-                .execute(&mut *tx)
-                .await
-                .map_err(|e| self.err("taking pending rows out of line", e))?;
-            self.insert(&mut tx, &rows).await?;
-        }
-        tx.commit()
+                .collect(),
+        )
+    }
+
+    async fn put_in_line(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        taken_out: &[Uuid],
+        rows: &[InsertRow<'_>],
+    ) -> Result<(), SourceError> {
+        crate::sql::query(sqlx::AssertSqlSafe(self.q.delete_pending.as_str()))
+            .bind(taken_out)
+            .execute(&mut **tx)
             .await
-            .map_err(|e| self.err("committing a backfill chunk", e))?;
-        let ready: HashSet<&Key> = ready.iter().collect();
-        outcome.deferred = by_key
-            .iter()
-            .filter(|(k, _)| !ready.contains(k))
-            .flat_map(|(_, cs)| cs.iter().cloned())
-            .collect();
-        outcome.deferred.sort_by_key(|c| c.outbox_seq);
-        Ok(outcome)
+            .map_err(|e| self.err("taking pending rows out of line", e))?;
+        self.insert(tx, rows).await
     }
 
     async fn hold(
@@ -348,15 +264,7 @@ impl PgBackfill {
             .await
             .map_err(|e| self.err("reading what the subscription delivered", e))?;
         let decode = |r: &PgRow| -> Result<(Key, HandedOut), sqlx::Error> {
-            let last: Option<i64> = r.try_get(2)?;
-            let rows: bool = r.try_get(3)?;
-            let positioned: bool = r.try_get(4)?;
-            let handed = match (rows, positioned) {
-                // Rows whose outbox rows are gone are older than anything retained.
-                (true, _) => HandedOut::UpTo(last.unwrap_or(i64::MIN)),
-                (false, true) => HandedOut::Unknown,
-                (false, false) => HandedOut::Nothing,
-            };
+            let handed = HandedOut::from_facts(r.try_get(2)?, r.try_get(3)?, r.try_get(4)?);
             Ok(((r.try_get(0)?, r.try_get(1)?), handed))
         };
         rows.iter()
@@ -460,7 +368,55 @@ impl Backfill for PgBackfill {
         &'a self,
         chunk: &'a [Candidate],
     ) -> BoxFuture<'a, Result<ChunkOutcome, SourceError>> {
-        Box::pin(PgBackfill::apply(self, chunk))
+        Box::pin(apply_chunk(self, chunk))
+    }
+}
+
+impl ChunkStore for PgBackfill {
+    type Tx = Transaction<'static, Postgres>;
+    fn begin(&self) -> BoxFuture<'_, Result<Self::Tx, SourceError>> {
+        Box::pin(async move {
+            self.db
+                .begin()
+                .await
+                .map_err(|e| self.err("starting a backfill transaction", e))
+        })
+    }
+    fn hold<'a>(
+        &'a self,
+        tx: &'a mut Self::Tx,
+        keys: &'a [Key],
+    ) -> BoxFuture<'a, Result<HashMap<Key, Vec<PendingRow>>, SourceError>> {
+        Box::pin(self.hold_all(tx, keys))
+    }
+    fn handed_out<'a>(
+        &'a self,
+        tx: &'a mut Self::Tx,
+        keys: &'a [Key],
+    ) -> BoxFuture<'a, Result<HashMap<Key, HandedOut>, SourceError>> {
+        Box::pin(PgBackfill::handed_out(self, tx, keys))
+    }
+    fn present<'a>(
+        &'a self,
+        tx: &'a mut Self::Tx,
+        ids: &'a [Uuid],
+    ) -> BoxFuture<'a, Result<HashSet<Uuid>, SourceError>> {
+        Box::pin(PgBackfill::present(self, tx, ids))
+    }
+    fn put_in_line<'a>(
+        &'a self,
+        tx: &'a mut Self::Tx,
+        taken_out: &'a [Uuid],
+        rows: &'a [InsertRow<'a>],
+    ) -> BoxFuture<'a, Result<(), SourceError>> {
+        Box::pin(PgBackfill::put_in_line(self, tx, taken_out, rows))
+    }
+    fn commit(&self, tx: Self::Tx) -> BoxFuture<'_, Result<(), SourceError>> {
+        Box::pin(async move {
+            tx.commit()
+                .await
+                .map_err(|e| self.err("committing a backfill chunk", e))
+        })
     }
 }
 
