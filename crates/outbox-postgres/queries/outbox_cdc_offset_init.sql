@@ -9,4 +9,4 @@ SET confirmed_lsn = 0, updated_at = now(), acked_snapshot = $2,
     pending_snapshot = NULL, pending_lsn = NULL,
     recovery_from = NULL, recovery_from_lsn = NULL, recovery_after = NULL,
     recovery_after_lsn = NULL, recovery_started_at = NULL, recovery_done_at = NULL,
-    recovered_events = NULL
+    recovered_events = NULL, owner = NULL

@@ -51,10 +51,15 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         name: "cdc_snapshots",
         sql: include_str!("../migrations/0007_cdc_snapshots.sql"),
     },
+    Migration {
+        version: 8,
+        name: "cdc_offset_owner",
+        sql: include_str!("../migrations/0008_cdc_offset_owner.sql"),
+    },
 ];
 
 /// The schema version this build of the library expects.
-pub const SCHEMA_VERSION: i32 = 7;
+pub const SCHEMA_VERSION: i32 = 8;
 
 const BOOKKEEPING: &str = "CREATE TABLE IF NOT EXISTS {{qname:_migrations}} (
     version    integer     PRIMARY KEY,

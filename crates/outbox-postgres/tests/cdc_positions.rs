@@ -275,3 +275,94 @@ async fn a_dead_letter_uses_its_number_and_a_retry_numbers_the_aggregate_on() ->
     );
     Ok(())
 }
+
+/// Saves are fenced by the slot's owner (migration 0008): once another relay took the slot
+/// over (its claim writes a new owner id into the position's row, before it reads the
+/// position), a save of the old relay, say one whose COMMIT reached the server late after a
+/// `kill -9`, changes neither the position nor the heads the new owner numbers from.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_save_by_a_relay_that_lost_the_slot_changes_nothing() -> anyhow::Result<()> {
+    let h = CdcHarness::new().await?;
+    let write = |n: usize| {
+        let h = &h;
+        async move {
+            let mut tx = h.pool.begin().await?;
+            h.outbox
+                .enqueue(
+                    &mut *tx,
+                    &NewEvent::new("Order", "x", "order.changed", format!("{n}")),
+                )
+                .await?;
+            tx.commit().await?;
+            anyhow::Ok(())
+        }
+    };
+    let saved = || async {
+        let lsn: i64 = sqlx::query_scalar("SELECT confirmed_lsn FROM outbox_cdc_offsets")
+            .fetch_one(&h.pool)
+            .await?;
+        let head: Option<i64> = sqlx::query_scalar(
+            "SELECT last_position FROM outbox_aggregate_positions WHERE aggregate_id = 'x'",
+        )
+        .fetch_optional(&h.pool)
+        .await?;
+        anyhow::Ok((lsn, head))
+    };
+    for n in 0..3 {
+        write(n).await?;
+    }
+    let mut old = h.cdc_source(Ordering::PerAggregate, DeadLetterPolicy::Skip)?;
+    ensure!(stream_settled(&mut old, 3).await? == [Some(1), Some(2), Some(3)]);
+    let before = saved().await?;
+    ensure!(
+        before.1 == Some(3),
+        "the owner's save wrote the heads: {before:?}"
+    );
+
+    for n in 3..6 {
+        write(n).await?;
+    }
+    // What a relay taking the slot over does first (outbox_cdc_offset_claim.sql).
+    sqlx::query("UPDATE outbox_cdc_offsets SET owner = gen_random_uuid()")
+        .execute(&h.pool)
+        .await?;
+    ensure!(stream_settled(&mut old, 3).await? == [Some(4), Some(5), Some(6)]);
+    ensure!(
+        saved().await? == before,
+        "a relay that no longer owns the slot saved its position or heads: {:?} after {before:?}",
+        saved().await?
+    );
+    old.abort();
+    h.slot_released().await?;
+
+    // The next owner resumes from the last save of the owner it replaced: the stretch after
+    // it streams again with the numbers it had.
+    let mut next = h.cdc_source(Ordering::PerAggregate, DeadLetterPolicy::Skip)?;
+    ensure!(stream_settled(&mut next, 3).await? == [Some(4), Some(5), Some(6)]);
+    ensure!(saved().await?.1 == Some(6), "the new owner saves");
+    Ok(())
+}
+
+/// Fetches until `n` events came and settles them, each batch past the 100 ms between saves
+/// (so each settle saves); returns their numbers.
+async fn stream_settled(
+    source: &mut outbox_postgres::PgCdcSource,
+    n: usize,
+) -> anyhow::Result<Vec<Option<i64>>> {
+    let mut got = Vec::new();
+    let deadline = Instant::now() + WAIT;
+    while got.len() < n {
+        ensure!(Instant::now() < deadline, "streamed {got:?}");
+        let fetched = source.fetch(10, OffsetDateTime::now_utc()).await?;
+        if fetched.events.is_empty() {
+            source.wait_for_events(Duration::from_millis(50)).await;
+            continue;
+        }
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        source
+            .settle(&delivered(&fetched.events), OffsetDateTime::now_utc())
+            .await?;
+        got.extend(fetched.events.iter().map(seq_of));
+    }
+    Ok(got)
+}

@@ -15,6 +15,13 @@
 //! heads saved with it and gives its tail the numbers it had (`outbox_core::aggregate_seq`,
 //! "Change streams"). A save that keeps failing therefore holds the slot back (WAL is kept),
 //! never the numbering.
+//!
+//! Saves are fenced by the slot's owner (migration 0008): a relay that takes the slot over
+//! [`claims`](SavedOffset::claim) the row with a new id before it reads the position, and a
+//! save writes only while the row still carries the saver's id. Without it, the last save of a
+//! relay killed mid-save (its COMMIT already sent) or frozen past `wal_sender_timeout` could
+//! commit after the new owner read the position, and move the heads past it: the new owner
+//! would number the stretch it streams again past the numbers it had.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,6 +30,7 @@ use outbox_core::SourceError;
 use outbox_core::aggregate_seq::StreamPositions;
 use sqlx::PgPool;
 use tokio::time::Instant;
+use uuid::Uuid;
 
 use super::queries::CdcQueries;
 use super::recovery::OffsetState;
@@ -37,6 +45,8 @@ pub(crate) const SAVE_EVERY: Duration = Duration::from_millis(100);
 pub(crate) struct SavedOffset {
     queries: Arc<CdcQueries>,
     slot: String,
+    /// This relay's id in the row while it owns the slot (a new one per claim).
+    owner: Uuid,
     /// Last position written.
     saved: u64,
     /// Position reached through settled events, to be written.
@@ -55,12 +65,40 @@ impl SavedOffset {
         Self {
             queries,
             slot: slot.to_owned(),
+            owner: Uuid::nil(),
             saved: 0,
             due: 0,
             last_save: None,
             pending_lsn: None,
             unpromoted: false,
             unavailable: false,
+        }
+    }
+
+    /// Makes this relay, which just took the slot, the only one that can save its position
+    /// (see the module docs); call before [`load`](Self::load). Waits for a save of the
+    /// previous owner still running.
+    pub(crate) async fn claim(&mut self, pool: &PgPool) -> Result<(), SourceError> {
+        if self.unavailable {
+            return Ok(());
+        }
+        self.owner = Uuid::new_v4();
+        let claimed = crate::sql::query(stmt(&self.queries.offset_claim))
+            .bind(&self.slot)
+            .bind(self.owner)
+            .execute(pool)
+            .await;
+        match claimed {
+            Ok(_) => Ok(()),
+            Err(e) if undefined_table(&e) => {
+                self.missing();
+                Ok(())
+            }
+            Err(e) => Err(crate::error::source_error(
+                "taking over the saved CDC position",
+                &self.slot,
+                e,
+            )),
         }
     }
 
@@ -151,8 +189,12 @@ impl SavedOffset {
             .as_deref()
             .map(|p| p.to_save(due))
             .unwrap_or_default();
-        match save(pool, &self.queries, &self.slot, due, &heads).await {
-            Ok(pending) => {
+        match save(pool, &self.queries, &self.slot, self.owner, due, &heads).await {
+            Ok(Saved::Fenced) => tracing::warn!(
+                slot = self.slot.as_str(),
+                "another relay took the CDC slot over: this relay's position was not saved"
+            ),
+            Ok(Saved::Written { pending }) => {
                 self.saved = due;
                 self.pending_lsn = pending;
                 if let Some(p) = positions {
@@ -167,10 +209,16 @@ impl SavedOffset {
         }
     }
 
-    /// What a clean stop must still write: `(queries, slot, lsn)`, if anything.
-    pub(crate) fn pending(&self) -> Option<(Arc<CdcQueries>, String, u64)> {
-        (!self.unavailable && self.due > self.saved)
-            .then(|| (self.queries.clone(), self.slot.clone(), self.due))
+    /// What a clean stop must still write: `(queries, slot, owner, lsn)`, if anything.
+    pub(crate) fn pending(&self) -> Option<(Arc<CdcQueries>, String, Uuid, u64)> {
+        (!self.unavailable && self.due > self.saved).then(|| {
+            (
+                self.queries.clone(),
+                self.slot.clone(),
+                self.owner,
+                self.due,
+            )
+        })
     }
 
     fn missing(&mut self) {
@@ -181,20 +229,37 @@ impl SavedOffset {
     }
 }
 
-/// One save: the position and the `aggregate_seq` heads up to it, in one transaction.
+/// What [`save`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Saved {
+    /// Written; the pending snapshot's position after it (migration 0007).
+    Written { pending: Option<u64> },
+    /// Nothing written: another relay owns the slot's row now.
+    Fenced,
+}
+
+/// One save by `owner`: the position and the `aggregate_seq` heads up to it, in one
+/// transaction, or nothing when `owner` no longer owns the slot (the position's row is
+/// updated first, so the heads are never written without it).
 pub(crate) async fn save(
     pool: &PgPool,
     queries: &CdcQueries,
     slot: &str,
+    owner: Uuid,
     lsn: u64,
     heads: &[(String, String, i64)],
-) -> Result<Option<u64>, sqlx::Error> {
+) -> Result<Saved, sqlx::Error> {
     let mut tx = pool.begin().await?;
-    let pending: Option<i64> = crate::sql::query_scalar(stmt(&queries.offset_save))
+    let written: Option<Option<i64>> = crate::sql::query_scalar(stmt(&queries.offset_save))
         .bind(slot)
         .bind(i64::try_from(lsn).unwrap_or(i64::MAX))
-        .fetch_one(&mut *tx)
+        .bind(owner)
+        .fetch_optional(&mut *tx)
         .await?;
+    let Some(pending) = written else {
+        tx.rollback().await?;
+        return Ok(Saved::Fenced);
+    };
     if !heads.is_empty() {
         let mut types = Vec::with_capacity(heads.len());
         let mut ids = Vec::with_capacity(heads.len());
@@ -212,7 +277,9 @@ pub(crate) async fn save(
             .await?;
     }
     tx.commit().await?;
-    Ok(pending.map(|p| p.max(0) as u64))
+    Ok(Saved::Written {
+        pending: pending.map(|p| p.max(0) as u64),
+    })
 }
 
 fn undefined_table(e: &sqlx::Error) -> bool {

@@ -304,16 +304,23 @@ impl Drop for PgCdcSource {
             let (pool, slot) = (self.pool.clone(), self.config.slot.as_str().to_owned());
             let unsaved = self.offset.pending();
             let heads = match &unsaved {
-                Some((_, _, lsn)) if self.numbering => self.positions.to_save(*lsn),
+                Some((_, _, _, lsn)) if self.numbering => self.positions.to_save(*lsn),
                 _ => Vec::new(),
             };
             runtime.spawn(async move {
                 let mut close_at = confirmed;
-                if let Some((queries, slot, lsn)) = unsaved
-                    && let Err(e) = super::offset::save(&pool, &queries, &slot, lsn, &heads).await
-                {
-                    tracing::warn!(error = %e, "could not save the CDC position at shutdown");
-                    close_at = fallback;
+                if let Some((queries, slot, owner, lsn)) = unsaved {
+                    match super::offset::save(&pool, &queries, &slot, owner, lsn, &heads).await {
+                        Ok(super::offset::Saved::Written { .. }) => {}
+                        Ok(super::offset::Saved::Fenced) => {
+                            tracing::warn!("another relay took the CDC slot over: the position was not saved at shutdown");
+                            close_at = fallback;
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "could not save the CDC position at shutdown");
+                            close_at = fallback;
+                        }
+                    }
                 }
                 stream.close(close_at, pool, slot).await;
                 drop(closed);

@@ -78,6 +78,9 @@ impl PgCdcSource {
             _ => DEFAULT_SILENCE_LIMIT,
         };
         self.last_heard = Instant::now();
+        // Only this relay saves from now on; a late save of the last owner is in what
+        // `load` reads, or refused.
+        self.offset.claim(&self.pool).await?;
         let state = self.offset.load(&self.pool).await?;
         let saved = state.confirmed_lsn;
         // The stream resumes after `saved`, whose heads are in the table: read them again.
