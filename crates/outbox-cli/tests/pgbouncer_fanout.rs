@@ -3,7 +3,9 @@
 //! type taken from its `status` column; two subscriptions, `sms` (every event) and `payments`
 //! (`booking.confirmed` only); two relays killed with SIGKILL over and over; four producers
 //! with 10 % rollbacks; every client (producers, relays, `migrate`, `capture install`) through
-//! one PgBouncer with three server connections, so that clients really share them.
+//! one PgBouncer with three server connections, so that clients really share them. Bookings
+//! written before the capture was installed reach both through `capture snapshot`, run through
+//! the pooler too.
 //!
 //! Afterwards each subscription's webhook has every committed event it selects (lost 0), none
 //! outside its filter, none from a rolled-back transaction (phantom 0), and each customer's
@@ -27,6 +29,12 @@ const CUSTOMERS_PER_PRODUCER: usize = 3;
 const WRITES_PER_PRODUCER: usize = 400;
 const CREATED: &str = "booking.created";
 const CONFIRMED: &str = "booking.confirmed";
+/// Bookings in the table before the capture is installed.
+const SEEDED: usize = 30;
+
+fn seeded_status(i: usize) -> &'static str {
+    if i % 3 == 0 { CONFIRMED } else { CREATED }
+}
 
 /// What one producer committed: per customer, (token, status) in commit order; and the tokens
 /// of its rolled-back writes.
@@ -166,6 +174,16 @@ async fn filtered_fan_out_through_pgbouncer_loses_nothing_and_crosses_no_filter_
         )
         .execute(&setup)
         .await?;
+        // Bookings from before the capture: `capture snapshot` turns them into events.
+        for i in 0..SEEDED {
+            sqlx::query(
+                "INSERT INTO bookings (customer_id, status, token, version) VALUES ($1, $2, $1, 1)",
+            )
+            .bind(format!("seed{i}"))
+            .bind(seeded_status(i))
+            .execute(&setup)
+            .await?;
+        }
         setup.close().await;
     }
     // Three server connections for everyone: two relays (each a claim pool and a pool for the
@@ -182,6 +200,10 @@ async fn filtered_fan_out_through_pgbouncer_loses_nothing_and_crosses_no_filter_
     work.run_ok(&["migrate", "--config", cfg_arg]).await?;
     work.run_ok(&["capture", "install", "--config", cfg_arg])
         .await?;
+    let listed = work
+        .run_ok(&["capture", "list", "--config", cfg_arg])
+        .await?;
+    ensure!(listed.contains("bookings"), "capture list: {listed}");
 
     let mut relays = [
         work.spawn_relay(&cfg, "relay-0.log")?,
@@ -195,13 +217,27 @@ async fn filtered_fan_out_through_pgbouncer_loses_nothing_and_crosses_no_filter_
     let producers: Vec<_> = (0..PRODUCERS)
         .map(|p| tokio::spawn(produce(producers_pool.clone(), p)))
         .collect();
+    // While relays and producers share the pooler's server connections.
+    work.run_ok(&[
+        "capture", "snapshot", "--config", cfg_arg, "--rate", "100000",
+    ])
+    .await?;
 
     // SIGKILL a random relay every 150-400 ms while producers write, and a few times after.
     let kills = support::kill_relays_until(&work, &cfg, &mut relays, 10, || {
         producers.iter().all(tokio::task::JoinHandle::is_finished)
     })
     .await?;
-    let mut committed: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
+    // Each seeded booking's one event is its snapshot.
+    let mut committed: BTreeMap<String, Vec<(String, String)>> = (0..SEEDED)
+        .map(|i| {
+            let customer = format!("seed{i}");
+            (
+                customer.clone(),
+                vec![(customer, seeded_status(i).to_owned())],
+            )
+        })
+        .collect();
     let mut rolled_back = HashSet::new();
     for p in producers {
         let written = p.await??;

@@ -17,14 +17,16 @@ impl PgCapture {
             bool,
             bool,
         );
+        let context = format!("listing captures into outbox table {}", self.outbox);
+        // In a transaction: through a transaction pooler a statement outside one may be
+        // split across server connections.
+        let mut tx = self.pool.begin().await.map_err(db(&context))?;
         let rows: Vec<Row> = crate::sql::query_as(LIST)
             .bind(self.schema().as_str())
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *tx)
             .await
-            .map_err(db(format!(
-                "listing captures into outbox table {}",
-                self.outbox
-            )))?;
+            .map_err(db(&context))?;
+        tx.commit().await.map_err(db(&context))?;
         let outbox = self.outbox.to_string();
         let mut out = Vec::new();
         for (function, record, trigger, table, on_insert, on_update, enabled) in rows {
