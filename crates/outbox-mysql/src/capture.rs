@@ -29,6 +29,8 @@ use sqlx::{Executor, MySql, MySqlPool};
 
 use crate::config::MySqlConfig;
 
+mod snapshot;
+
 const TRIGGER: &str = include_str!("../queries/capture_trigger.sql");
 const RECORD_TABLE: &str = include_str!("../queries/capture_record_table.sql");
 const RECORD_UPSERT: &str = "INSERT INTO {{name:_capture}} (name, table_name, record) VALUES (?, ?, ?) \
@@ -630,7 +632,7 @@ fn lock_or_db(context: String) -> impl FnOnce(sqlx::Error) -> CaptureError {
     }
 }
 
-outbox_core::impl_capture!(MySqlCapture);
+outbox_core::impl_capture!(MySqlCapture, snapshot);
 
 #[cfg(test)]
 mod tests {

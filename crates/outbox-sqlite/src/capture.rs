@@ -25,6 +25,8 @@ use sqlx::{Executor, Sqlite, SqlitePool, Transaction};
 
 use crate::sql::render;
 
+mod snapshot;
+
 const TRIGGER: &str = include_str!("../queries/capture_trigger.sql");
 const RECORD_TABLE: &str = include_str!("../queries/capture_record_table.sql");
 const RECORD_UPSERT: &str = "INSERT INTO {{name:_capture}} (name, table_name, record, installed_at) VALUES (?1, ?2, ?3, ?4) \
@@ -398,7 +400,7 @@ fn db(context: impl Into<String>) -> impl FnOnce(sqlx::Error) -> CaptureError {
     CaptureError::database(context)
 }
 
-outbox_core::impl_capture!(SqliteCapture);
+outbox_core::impl_capture!(SqliteCapture, snapshot);
 
 #[cfg(test)]
 mod tests {

@@ -38,7 +38,7 @@ mod trigger;
 pub use dialect::{Dialect, LiteralError, quote_literal};
 pub use error::CaptureError;
 pub use snapshot::{SnapshotChunk, SnapshotRun, SnapshotStart};
-pub use trigger::{OpTrigger, op_trigger_name, row_object, splice};
+pub use trigger::{OpTrigger, op_trigger_name, row_object, splice, splice_literals};
 
 /// One `[[capture]]` entry: which table, and how each of its rows becomes an event.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]

@@ -72,3 +72,41 @@ pub fn installed(
         config: CaptureRecord::parse(Some(record)).map(|r| r.config),
     }
 }
+
+/// Checks that the capture of `entry` is installed as configured before a snapshot: its
+/// `recorded` row of `<outbox>_capture` (table, record) names `table`, `outbox` and this
+/// very entry. Otherwise live changes would not follow the snapshot.
+pub fn check_recorded(
+    entry: CaptureEntry<'_>,
+    outbox: &str,
+    table: &str,
+    recorded: Option<(String, Option<CaptureRecord>)>,
+) -> Result<(), CaptureError> {
+    match recorded {
+        None => Err(super::snapshot::not_installed(entry, "is not installed")),
+        Some((t, Some(r))) if t == table && r.outbox == outbox && r.config == *entry.config => {
+            Ok(())
+        }
+        Some(_) => Err(super::snapshot::not_installed(
+            entry,
+            "is installed differently from this [[capture]] entry",
+        )),
+    }
+}
+
+/// Checks that the capture's trigger for `op` is on `table`; `on` is the table the trigger
+/// of that name is on, if there is one.
+pub fn check_trigger(
+    entry: CaptureEntry<'_>,
+    op: CaptureOp,
+    table: &str,
+    on: Option<&str>,
+) -> Result<(), CaptureError> {
+    if on == Some(table) {
+        return Ok(());
+    }
+    Err(super::snapshot::not_installed(
+        entry,
+        &format!("has no {op} trigger on {table}"),
+    ))
+}

@@ -16,7 +16,8 @@
 
 use serde::Serialize;
 
-use super::{CaptureEntry, CaptureError};
+use super::{CaptureConfig, CaptureEntry, CaptureError};
+use crate::Identifier;
 use crate::sink::BoxFuture;
 
 /// The `capture_op` header of a snapshot event.
@@ -107,9 +108,290 @@ pub fn chunk_rows(rate: u32) -> u32 {
     (rate / 10).clamp(1, 2_000)
 }
 
+/// The table's single primary-key column among `columns` (the key's columns in order), or
+/// why there is none to follow.
+pub fn single_key(
+    entry: CaptureEntry<'_>,
+    table: &str,
+    columns: &[String],
+) -> Result<Identifier, CaptureError> {
+    match columns {
+        [] => Err(no_primary_key(entry, table)),
+        [one] => Identifier::new(one.as_str()).map_err(|e| {
+            CaptureError::invalid(
+                entry.key("table"),
+                format!("the primary-key column of {table} cannot be followed: {e}"),
+            )
+        }),
+        more => Err(composite_key(entry, table, more)),
+    }
+}
+
+/// The identifiers of the entry that a snapshot's statements name: `aggregate_id`,
+/// `key_column`, and `event_type_column` and `payload_column` where the entry has them (the
+/// backend adds its tables).
+pub fn entry_names<'a>(
+    config: &'a CaptureConfig,
+    key: &'a Identifier,
+) -> Vec<(&'static str, &'a Identifier)> {
+    let mut named: Vec<(&str, &Identifier)> =
+        vec![("aggregate_id", &config.aggregate_id), ("key_column", key)];
+    if let Some(c) = &config.event_type_column {
+        named.push(("event_type_column", c));
+    }
+    if let Some(c) = config.payload.column() {
+        named.push(("payload_column", c));
+    }
+    named
+}
+
+/// A capture's row of `<outbox>_capture_snapshots` as a run finds it at its start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recorded<K> {
+    /// `table_name`: the table it followed.
+    pub table: String,
+    /// `key_column`: the key it followed.
+    pub key: String,
+    /// `last_key`: the last snapshotted row's key; `None` before the first chunk.
+    pub last_key: Option<K>,
+    /// `rows`: rows snapshotted so far.
+    pub rows: i64,
+    /// Whether `finished_at` is set.
+    pub finished: bool,
+}
+
+impl<K> From<(String, String, Option<K>, i64, bool)> for Recorded<K> {
+    /// From a row `(table_name, key_column, last_key, rows, finished)`.
+    fn from(
+        (table, key, last_key, rows, finished): (String, String, Option<K>, i64, bool),
+    ) -> Self {
+        Self {
+            table,
+            key,
+            last_key,
+            rows,
+            finished,
+        }
+    }
+}
+
+/// Where a run starts: the recorded snapshot's last key and rows when it is unfinished and
+/// follows the same table and key column (the run resumes it); `None` when a new snapshot
+/// starts (nothing recorded, the last one finished, or the entry now follows another table
+/// or key): the caller then resets the row.
+pub fn resumes<K>(
+    recorded: Option<Recorded<K>>,
+    table: &str,
+    key: &str,
+) -> Option<(Option<K>, u64)> {
+    recorded
+        .filter(|r| !r.finished && r.table == table && r.key == key)
+        .map(|r| (r.last_key, r.rows.max(0) as u64))
+}
+
+/// Where a run starts ([`resume_or_begin`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resume<K> {
+    /// True when the run continues an unfinished snapshot.
+    pub resumed: bool,
+    /// The key it continues after (`None`: from the start).
+    pub last_key: Option<K>,
+    /// Rows snapshotted before this run.
+    pub rows_done: u64,
+}
+
+impl<K> Resume<K> {
+    /// The [`SnapshotStart`] of capture `name` on `table` by `key`, `rows_left` rows to go.
+    pub fn start(
+        &self,
+        name: &Identifier,
+        table: &str,
+        key: &Identifier,
+        rows_left: i64,
+    ) -> SnapshotStart {
+        SnapshotStart {
+            name: name.to_string(),
+            table: table.to_owned(),
+            key: key.to_string(),
+            resumed: self.resumed,
+            rows_done: self.rows_done,
+            rows_left: rows_left.max(0) as u64,
+        }
+    }
+}
+
+/// Resumes the `recorded` snapshot ([`resumes`]), or starts a new one by running `begin`
+/// (which resets the capture's progress row).
+pub async fn resume_or_begin<K, E>(
+    recorded: Option<Recorded<K>>,
+    table: &str,
+    key: &Identifier,
+    begin: impl AsyncFnOnce() -> Result<(), E>,
+) -> Result<Resume<K>, E> {
+    Ok(match resumes(recorded, table, key.as_str()) {
+        Some((last_key, rows_done)) => Resume {
+            resumed: true,
+            last_key,
+            rows_done,
+        },
+        None => {
+            begin().await?;
+            Resume {
+                resumed: false,
+                last_key: None,
+                rows_done: 0,
+            }
+        }
+    })
+}
+
+/// Checks `entry` on its own before a snapshot starts; returns the context of the start's
+/// errors (`starting the snapshot of capture `name``).
+pub fn starting(entry: CaptureEntry<'_>) -> Result<String, CaptureError> {
+    entry.config.validate(entry.index).map_err(super::keyed)?;
+    Ok(format!(
+        "starting the snapshot of capture `{}`",
+        entry.config.name()
+    ))
+}
+
+/// One database's statements of a chunk's transaction (see the module docs), which
+/// [`Chunked`] runs in order: [`begin`](Self::begin), [`lock`](Self::lock) the progress row,
+/// [`write`](Self::write) the chunk's events, [`advance`](Self::advance) the progress,
+/// [`commit`](Self::commit). A transaction dropped without `commit` rolls back.
+pub trait SnapshotTx: Send + Sync {
+    /// An open transaction.
+    type Tx: Send;
+    /// A primary-key value as the progress row keeps it.
+    type Key: Send + Sync;
+    /// The database's error.
+    type Error: std::error::Error + Send + Sync + 'static;
+
+    /// Begins a chunk's transaction.
+    fn begin(&self) -> impl Future<Output = Result<Self::Tx, Self::Error>> + Send;
+    /// Locks the capture's unfinished progress row until the transaction ends and reads its
+    /// last key; `None` when there is none (the snapshot finished in another run).
+    fn lock(
+        &self,
+        tx: &mut Self::Tx,
+    ) -> impl Future<Output = Result<Option<Option<Self::Key>>, Self::Error>> + Send;
+    /// Reads up to `limit` rows after `last` (from the start when `None`) in key order,
+    /// share-locked, and inserts their snapshot events; returns how many and the last key
+    /// (`None` when there was no row).
+    fn write(
+        &self,
+        tx: &mut Self::Tx,
+        last: Option<&Self::Key>,
+        limit: u32,
+    ) -> impl Future<Output = Result<(u64, Option<Self::Key>), Self::Error>> + Send;
+    /// Records the chunk: the new last key (`None`: unchanged), `rows` more, and whether the
+    /// snapshot finished.
+    fn advance(
+        &self,
+        tx: &mut Self::Tx,
+        last: Option<&Self::Key>,
+        rows: u64,
+        finished: bool,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
+    /// Commits.
+    fn commit(&self, tx: Self::Tx) -> impl Future<Output = Result<(), Self::Error>> + Send;
+    /// A deadlock, lock timeout or serialization failure: the chunk was rolled back and can
+    /// run again.
+    fn retryable(e: &Self::Error) -> bool;
+    /// A NULL aggregate id, event type or payload refused by the outbox table.
+    fn null_in_row(e: &Self::Error) -> bool;
+}
+
+/// How often a chunk that lost a deadlock (or a lock wait, or a serialization failure) is
+/// tried again.
+pub const RETRIES: u32 = 10;
+
+/// A running snapshot driven chunk by chunk through one database's [`SnapshotTx`]: the
+/// [`SnapshotRun`] of every backend.
+pub struct Chunked<T> {
+    start: SnapshotStart,
+    tx: T,
+}
+
+impl<T: SnapshotTx> Chunked<T> {
+    /// The run that started as `start`, with the statements of `tx`.
+    pub fn new(start: SnapshotStart, tx: T) -> Self {
+        Self { start, tx }
+    }
+
+    /// One chunk's transaction; `Err` as the database gave it.
+    async fn try_chunk(&self, limit: u32) -> Result<SnapshotChunk, T::Error> {
+        let mut tx = self.tx.begin().await?;
+        let Some(last) = self.tx.lock(&mut tx).await? else {
+            return Ok(SnapshotChunk {
+                rows: 0,
+                finished: true,
+            });
+        };
+        let (rows, new_last) = self.tx.write(&mut tx, last.as_ref(), limit).await?;
+        let finished = rows < u64::from(limit);
+        self.tx
+            .advance(&mut tx, new_last.as_ref(), rows, finished)
+            .await?;
+        self.tx.commit(tx).await?;
+        Ok(SnapshotChunk { rows, finished })
+    }
+}
+
+impl<T: SnapshotTx> SnapshotRun for Chunked<T> {
+    fn start(&self) -> &SnapshotStart {
+        &self.start
+    }
+
+    fn chunk(&mut self, limit: u32) -> BoxFuture<'_, Result<SnapshotChunk, CaptureError>> {
+        Box::pin(async move {
+            let mut attempt = 0;
+            loop {
+                match self.try_chunk(limit).await {
+                    Ok(done) => return Ok(done),
+                    Err(e) if T::retryable(&e) && attempt < RETRIES => attempt += 1,
+                    Err(e) => {
+                        let context = if T::null_in_row(&e) {
+                            null_in_row(&self.start.table)
+                        } else {
+                            format!(
+                                "snapshot of {}: a chunk failed and wrote nothing (run the snapshot again: it resumes after the last chunk that committed)",
+                                self.start.table
+                            )
+                        };
+                        return Err(CaptureError::Database {
+                            context,
+                            source: Box::new(e),
+                        });
+                    }
+                }
+            }
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::chunk_rows;
+    use super::{Recorded, chunk_rows, resumes};
+
+    #[test]
+    fn a_run_resumes_only_an_unfinished_snapshot_of_the_same_table_and_key() {
+        let recorded = |table: &str, finished| Recorded {
+            table: table.into(),
+            key: "id".into(),
+            last_key: Some(7),
+            rows: 7,
+            finished,
+        };
+        assert_eq!(
+            resumes(Some(recorded("t", false)), "t", "id"),
+            Some((Some(7), 7))
+        );
+        assert_eq!(resumes(Some(recorded("t", true)), "t", "id"), None);
+        assert_eq!(resumes(Some(recorded("u", false)), "t", "id"), None);
+        assert_eq!(resumes(Some(recorded("t", false)), "t", "k"), None);
+        assert_eq!(resumes::<i64>(None, "t", "id"), None);
+    }
 
     #[test]
     fn chunks_stay_short() {

@@ -105,17 +105,6 @@ impl OpTrigger<'_> {
         named: &[(&str, &Identifier)],
     ) -> Result<String, CaptureError> {
         let config = entry.config;
-        let literal = |key: &str, value: &str| {
-            self.dialect
-                .literal(value)
-                .map_err(|e| CaptureError::invalid(entry.key(key), e.to_string()))
-        };
-        let null = |what: &str| {
-            literal(
-                "table",
-                &format!("outbox capture of {table}: the {what} of the written row is NULL"),
-            )
-        };
         let mut checks = self.checks[0].to_owned();
         if config.event_type_column.is_some() {
             checks.push_str(self.checks[1]);
@@ -162,27 +151,57 @@ impl OpTrigger<'_> {
             &config.name(),
             named,
         ));
-        let fixed = match &config.event_type {
-            Some(t) => literal("event_type", t)?,
-            None => String::new(),
-        };
-        Ok(splice(
-            &rendered,
-            &[
-                (
-                    "AGGREGATE_TYPE",
-                    &literal("aggregate_type", &config.aggregate_type)?,
-                ),
-                ("FIXED_EVENT_TYPE", &fixed),
-                ("OP", &literal("on", op.as_str())?),
-                ("CAPTURE_TABLE", &literal("table", table)?),
-                ("NULL_AGGREGATE_ID", &null("aggregate_id column")?),
-                ("NULL_EVENT_TYPE", &null("event_type column")?),
-                ("NULL_PAYLOAD", &null("payload column")?),
-                ("ROW", row.unwrap_or_default()),
-            ],
-        ))
+        splice_literals(self.dialect, entry, table, Some(op), row, &rendered)
     }
+}
+
+/// Fills the literals of `entry` into `rendered` in one pass that is never scanned again
+/// (see [`OpTrigger::render`]): `@AGGREGATE_TYPE@`, `@FIXED_EVENT_TYPE@`, `@OP@` (empty
+/// without `op`), `@CAPTURE_TABLE@` (`table`), the `@NULL_...@` messages, and `@ROW@`.
+pub fn splice_literals(
+    dialect: Dialect,
+    entry: CaptureEntry<'_>,
+    table: &str,
+    op: Option<CaptureOp>,
+    row: Option<&str>,
+    rendered: &str,
+) -> Result<String, CaptureError> {
+    let config = entry.config;
+    let literal = |key: &str, value: &str| {
+        dialect
+            .literal(value)
+            .map_err(|e| CaptureError::invalid(entry.key(key), e.to_string()))
+    };
+    let null = |what: &str| {
+        literal(
+            "table",
+            &format!("outbox capture of {table}: the {what} of the written row is NULL"),
+        )
+    };
+    let fixed = match &config.event_type {
+        Some(t) => literal("event_type", t)?,
+        None => String::new(),
+    };
+    let op = match op {
+        Some(op) => literal("on", op.as_str())?,
+        None => String::new(),
+    };
+    Ok(splice(
+        rendered,
+        &[
+            (
+                "AGGREGATE_TYPE",
+                &literal("aggregate_type", &config.aggregate_type)?,
+            ),
+            ("FIXED_EVENT_TYPE", &fixed),
+            ("OP", &op),
+            ("CAPTURE_TABLE", &literal("table", table)?),
+            ("NULL_AGGREGATE_ID", &null("aggregate_id column")?),
+            ("NULL_EVENT_TYPE", &null("event_type column")?),
+            ("NULL_PAYLOAD", &null("payload column")?),
+            ("ROW", row.unwrap_or_default()),
+        ],
+    ))
 }
 
 /// `<object>(<key>, <value>, ...)` over `columns`: the row as a JSON object for a row

@@ -7,9 +7,11 @@
 //! `NEW`), and records the new key, all in one transaction
 //! ([queries/capture_snapshot_chunk.sql](../../queries/capture_snapshot_chunk.sql)).
 
-use outbox_core::capture::snapshot::{composite_key, no_primary_key, not_installed, null_in_row};
-use outbox_core::capture::{CaptureEntry, CaptureError, SnapshotChunk, SnapshotRun, SnapshotStart};
-use outbox_core::sink::BoxFuture;
+use outbox_core::capture::snapshot::{
+    Chunked, Recorded, SnapshotTx, entry_names, not_installed, resume_or_begin, single_key,
+    starting,
+};
+use outbox_core::capture::{CaptureEntry, CaptureError};
 use outbox_core::{Identifier, QualifiedTable};
 use sqlx::{Postgres, Transaction};
 
@@ -29,13 +31,12 @@ const TRIGGER_NAMED: &str = query_file!("capture_trigger_named");
 /// A fixed event type in a snapshot chunk: its 6th parameter.
 const SNAPSHOT_EVENT_TYPE_FIXED: &str = "$6::text";
 
-/// How often a chunk that lost a deadlock (or a serialization failure) is tried again.
-const RETRIES: u32 = 10;
-
-/// A running snapshot of one capture (see the module docs).
+/// The chunk statements of one capture's snapshot (see the module docs).
 pub(crate) struct PgSnapshot {
     pool: crate::db::Db,
-    start: SnapshotStart,
+    name: String,
+    table: String,
+    key: String,
     /// The chunk statement, rendered for this capture.
     chunk: String,
     lock: String,
@@ -49,13 +50,9 @@ impl PgCapture {
     pub(crate) async fn snapshot(
         &self,
         entry: CaptureEntry<'_>,
-    ) -> Result<PgSnapshot, CaptureError> {
-        entry
-            .config
-            .validate(entry.index)
-            .map_err(outbox_core::capture::keyed)?;
+    ) -> Result<Chunked<PgSnapshot>, CaptureError> {
+        let context = starting(entry)?;
         let name = entry.config.name();
-        let context = format!("starting the snapshot of capture `{name}`");
         let mut tx = self.begin(&context).await?;
         let outbox_oid = self.outbox_oid(&mut tx, &context).await?;
         let plan = self.check(&mut tx, entry, outbox_oid).await?;
@@ -73,31 +70,28 @@ impl PgCapture {
                 .fetch_optional(&mut *tx)
                 .await
                 .map_err(db(&context))?;
-        let (resumed, last_key, rows_done) = match state {
-            Some((t, k, last, rows, false)) if t == table && k == key.as_str() => {
-                (true, last, rows)
-            }
-            _ => {
-                crate::sql::query(sqlx::AssertSqlSafe(render(BEGIN, &self.outbox)))
-                    .bind(name.as_str())
-                    .bind(&table)
-                    .bind(key.as_str())
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(db(&context))?;
-                (false, None, 0)
-            }
-        };
-        tx.commit().await.map_err(db(&context))?;
-
+        let resume = resume_or_begin(state.map(Recorded::from), &table, &key, async || {
+            crate::sql::query(sqlx::AssertSqlSafe(render(BEGIN, &self.outbox)))
+                .bind(name.as_str())
+                .bind(&table)
+                .bind(key.as_str())
+                .execute(&mut *tx)
+                .await
+                .map(drop)
+        })
+        .await
+        .map_err(db(&context))?;
+        // In the transaction, like every statement here: through a transaction pooler
+        // (PgBouncer) a statement outside one may land on another server connection.
         let named = plan_names(&plan, &key);
         let rows_left: i64 =
             crate::sql::query_scalar(sqlx::AssertSqlSafe(self.render(COUNT, &name, &named)))
-                .bind(last_key.as_deref())
+                .bind(resume.last_key.as_deref())
                 .bind(key.as_str())
-                .fetch_one(&self.pool)
+                .fetch_one(&mut *tx)
                 .await
                 .map_err(db(format!("{context}: counting the rows left")))?;
+        tx.commit().await.map_err(db(&context))?;
         let config = entry.config;
         let event_type = if config.event_type_column.is_some() {
             event_type_column("t")
@@ -111,22 +105,21 @@ impl PgCapture {
             &name,
             &named,
         );
-        Ok(PgSnapshot {
-            pool: self.pool.clone(),
-            start: SnapshotStart {
+        let start = resume.start(&name, &table, &key, rows_left);
+        Ok(Chunked::new(
+            start,
+            PgSnapshot {
+                pool: self.pool.clone(),
                 name: name.to_string(),
                 table,
                 key: key.to_string(),
-                resumed,
-                rows_done: rows_done.max(0) as u64,
-                rows_left: rows_left.max(0) as u64,
+                chunk,
+                lock: render(LOCK, &self.outbox),
+                advance: render(ADVANCE, &self.outbox),
+                aggregate_type: config.aggregate_type.clone(),
+                event_type: config.event_type.clone(),
             },
-            chunk,
-            lock: render(LOCK, &self.outbox),
-            advance: render(ADVANCE, &self.outbox),
-            aggregate_type: config.aggregate_type.clone(),
-            event_type: config.event_type.clone(),
-        })
+        ))
     }
 
     /// The capture must be installed as configured: its function recorded with this entry,
@@ -177,56 +170,45 @@ async fn primary_key(
         .fetch_all(&mut **tx)
         .await
         .map_err(db(context))?;
-    let table = plan.table.to_string();
-    match columns.as_slice() {
-        [] => Err(no_primary_key(plan.entry, &table)),
-        [one] => Identifier::new(one.as_str()).map_err(|e| {
-            CaptureError::invalid(
-                plan.entry.key("table"),
-                format!("the primary-key column of {table} cannot be followed: {e}"),
-            )
-        }),
-        more => Err(composite_key(plan.entry, &table, more)),
-    }
+    single_key(plan.entry, &plan.table.to_string(), &columns)
 }
 
 /// The identifiers of the chunk and count statements.
 fn plan_names<'p>(plan: &'p Plan<'_>, key: &'p Identifier) -> Vec<(&'p str, &'p Identifier)> {
-    let config = plan.entry.config;
     let table: &QualifiedTable = &plan.table;
-    let mut named: Vec<(&str, &Identifier)> = vec![
+    let mut named = entry_names(plan.entry.config, key);
+    named.extend([
         (
             "captured_schema",
             table.schema.as_ref().expect("qualified_table has a schema"),
         ),
         ("captured_table", &table.table),
-        ("aggregate_id", &config.aggregate_id),
-        ("key_column", key),
-    ];
-    if let Some(c) = &config.event_type_column {
-        named.push(("event_type_column", c));
-    }
-    if let Some(c) = config.payload.column() {
-        named.push(("payload_column", c));
-    }
+    ]);
     named
 }
 
-impl PgSnapshot {
-    /// One chunk's transaction; `Err` as the database gave it.
-    async fn try_chunk(&self, limit: u32) -> Result<SnapshotChunk, sqlx::Error> {
-        let mut tx = self.pool.begin().await?;
-        let last: Option<Option<String>> =
-            crate::sql::query_scalar(sqlx::AssertSqlSafe(self.lock.as_str()))
-                .bind(&self.start.name)
-                .fetch_optional(&mut *tx)
-                .await?;
-        let Some(last) = last else {
-            return Ok(SnapshotChunk {
-                rows: 0,
-                finished: true,
-            });
-        };
+impl SnapshotTx for PgSnapshot {
+    type Tx = Transaction<'static, Postgres>;
+    type Key = String;
+    type Error = sqlx::Error;
+
+    async fn begin(&self) -> Result<Self::Tx, sqlx::Error> {
+        self.pool.begin().await
+    }
+
+    async fn lock(&self, tx: &mut Self::Tx) -> Result<Option<Option<String>>, sqlx::Error> {
+        crate::sql::query_scalar(sqlx::AssertSqlSafe(self.lock.as_str()))
+            .bind(&self.name)
+            .fetch_optional(&mut **tx)
+            .await
+    }
+
+    async fn write(
+        &self,
+        tx: &mut Self::Tx,
+        last: Option<&String>,
+        limit: u32,
+    ) -> Result<(u64, Option<String>), sqlx::Error> {
         // Never prepared for reuse: planned with the values, so `$4 IS NULL` folds away and
         // the key range is an index condition.
         let mut chunk =
@@ -234,68 +216,49 @@ impl PgSnapshot {
                 .persistent(false)
                 .bind(i64::from(limit))
                 .bind(&self.aggregate_type)
-                .bind(&self.start.table)
-                .bind(last.as_deref())
-                .bind(&self.start.key);
+                .bind(&self.table)
+                .bind(last)
+                .bind(&self.key);
         if let Some(t) = &self.event_type {
             chunk = chunk.bind(t);
         }
-        let (rows, new_last) = chunk.fetch_one(&mut *tx).await?;
-        let finished = rows < i64::from(limit);
+        let (rows, new_last) = chunk.fetch_one(&mut **tx).await?;
+        Ok((rows.max(0) as u64, new_last))
+    }
+
+    async fn advance(
+        &self,
+        tx: &mut Self::Tx,
+        last: Option<&String>,
+        rows: u64,
+        finished: bool,
+    ) -> Result<(), sqlx::Error> {
         crate::sql::query(sqlx::AssertSqlSafe(self.advance.as_str()))
-            .bind(&self.start.name)
-            .bind(new_last.as_deref())
-            .bind(rows)
+            .bind(&self.name)
+            .bind(last)
+            .bind(rows as i64)
             .bind(finished)
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(SnapshotChunk {
-            rows: rows.max(0) as u64,
-            finished,
-        })
-    }
-}
-
-impl SnapshotRun for PgSnapshot {
-    fn start(&self) -> &SnapshotStart {
-        &self.start
+            .execute(&mut **tx)
+            .await
+            .map(drop)
     }
 
-    fn chunk(&mut self, limit: u32) -> BoxFuture<'_, Result<SnapshotChunk, CaptureError>> {
-        Box::pin(async move {
-            let mut attempt = 0;
-            loop {
-                match self.try_chunk(limit).await {
-                    Ok(done) => return Ok(done),
-                    Err(e) if retryable(&e) && attempt < RETRIES => attempt += 1,
-                    Err(e) => {
-                        let context = if is_code(&e, "23502") {
-                            null_in_row(&self.start.table)
-                        } else {
-                            format!(
-                                "snapshot of {}: a chunk failed and wrote nothing (run the snapshot again: it resumes after the last chunk that committed)",
-                                self.start.table
-                            )
-                        };
-                        return Err(CaptureError::Database {
-                            context,
-                            source: Box::new(e),
-                        });
-                    }
-                }
-            }
-        })
+    async fn commit(&self, tx: Self::Tx) -> Result<(), sqlx::Error> {
+        tx.commit().await
+    }
+
+    /// A deadlock (an application transaction locked the rows of one aggregate in another
+    /// order) or a serialization failure.
+    fn retryable(e: &sqlx::Error) -> bool {
+        is_code(e, "40P01") || is_code(e, "40001")
+    }
+
+    fn null_in_row(e: &sqlx::Error) -> bool {
+        is_code(e, "23502")
     }
 }
 
 /// Whether `e` is the database's error `code` (SQLSTATE).
 fn is_code(e: &sqlx::Error, code: &str) -> bool {
     matches!(e, sqlx::Error::Database(d) if d.code().as_deref() == Some(code))
-}
-
-/// A deadlock (an application transaction locked the rows of one aggregate in another
-/// order) or a serialization failure: the chunk was rolled back and can run again.
-fn retryable(e: &sqlx::Error) -> bool {
-    matches!(e, sqlx::Error::Database(d) if matches!(d.code().as_deref(), Some("40P01" | "40001")))
 }
