@@ -1,6 +1,7 @@
 //! Reloading the configuration without a restart (docs/operations.md, "Reloading the
 //! config"), with the built `outbox` binary: a subscription added by a file edit and SIGHUP
-//! gets every event fanned out after the reload while events keep flowing in order; invalid
+//! gets every event fanned out after the reload while events keep flowing in order (SQLite,
+//! PostgreSQL polling and PostgreSQL CDC, whose reload hands the slot over); invalid
 //! edits and keys that need a restart are refused and the old configuration keeps running;
 //! the change log masks secrets; the console's reload action is CSRF-guarded and refused when
 //! actions are off.
@@ -15,7 +16,7 @@ use std::time::Duration;
 
 use anyhow::{Context, ensure};
 use outbox_core::NewEvent;
-use outbox_testkit::services::Nats;
+use outbox_testkit::services::{Nats, Postgres};
 use support::browser::{free_port, http};
 use support::{Workdir, read_stream, terminate};
 use tokio::process::Child;
@@ -106,8 +107,8 @@ struct Writer {
 }
 
 impl Writer {
-    async fn start(db: &Path) -> anyhow::Result<Self> {
-        let pool = outbox_sqlite::connect(&outbox_sqlite::SqliteConfig::new(db)).await?;
+    async fn start(store: &Store) -> anyhow::Result<Self> {
+        let producer = store.producer().await?;
         let stop = Arc::new(AtomicBool::new(false));
         let written: Written = Arc::default();
         let (flag, log) = (stop.clone(), written.clone());
@@ -122,7 +123,7 @@ impl Writer {
                     event_type,
                     format!("{{\"n\":{n}}}"),
                 );
-                outbox_sqlite::enqueue(&pool, &event).await?;
+                producer.enqueue(&event).await?;
                 log.lock().expect("writer log").push((n, paid));
                 n += 1;
                 // Pacing only: events keep arriving across the reload.
@@ -148,12 +149,96 @@ impl Writer {
     }
 }
 
-fn file_subscriptions(db: &Path, work: &Workdir, port: u16, paid: bool) -> String {
+/// Where the outbox is: the reload test runs on each source the relay has.
+enum Store {
+    Sqlite(std::path::PathBuf),
+    /// PostgreSQL; `Some(tag)`: the CDC source, with a slot and publication named after it.
+    Postgres {
+        url: String,
+        cdc: Option<String>,
+    },
+}
+
+/// A producer writing one event per transaction into a [`Store`].
+enum Producer {
+    Sqlite(sqlx::SqlitePool),
+    Postgres(sqlx::PgPool),
+}
+
+impl Producer {
+    async fn enqueue(&self, event: &NewEvent) -> anyhow::Result<()> {
+        match self {
+            Self::Sqlite(pool) => {
+                outbox_sqlite::enqueue(pool, event).await?;
+            }
+            Self::Postgres(pool) => {
+                let mut tx = pool.begin().await?;
+                outbox_postgres::enqueue(&mut *tx, event).await?;
+                tx.commit().await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Store {
+    async fn new(work: &Workdir, kind: &str) -> anyhow::Result<Self> {
+        Ok(match kind {
+            "sqlite" => Self::Sqlite(work.path().join("app.db")),
+            _ => Self::Postgres {
+                url: Postgres::shared().await?.fresh_database().await?,
+                cdc: (kind == "postgres-cdc")
+                    .then(|| format!("reload{}", uuid::Uuid::new_v4().simple())),
+            },
+        })
+    }
+
+    fn source(&self) -> String {
+        match self {
+            Self::Sqlite(db) => {
+                format!("[source]\nkind = \"sqlite\"\npath = \"{}\"\n", db.display())
+            }
+            Self::Postgres { url, cdc: None } => {
+                format!("[source]\nkind = \"postgres\"\nurl = \"{url}\"\n")
+            }
+            Self::Postgres {
+                url,
+                cdc: Some(tag),
+            } => format!(
+                "[source]\nkind = \"postgres\"\nurl = \"{url}\"\nmode = \"cdc\"\nslot = \"s_{tag}\"\npublication = \"p_{tag}\"\n"
+            ),
+        }
+    }
+
+    /// Drops the CDC source's slot (slots are cluster-wide and keep WAL while they exist).
+    async fn drop_slot(&self) -> anyhow::Result<()> {
+        if let Self::Postgres {
+            url,
+            cdc: Some(tag),
+        } = self
+        {
+            let pool = sqlx::PgPool::connect(url).await?;
+            sqlx::query("SELECT pg_drop_replication_slot($1)")
+                .bind(format!("s_{tag}"))
+                .execute(&pool)
+                .await?;
+        }
+        Ok(())
+    }
+
+    async fn producer(&self) -> anyhow::Result<Producer> {
+        Ok(match self {
+            Self::Sqlite(db) => Producer::Sqlite(
+                outbox_sqlite::connect(&outbox_sqlite::SqliteConfig::new(db)).await?,
+            ),
+            Self::Postgres { url, .. } => Producer::Postgres(sqlx::PgPool::connect(url).await?),
+        })
+    }
+}
+
+fn file_subscriptions(store: &Store, work: &Workdir, port: u16, paid: bool) -> String {
     let mut text = format!(
-        r#"[source]
-kind = "sqlite"
-path = "{db}"
-[relay]
+        r#"{source}[relay]
 batch_size = 20
 [metrics]
 listen = "127.0.0.1:{port}"
@@ -164,7 +249,7 @@ path = "{all}"
 name = "all"
 sink = "all"
 "#,
-        db = db.display(),
+        source = store.source(),
         all = work.path().join("all.jsonl").display(),
     );
     if paid {
@@ -181,21 +266,45 @@ sink = "all"
 /// first subscription gets every event once, in order, across the reload.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_adds_a_subscription_while_events_keep_flowing_in_order() -> anyhow::Result<()> {
+    sighup_adds_a_subscription("sqlite").await
+}
+
+/// The same on PostgreSQL, polling.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_adds_a_subscription_on_postgres() -> anyhow::Result<()> {
+    sighup_adds_a_subscription("postgres").await
+}
+
+/// The same on PostgreSQL with the CDC source: the reload drains the pipeline that holds the
+/// replication slot, and the new one takes the slot over (its saved position, its
+/// `aggregate_seq` heads) without a gap or a duplicate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_adds_a_subscription_on_postgres_cdc() -> anyhow::Result<()> {
+    sighup_adds_a_subscription("postgres-cdc").await
+}
+
+async fn sighup_adds_a_subscription(kind: &str) -> anyhow::Result<()> {
     let work = Workdir::new()?;
-    let db = work.path().join("app.db");
+    let store = Store::new(&work, kind).await?;
     let port = free_port()?;
-    let cfg = work.write_config("outbox.toml", &file_subscriptions(&db, &work, port, false))?;
+    let cfg = work.write_config(
+        "outbox.toml",
+        &file_subscriptions(&store, &work, port, false),
+    )?;
     let cfg_arg = cfg.to_str().context("path")?;
     work.run_ok(&["migrate", "--config", cfg_arg]).await?;
     let mut relay = work.spawn_relay(&cfg, LOG)?;
-    let writer = Writer::start(&db).await?;
+    let writer = Writer::start(&store).await?;
     outbox_testkit::wait::eventually(WAIT, || async { lines(&work, "all.jsonl").len() >= 30 })
         .await
         .with_context(|| work.read_log(LOG))?;
 
     // The edit: a second sink and a filtered subscription. Before `migrate` recorded it,
     // the reload is refused and the first subscription goes on.
-    work.write_config("outbox.toml", &file_subscriptions(&db, &work, port, true))?;
+    work.write_config(
+        "outbox.toml",
+        &file_subscriptions(&store, &work, port, true),
+    )?;
     sighup(&relay)?;
     logged(&work, REFUSED, 1).await?;
     ensure!(
@@ -255,6 +364,8 @@ async fn sighup_adds_a_subscription_while_events_keep_flowing_in_order() -> anyh
         "relay exit {code:?}:\n{}",
         work.read_log(LOG)
     );
+
+    store.drop_slot().await?;
 
     let all = numbered(&lines(&work, "all.jsonl"))?;
     ensure!(
