@@ -22,8 +22,20 @@ pub(crate) fn source_error(e: outbox_core::SourceError) -> anyhow::Error {
     anyhow::anyhow!(crate::chain(&e))
 }
 
+/// `outbox migrate`'s options.
+#[derive(Debug, clap::Args)]
+pub(crate) struct MigrateArgs {
+    /// Record the `[[subscription]]` entries new to the subscription catalog as paused: the
+    /// fan-out copies every event into their tables from now on, and nothing is delivered
+    /// until `outbox subscription resume NAME`. Backfill them in between (`outbox backfill
+    /// --subscription NAME --all`): with nothing delivered yet, every older event goes in
+    /// line ahead of the copies. Subscriptions already catalogued keep their state.
+    #[arg(long)]
+    paused: bool,
+}
+
 /// Creates or upgrades the outbox schema.
-pub(crate) async fn migrate(config: &Config) -> anyhow::Result<()> {
+pub(crate) async fn migrate(config: &Config, args: MigrateArgs) -> anyhow::Result<()> {
     let backend = open(config, 1).await?;
     for line in backend.migrate().await.map_err(source_error)? {
         println!("{line}");
@@ -39,7 +51,12 @@ pub(crate) async fn migrate(config: &Config) -> anyhow::Result<()> {
             println!("subscription `{}`: {line}", sub.name);
         }
     }
-    match outbox_runtime::catalog::record(&*backend, config).await {
+    let new_state = if args.paused {
+        outbox_runtime::catalog::SubscriptionState::Paused
+    } else {
+        outbox_runtime::catalog::SubscriptionState::Active
+    };
+    match outbox_runtime::catalog::record(&*backend, config, new_state).await {
         Ok(lines) => lines.iter().for_each(|line| println!("{line}")),
         Err(outbox_runtime::catalog::CatalogError::Unsupported(_))
             if config.subscriptions.is_empty() => {}

@@ -62,7 +62,7 @@ enum Command {
     /// See the whole pattern work in seconds: SQLite + JSON lines, no services needed.
     Demo(demo::DemoArgs),
     /// Create or upgrade the outbox schema (idempotent, safe to run concurrently).
-    Migrate,
+    Migrate(admin::MigrateArgs),
     /// Run the relay until SIGTERM/SIGINT, then finish the batch in flight and exit 0.
     Relay(RelayArgs),
     /// Show the backlog and what holds delivery back.
@@ -166,7 +166,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         // Its own exit codes: 0 proven, 1 a finding, 2 cannot verify.
         Command::Verify(args) => return Ok(verify::run(load(), args).await),
         Command::Demo(args) => demo::run(args).await.map(|_| ()),
-        Command::Migrate => admin::migrate(&load()?.0).await,
+        Command::Migrate(args) => admin::migrate(&load()?.0, args).await,
         Command::CrashTest(args) => {
             let invocation = crash_test::Invocation {
                 config: cli.config.clone(),

@@ -387,3 +387,94 @@ async fn sqlite_subscriptions_pause_resume_and_remove() -> anyhow::Result<()> {
     let (db, source) = Db::sqlite(&work, &["a", "b"]).await?;
     pause_resume_remove(&work, db, &source).await
 }
+
+/// The workflow docs/subscriptions.md gives for a new subscription with history: `outbox
+/// migrate --paused` records `late` paused while a relay runs and producers write (the
+/// fan-out copies into it, nothing is delivered), `outbox backfill --all` puts the older
+/// events in line ahead of the copies (nothing was handed out, so none is skipped), and
+/// `outbox subscription resume late` delivers all of them in commit order. Recorded active
+/// instead, the relay would deliver the new copies first and the backfill would have to skip
+/// every aggregate's older events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscription_recorded_paused_is_backfilled_before_it_delivers() -> anyhow::Result<()> {
+    const WAIT: Duration = Duration::from_secs(60);
+    let work = Workdir::new()?;
+    let (db, source) = Db::postgres().await?;
+    let old = config(&work, "old.toml", &source, &["all"])?;
+    work.run_ok(&["migrate", "--config", arg(&old)?]).await?;
+    let mut history = Vec::new();
+    for n in 0..60 {
+        history.push(db.write(n % 6, n).await?);
+    }
+    // The history is fanned out (to `all` only) and delivered before `late` exists.
+    let mut first = work.spawn_relay(&old, "first.log")?;
+    let before: BTreeSet<Uuid> = history.iter().copied().collect();
+    outbox_testkit::wait::eventually(WAIT, || async { ids(&work, "all") == before })
+        .await
+        .with_context(|| work.read_log("first.log"))?;
+    let code = terminate(&mut first, WAIT).await?;
+    ensure!(code == Some(0), "first relay: {code:?}");
+    let new = config(&work, "outbox.toml", &source, &["all", "late"])?;
+    let recorded = work
+        .run_ok(&["migrate", "--paused", "--config", arg(&new)?])
+        .await?;
+    ensure!(
+        recorded.contains("subscription `late`: recorded in the subscription catalog, paused"),
+        "{recorded}"
+    );
+    let listed = work
+        .run_ok(&["subscription", "list", "--json", "--config", arg(&new)?])
+        .await?;
+    let listed: serde_json::Value = serde_json::from_str(&listed)?;
+    ensure!(
+        listed[0]["name"] == "all" && listed[0]["state"] == "active",
+        "an existing subscription keeps its state: {listed}"
+    );
+    let mut relay = work.spawn_relay(&new, "relay.log")?;
+    let mut fresh = Vec::new();
+    for n in 60..120 {
+        fresh.push(db.write(n % 6, n).await?);
+    }
+    let everything: BTreeSet<Uuid> = history.iter().chain(&fresh).copied().collect();
+    outbox_testkit::wait::eventually(WAIT, || async { ids(&work, "all") == everything })
+        .await
+        .with_context(|| work.read_log("relay.log"))?;
+    // `all` delivered the fresh events, so their copies in `late` are fanned out too: and
+    // still waiting.
+    ensure!(
+        delivered(&work, "late").is_empty(),
+        "a paused subscription delivered: {:?}",
+        delivered(&work, "late")
+    );
+
+    let out = work
+        .run_ok(&[
+            "backfill",
+            "--subscription",
+            "late",
+            "--all",
+            "--config",
+            arg(&new)?,
+        ])
+        .await?;
+    ensure!(out.contains("copied 60,"), "backfill: {out}");
+    ensure!(
+        out.contains("already delivered) 0"),
+        "nothing was handed out, so nothing may be skipped: {out}"
+    );
+    work.run_ok(&["subscription", "resume", "late", "--config", arg(&new)?])
+        .await?;
+    outbox_testkit::wait::eventually(WAIT, || async { ids(&work, "late") == everything })
+        .await
+        .with_context(|| work.read_log("relay.log"))?;
+    in_order(&work, "late")?;
+    ensure!(
+        delivered(&work, "late").len() == everything.len(),
+        "late: {} deliveries for {} events",
+        delivered(&work, "late").len(),
+        everything.len()
+    );
+    let code = terminate(&mut relay, WAIT).await?;
+    ensure!(code == Some(0), "relay: {code:?}");
+    Ok(())
+}

@@ -52,6 +52,9 @@ pub struct CatalogRecord {
     pub filter: String,
     /// The `[sinks.NAME]` that delivers it.
     pub sink: String,
+    /// The state a new row starts in (`outbox migrate --paused`: paused, so that it can be
+    /// backfilled before it delivers); a row already there keeps its own.
+    pub state: SubscriptionState,
 }
 
 /// One row of the catalog.
@@ -90,7 +93,8 @@ pub enum Recorded {
 /// [`list`]: SubscriptionCatalog::list
 pub trait SubscriptionCatalog: Send + Sync {
     /// Creates the catalog table if needed and inserts or updates `records` (name, filter,
-    /// sink) in one transaction; never removes a row and never changes a row's state.
+    /// sink; a new row in the record's state) in one transaction; never removes a row and
+    /// never changes the state of a row already there.
     fn record<'a>(
         &'a self,
         records: &'a [CatalogRecord],
@@ -144,6 +148,7 @@ mod tests {
             name: "a".into(),
             filter: "{}".into(),
             sink: "k".into(),
+            state: SubscriptionState::Active,
         };
         assert_eq!(recorded(None, &r), Recorded::Added);
         assert_eq!(recorded(Some(("{}", "k")), &r), Recorded::Unchanged);

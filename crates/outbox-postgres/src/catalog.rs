@@ -97,6 +97,7 @@ impl PgCatalog {
                 .bind(&r.name)
                 .bind(&r.filter)
                 .bind(&r.sink)
+                .bind(r.state.as_str())
                 .execute(&mut *tx)
                 .await?;
             let outcome = recorded(before.as_ref().map(|(f, s)| (f.as_str(), s.as_str())), r);

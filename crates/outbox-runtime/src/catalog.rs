@@ -113,8 +113,12 @@ pub async fn find(
         })
 }
 
-/// What `outbox migrate` records for the file's `[[subscription]]` entries.
-pub fn records(config: &Config) -> Result<Vec<CatalogRecord>, String> {
+/// What `outbox migrate` records for the file's `[[subscription]]` entries; those new to the
+/// catalog start in `new_state`.
+pub fn records(
+    config: &Config,
+    new_state: SubscriptionState,
+) -> Result<Vec<CatalogRecord>, String> {
     let resolved = config.resolve_subscriptions()?;
     Ok(config
         .subscriptions
@@ -124,15 +128,22 @@ pub fn records(config: &Config) -> Result<Vec<CatalogRecord>, String> {
             name: sub.name,
             filter: sub.filter.to_json(),
             sink: entry.sink.clone(),
+            state: new_state,
         })
         .collect())
 }
 
 /// `outbox migrate`'s part: records the file's subscriptions in the catalog of the outbox
 /// `backend` and returns one line per subscription, including those catalogued but no
-/// longer in the file (kept: removing one is `outbox subscription remove NAME`).
-pub async fn record(backend: &dyn Backend, config: &Config) -> Result<Vec<String>, CatalogError> {
-    let records = records(config).map_err(|message| CatalogError::Filter {
+/// longer in the file (kept: removing one is `outbox subscription remove NAME`). A
+/// subscription new to the catalog starts in `new_state`: paused, the fan-out copies into its
+/// table and its pipeline waits (for a backfill, then `outbox subscription resume`).
+pub async fn record(
+    backend: &dyn Backend,
+    config: &Config,
+    new_state: SubscriptionState,
+) -> Result<Vec<String>, CatalogError> {
+    let records = records(config, new_state).map_err(|message| CatalogError::Filter {
         name: "[[subscription]]".to_owned(),
         message,
     })?;
@@ -141,10 +152,17 @@ pub async fn record(backend: &dyn Backend, config: &Config) -> Result<Vec<String
     let mut lines: Vec<String> = done
         .into_iter()
         .map(|(name, outcome)| {
-            let what = match outcome {
-                Recorded::Added => "recorded in the subscription catalog (fan-out starts now)",
-                Recorded::Updated => "filter or sink updated in the subscription catalog",
-                Recorded::Unchanged => "already in the subscription catalog",
+            let what = match (outcome, new_state) {
+                (Recorded::Added, SubscriptionState::Active) => {
+                    "recorded in the subscription catalog (fan-out starts now)".to_owned()
+                }
+                (Recorded::Added, SubscriptionState::Paused) => format!(
+                    "recorded in the subscription catalog, paused: the fan-out copies into it from now on and nothing is delivered until `outbox subscription resume {name}` (backfill it first: `outbox backfill --subscription {name} --all`)"
+                ),
+                (Recorded::Updated, _) => {
+                    "filter or sink updated in the subscription catalog".to_owned()
+                }
+                (Recorded::Unchanged, _) => "already in the subscription catalog".to_owned(),
             };
             format!("subscription `{name}`: {what}")
         })

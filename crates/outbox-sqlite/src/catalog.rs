@@ -93,6 +93,7 @@ impl SqliteCatalog {
                 .bind(&r.filter)
                 .bind(&r.sink)
                 .bind(now)
+                .bind(r.state.as_str())
                 .execute(&mut *tx)
                 .await?;
             let outcome = recorded(before.as_ref().map(|(f, s)| (f.as_str(), s.as_str())), r);
