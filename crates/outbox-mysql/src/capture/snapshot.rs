@@ -3,10 +3,12 @@
 //! order, driven by [`Chunked`].
 //!
 //! A chunk locks the capture's row of `<outbox>_capture_snapshots` (`FOR UPDATE`), reads the
-//! next keys `LOCK IN SHARE MODE`, inserts those rows' events through the capture trigger's
-//! own expressions (the table is aliased `NEW`, and read share-locked again), and records
-//! the chunk's last key, all in one transaction
-//! ([queries/capture_snapshot_chunk.sql](../../queries/capture_snapshot_chunk.sql)). The
+//! next rows `LOCK IN SHARE MODE` as their events' columns, through the capture trigger's
+//! own expressions (the table is aliased `NEW`;
+//! [queries/capture_snapshot_rows.sql](../../queries/capture_snapshot_rows.sql)), inserts
+//! those events in one multi-row `INSERT ... VALUES`
+//! ([queries/capture_snapshot_chunk.sql](../../queries/capture_snapshot_chunk.sql)), and
+//! records the chunk's last key, all in one transaction. The
 //! outbox's `BEFORE INSERT` trigger numbers each event from its aggregate's head row, whose
 //! lock is held to the commit: per aggregate, `seq` order is commit order, and the share
 //! lock puts every live change of a read row before the read or after the commit.
@@ -32,7 +34,7 @@ const TABLE: &str = include_str!("../../queries/capture_snapshots_table.sql");
 const STATE: &str = include_str!("../../queries/capture_snapshot_state.sql");
 const BEGIN: &str = include_str!("../../queries/capture_snapshot_begin.sql");
 const LOCK: &str = include_str!("../../queries/capture_snapshot_lock.sql");
-const KEYS: &str = include_str!("../../queries/capture_snapshot_keys.sql");
+const ROWS: &str = include_str!("../../queries/capture_snapshot_rows.sql");
 const CHUNK: &str = include_str!("../../queries/capture_snapshot_chunk.sql");
 const ADVANCE: &str = include_str!("../../queries/capture_snapshot_advance.sql");
 const COUNT: &str = include_str!("../../queries/capture_snapshot_count.sql");
@@ -82,8 +84,10 @@ pub(crate) struct MySqlSnapshot {
     pool: MySqlPool,
     name: String,
     lock: String,
-    keys: [String; 2],
-    chunk: [String; 2],
+    rows: [String; 2],
+    /// The insert up to its `VALUES`, and one row's tuple.
+    insert: String,
+    tuple: String,
     advance: String,
 }
 
@@ -181,38 +185,49 @@ impl MySqlCapture {
             .await
             .map_err(db(format!("{context}: counting the rows left")))?;
 
-        let chunk = |after: &str| -> Result<String, CaptureError> {
-            let event_type = if config.event_type_column.is_some() {
-                TRIGGER_SQL.event_type_column
-            } else {
-                "@FIXED_EVENT_TYPE@"
-            };
-            let payload = match (config.payload.column(), plan.binary) {
-                (None, _) => "@ROW@",
-                (Some(_), true) => "NEW.{{payload_column}}",
-                (Some(_), false) => TRIGGER_SQL.payload_column,
-            };
-            let rendered = statement(
-                &CHUNK
-                    .replace("@EVENT_TYPE@", event_type)
-                    .replace("@PAYLOAD@", payload),
-                after,
-            );
+        let event_type = if config.event_type_column.is_some() {
+            TRIGGER_SQL.event_type_column
+        } else {
+            "@FIXED_EVENT_TYPE@"
+        };
+        let payload = match (config.payload.column(), plan.binary) {
+            (None, _) => "@ROW@",
+            (Some(_), true) => "NEW.{{payload_column}}",
+            (Some(_), false) => TRIGGER_SQL.payload_column,
+        };
+        let literals = |rendered: &str| {
             splice_literals(
                 Dialect::MySql,
                 entry,
                 &table,
                 None,
                 plan.row.as_deref(),
-                &rendered,
+                rendered,
             )
         };
+        let rendered = |template: &str, after: &str| {
+            statement(
+                &template
+                    .replace("@EVENT_TYPE@", event_type)
+                    .replace("@PAYLOAD@", payload),
+                after,
+            )
+        };
+        // Split before the literals go in: the tuple has no name, only `?` and literals.
+        let chunk = rendered(CHUNK, "");
+        let (insert, tuple) = chunk
+            .rsplit_once("VALUES")
+            .expect("capture_snapshot_chunk.sql has a VALUES");
         let run = MySqlSnapshot {
             pool: self.pool.clone(),
             name: name.to_string(),
             lock: render(LOCK, &self.outbox),
-            keys: [statement(KEYS, &after[0]), statement(KEYS, &after[1])],
-            chunk: [chunk(&after[0])?, chunk(&after[1])?],
+            rows: [
+                literals(&rendered(ROWS, &after[0]))?,
+                literals(&rendered(ROWS, &after[1]))?,
+            ],
+            insert: format!("{insert}VALUES "),
+            tuple: literals(tuple.trim())?,
             advance: render(ADVANCE, &self.outbox),
         };
         let start = resume.start(&name, &table, &key, rows_left);
@@ -242,6 +257,10 @@ impl MySqlCapture {
         Ok(())
     }
 }
+
+/// One read row: its key as text, and its event's aggregate id, event type and payload
+/// (NULL ones are inserted as NULL, which the outbox refuses: error 1048).
+type EventRow = (String, Option<String>, Option<String>, Option<Vec<u8>>);
 
 /// The server's error number of `e`, if it is one.
 fn number(e: &sqlx::Error) -> Option<u16> {
@@ -276,20 +295,22 @@ impl SnapshotTx for MySqlSnapshot {
         limit: u32,
     ) -> Result<(u64, Option<String>), sqlx::Error> {
         let at = usize::from(last.is_some());
-        let mut keys = sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(self.keys[at].as_str()));
+        let mut read = sqlx::query_as::<_, EventRow>(sqlx::AssertSqlSafe(self.rows[at].as_str()));
         if let Some(last) = last {
-            keys = keys.bind(last);
+            read = read.bind(last);
         }
-        let keys = keys.bind(i64::from(limit)).fetch_all(&mut **tx).await?;
-        let Some(high) = keys.last() else {
+        let rows = read.bind(i64::from(limit)).fetch_all(&mut **tx).await?;
+        let Some((high, ..)) = rows.last() else {
             return Ok((0, None));
         };
-        let mut chunk = sqlx::query(sqlx::AssertSqlSafe(self.chunk[at].as_str()));
-        if let Some(last) = last {
-            chunk = chunk.bind(last);
+        let tuples = vec![self.tuple.as_str(); rows.len()].join(", ");
+        let sql = format!("{}{tuples}", self.insert);
+        let mut insert = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for (_, aggregate_id, event_type, payload) in &rows {
+            insert = insert.bind(aggregate_id).bind(event_type).bind(payload);
         }
-        let rows = chunk.bind(high).execute(&mut **tx).await?.rows_affected();
-        Ok((rows, Some(high.clone())))
+        insert.execute(&mut **tx).await?;
+        Ok((rows.len() as u64, Some(high.clone())))
     }
 
     async fn advance(
