@@ -478,3 +478,51 @@ async fn a_subscription_recorded_paused_is_backfilled_before_it_delivers() -> an
     ensure!(code == Some(0), "relay: {code:?}");
     Ok(())
 }
+
+/// A relay with a single `[sink]` on an outbox whose catalog has subscriptions would mark
+/// events delivered without copying them into those subscriptions: refused at start (naming
+/// them, exit non-zero, nothing delivered). A reload to such a file is refused by the same
+/// check (`outbox_runtime::catalog::refuse_plain_relay_beside_a_fan_out`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_relay_beside_a_fan_out_is_refused() -> anyhow::Result<()> {
+    let work = Workdir::new()?;
+    let (db, source) = Db::sqlite(&work, &["a"]).await?;
+    let id = db.write(0, 0).await?;
+    let plain = work.write_config(
+        "plain.toml",
+        &format!(
+            "[source]\n{source}\n[sink]\nkind = \"file\"\npath = \"{}\"\n",
+            work.path().join("plain.jsonl").display()
+        ),
+    )?;
+    let out = work.run(&["relay", "--config", arg(&plain)?]).await?;
+    out.assert_clear_error("fans out to catalogued subscriptions (a)")?;
+    ensure!(
+        out.stderr.contains("outbox subscription remove"),
+        "{}",
+        out.stderr
+    );
+    ensure!(
+        delivered(&work, "plain").is_empty(),
+        "the refused relay delivered"
+    );
+    // Once the subscription is removed, the plain relay runs and delivers the event.
+    work.run_ok(&[
+        "subscription",
+        "remove",
+        "a",
+        "--force",
+        "--config",
+        arg(&plain)?,
+    ])
+    .await?;
+    let mut relay = work.spawn_relay(&plain, "plain.log")?;
+    outbox_testkit::wait::eventually(Duration::from_secs(60), || async {
+        ids(&work, "plain").contains(&id)
+    })
+    .await
+    .with_context(|| work.read_log("plain.log"))?;
+    let code = terminate(&mut relay, Duration::from_secs(60)).await?;
+    ensure!(code == Some(0), "relay: {code:?}");
+    Ok(())
+}

@@ -113,6 +113,32 @@ pub async fn find(
         })
 }
 
+/// A relay whose file has no `[[subscription]]` (a plain `[sink]`) marks events delivered
+/// without copying them anywhere: beside a fan-out, every catalogued subscription would miss
+/// the events it takes. Refused, naming them, when the outbox's catalog has any. A catalog
+/// that cannot be read (a kind without one, a table not created yet) refuses nothing.
+pub async fn refuse_plain_relay_beside_a_fan_out(backend: &dyn Backend) -> Result<(), String> {
+    let Ok(catalog) = catalog_of(backend) else {
+        return Ok(());
+    };
+    let listed = match catalog.list().await {
+        Ok(listed) => listed,
+        Err(e) => {
+            tracing::debug!(error = %e, "no subscription catalog to check");
+            return Ok(());
+        }
+    };
+    if listed.is_empty() {
+        return Ok(());
+    }
+    let names: Vec<&str> = listed.iter().map(|e| e.name.as_str()).collect();
+    Err(format!(
+        "outbox table {} fans out to catalogued subscriptions ({}), and this configuration has a single [sink] and no [[subscription]]: it would mark events delivered without copying them into those subscriptions' tables. Add the [[subscription]] entries (and their [sinks.NAME]) to this file, or remove the subscriptions with `outbox subscription remove NAME`",
+        backend.table(),
+        names.join(", ")
+    ))
+}
+
 /// What `outbox migrate` records for the file's `[[subscription]]` entries; those new to the
 /// catalog start in `new_state`.
 pub fn records(

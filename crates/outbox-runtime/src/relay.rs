@@ -219,6 +219,11 @@ async fn generation(
     console: Option<Arc<Console>>,
     shutdown: CancellationToken,
 ) -> Result<RelayReport, RuntimeError> {
+    if config.subscriptions.is_empty() {
+        crate::catalog::refuse_plain_relay_beside_a_fan_out(&*backend)
+            .await
+            .map_err(|e| RuntimeError::Config(crate::ConfigError::new(e)))?;
+    }
     let pipelines = backend
         .start_relay(&config.relay)
         .await

@@ -263,6 +263,9 @@ async fn check_catalogued(
     new: &Config,
     outbox: &dyn Backend,
 ) -> Result<(), String> {
+    if new.subscriptions.is_empty() {
+        crate::catalog::refuse_plain_relay_beside_a_fan_out(outbox).await?;
+    }
     for sub in new.resolve_subscriptions()? {
         if current.subscriptions.iter().any(|s| s.name == sub.name) {
             continue;
