@@ -33,7 +33,7 @@ const CONFIRMED: &str = "booking.confirmed";
 const SEEDED: usize = 30;
 
 fn seeded_status(i: usize) -> &'static str {
-    if i % 3 == 0 { CONFIRMED } else { CREATED }
+    if i.is_multiple_of(3) { CONFIRMED } else { CREATED }
 }
 
 /// What one producer committed: per customer, (token, status) in commit order; and the tokens
