@@ -1,7 +1,8 @@
 //! `outbox backfill --subscription NAME`: the retained events a subscription takes reach its
 //! table while relays run, in commit order per aggregate, across kill -9 of the backfill and
 //! of a relay; events older than one the subscription already delivered are counted, never
-//! delivered out of order; bad input changes nothing.
+//! delivered out of order; bad input changes nothing. Each scenario runs on PostgreSQL, SQLite
+//! and MariaDB (polling).
 
 mod support;
 
@@ -15,23 +16,102 @@ use std::time::Duration;
 use anyhow::{Context, ensure};
 use outbox_core::NewEvent;
 use outbox_postgres::PgOutbox;
-use outbox_testkit::services::Postgres;
+use outbox_testkit::services::{MariaDb, Postgres};
 use outbox_testkit::wait::eventually;
 use support::Workdir;
 
 /// Generous: a busy machine is slower, never stuck this long.
 const PATIENCE: Duration = Duration::from_secs(180);
 
-/// A config with subscription `all` (file `all.jsonl`) and, when `paid` is given, subscription
-/// `paid` (`order.paid` events only) writing to that path.
-fn config(url: &str, work: &Workdir, paid: Option<&str>) -> String {
-    let mut text = format!(
-        r#"
+/// The databases every scenario runs on.
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Postgres,
+    Sqlite,
+    MariaDb,
+}
+
+/// A connection to the scenario's database, for writing events and checking tables.
+enum Pool {
+    Pg(sqlx::PgPool),
+    Lite(sqlx::SqlitePool),
+    My(sqlx::MySqlPool),
+}
+
+/// A fresh outbox database of one kind: its `[source]` section and a pool (opened after
+/// the first `outbox migrate`, which creates the SQLite file).
+struct Db {
+    kind: Kind,
+    source: String,
+    url: String,
+    pool: Option<Pool>,
+}
+
+impl Db {
+    async fn fresh(kind: Kind, work: &Workdir) -> anyhow::Result<Self> {
+        let (source, url) = match kind {
+            Kind::Postgres => {
+                let url = Postgres::shared().await?.fresh_database().await?;
+                (format!("kind = \"postgres\"\nurl = \"{url}\""), url)
+            }
+            // A short lease, so that a relay killed with SIGKILL is replaced quickly and the
+            // backfill's own lease runs out soon after a kill.
+            Kind::Sqlite => {
+                let path = work.path().join("outbox.db").display().to_string();
+                (
+                    format!("kind = \"sqlite\"\npath = \"{path}\"\nlease_ttl = \"4s\""),
+                    path,
+                )
+            }
+            Kind::MariaDb => {
+                let url = MariaDb::shared().await?.fresh_database().await?;
+                (format!("kind = \"mysql\"\nurl = \"{url}\""), url)
+            }
+        };
+        Ok(Self {
+            kind,
+            source,
+            url,
+            pool: None,
+        })
+    }
+
+    /// Opens the pool (after `outbox migrate`).
+    async fn connect(&mut self) -> anyhow::Result<()> {
+        self.pool = Some(match self.kind {
+            Kind::Postgres => Pool::Pg(
+                sqlx::postgres::PgPoolOptions::new()
+                    .max_connections(4)
+                    .connect(&self.url)
+                    .await?,
+            ),
+            Kind::Sqlite => Pool::Lite(
+                outbox_sqlite::connect(&outbox_sqlite::SqliteConfig::new(&self.url)).await?,
+            ),
+            Kind::MariaDb => Pool::My(
+                sqlx::mysql::MySqlPoolOptions::new()
+                    .max_connections(4)
+                    .connect(&self.url)
+                    .await?,
+            ),
+        });
+        Ok(())
+    }
+
+    fn pool(&self) -> anyhow::Result<&Pool> {
+        self.pool.as_ref().context("Db::connect first")
+    }
+
+    /// A config with subscription `all` (file `all.jsonl`) and, when `paid` is given,
+    /// subscription `paid` (`order.paid` events only) writing to that path.
+    fn config(&self, work: &Workdir, paid: Option<&str>) -> String {
+        let mut text = format!(
+            r#"
 [source]
-kind = "postgres"
-url = "{url}"
+{}
 [relay]
 batch_size = 100
+publish_timeout = "2s"
 [sinks.all]
 kind = "file"
 path = "{}"
@@ -39,14 +119,163 @@ path = "{}"
 name = "all"
 sink = "all"
 "#,
-        work.path().join("all.jsonl").display()
-    );
-    if let Some(path) = paid {
-        text.push_str(&format!(
-            "[sinks.paid]\nkind = \"file\"\npath = \"{path}\"\n[[subscription]]\nname = \"paid\"\nsink = \"paid\"\nevent_type = \"*.paid\"\n"
-        ));
+            self.source,
+            work.path().join("all.jsonl").display()
+        );
+        if let Some(path) = paid {
+            text.push_str(&format!(
+                "[sinks.paid]\nkind = \"file\"\npath = \"{path}\"\n[[subscription]]\nname = \"paid\"\nsink = \"paid\"\nevent_type = \"*.paid\"\n"
+            ));
+        }
+        text
     }
-    text
+
+    /// Writes events `from..to` of each aggregate `o{a}` (payload `{"n":N}`), one
+    /// transaction per round of one event per aggregate: per aggregate, commit order is `n`.
+    async fn write(&self, aggregates: &[usize], from: u64, to: u64) -> anyhow::Result<()> {
+        for n in from..to {
+            let events: Vec<NewEvent> = aggregates
+                .iter()
+                .map(|a| {
+                    NewEvent::new(
+                        "Order",
+                        format!("o{a}"),
+                        event_type(n),
+                        format!("{{\"n\":{n}}}"),
+                    )
+                })
+                .collect();
+            match self.pool()? {
+                Pool::Pg(pool) => {
+                    let mut tx = pool.begin().await?;
+                    PgOutbox::default().enqueue_batch(&mut *tx, &events).await?;
+                    tx.commit().await?;
+                }
+                Pool::Lite(pool) => {
+                    outbox_sqlite::enqueue_batch(pool, &events).await?;
+                }
+                Pool::My(pool) => {
+                    let mut tx = pool.begin().await?;
+                    outbox_mysql::enqueue_batch(&mut tx, &events).await?;
+                    tx.commit().await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// One number from `sql` (no parameters; the same text on every kind), -1 on error.
+    async fn count(&self, sql: &str) -> i64 {
+        self.scalar(sql, None).await.unwrap_or(-1)
+    }
+
+    /// One number from `sql`, with `bind` as its one parameter if given.
+    async fn scalar(&self, sql: &str, bind: Option<i64>) -> anyhow::Result<i64> {
+        macro_rules! one {
+            ($pool:expr) => {{
+                let q = sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(sql.to_owned()));
+                match bind {
+                    Some(v) => q.bind(v).fetch_one($pool).await?,
+                    None => q.fetch_one($pool).await?,
+                }
+            }};
+        }
+        Ok(match self.pool()? {
+            Pool::Pg(pool) => one!(pool),
+            Pool::Lite(pool) => one!(pool),
+            Pool::My(pool) => one!(pool),
+        })
+    }
+
+    async fn execute(&self, sql: &str) -> anyhow::Result<()> {
+        let sql = sqlx::AssertSqlSafe(sql.to_owned());
+        match self.pool()? {
+            Pool::Pg(pool) => {
+                sqlx::query(sql).execute(pool).await?;
+            }
+            Pool::Lite(pool) => {
+                sqlx::query(sql).execute(pool).await?;
+            }
+            Pool::My(pool) => {
+                sqlx::query(sql).execute(pool).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The outbox's commit-order column: `seq` (PostgreSQL, SQLite), `position` (MySQL's
+    /// global insert order; its `seq` counts per aggregate).
+    fn order_column(&self) -> &'static str {
+        match self.kind {
+            Kind::Postgres | Kind::Sqlite => "seq",
+            Kind::MariaDb => "position",
+        }
+    }
+
+    /// The newest outbox row's position in `order_column`.
+    async fn newest(&self) -> anyhow::Result<i64> {
+        self.scalar(
+            &format!("SELECT max({}) FROM outbox", self.order_column()),
+            None,
+        )
+        .await
+    }
+
+    /// How many of the events up to `old_max` (`order_column`) subscription `paid` holds.
+    async fn old_in_paid(&self, old_max: i64) -> i64 {
+        let placeholder = match self.kind {
+            Kind::Postgres => "$1",
+            Kind::Sqlite | Kind::MariaDb => "?",
+        };
+        let sql = format!(
+            "SELECT count(*) FROM outbox_sub_paid s JOIN outbox o USING (id) WHERE o.{} <= {placeholder}",
+            self.order_column()
+        );
+        self.scalar(&sql, Some(old_max)).await.unwrap_or(-1)
+    }
+
+    /// The ids of the `order.paid` events in the outbox.
+    async fn paid_ids(&self) -> anyhow::Result<HashSet<String>> {
+        const SQL: &str = "SELECT id FROM outbox WHERE event_type = 'order.paid'";
+        Ok(match self.pool()? {
+            Pool::Pg(pool) => {
+                sqlx::query_scalar::<_, String>(
+                    "SELECT id::text FROM outbox WHERE event_type = 'order.paid'",
+                )
+                .fetch_all(pool)
+                .await?
+            }
+            Pool::Lite(pool) => sqlx::query_scalar::<_, String>(SQL).fetch_all(pool).await?,
+            Pool::My(pool) => sqlx::query_scalar::<_, String>(SQL).fetch_all(pool).await?,
+        }
+        .into_iter()
+        .collect())
+    }
+
+    /// Waits until no event is pending in the outbox. Fails only when the backlog stops
+    /// shrinking for `stall` (a busy machine drains slower, not never).
+    async fn wait_drained(&self, stall: Duration) -> anyhow::Result<()> {
+        let mut lowest = i64::MAX;
+        let mut progress_at = tokio::time::Instant::now();
+        loop {
+            match self
+                .count("SELECT count(*) FROM outbox WHERE state = 'pending'")
+                .await
+            {
+                0 => return Ok(()),
+                n if n >= 0 && n < lowest => {
+                    lowest = n;
+                    progress_at = tokio::time::Instant::now();
+                }
+                _ => {}
+            }
+            ensure!(
+                progress_at.elapsed() < stall,
+                "events still pending: {lowest} left, none delivered for {stall:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
 }
 
 fn event_type(n: u64) -> &'static str {
@@ -57,45 +286,10 @@ fn event_type(n: u64) -> &'static str {
     }
 }
 
-/// Writes events `from..to` of each aggregate `o{a}` (payload `{"n":N}`), one transaction per
-/// round of one event per aggregate: per aggregate, commit order is `n`.
-async fn write(
-    pool: &sqlx::PgPool,
-    aggregates: &[usize],
-    from: u64,
-    to: u64,
-) -> anyhow::Result<()> {
-    for n in from..to {
-        let events: Vec<NewEvent> = aggregates
-            .iter()
-            .map(|a| {
-                NewEvent::new(
-                    "Order",
-                    format!("o{a}"),
-                    event_type(n),
-                    format!("{{\"n\":{n}}}"),
-                )
-            })
-            .collect();
-        let mut tx = pool.begin().await?;
-        PgOutbox::default().enqueue_batch(&mut *tx, &events).await?;
-        tx.commit().await?;
-    }
-    Ok(())
-}
-
-async fn count(pool: &sqlx::PgPool, sql: &'static str) -> i64 {
-    sqlx::query_scalar::<_, i64>(sql)
-        .fetch_one(pool)
-        .await
-        .unwrap_or(-1)
-}
-
 /// Waits until the outbox and both subscription tables hold no pending row.
-async fn wait_all_delivered(pool: &sqlx::PgPool, work: &Workdir) -> anyhow::Result<()> {
+async fn wait_all_delivered(db: &Db, work: &Workdir) -> anyhow::Result<()> {
     eventually(PATIENCE, || async {
-        count(
-            pool,
+        db.count(
             "SELECT (SELECT count(*) FROM outbox WHERE state <> 'delivered')
                   + (SELECT count(*) FROM outbox_sub_all WHERE state <> 'delivered')
                   + (SELECT count(*) FROM outbox_sub_paid WHERE state <> 'delivered')",
@@ -210,17 +404,6 @@ fn counts(stdout: &str) -> anyhow::Result<BTreeMap<&'static str, u64>> {
     Ok(out)
 }
 
-/// How many of the events written before `old_max` (outbox seq) subscription `paid` holds.
-async fn old_in_paid(pool: &sqlx::PgPool, old_max: i64) -> i64 {
-    sqlx::query_scalar::<_, i64>(
-        "SELECT count(*) FROM outbox_sub_paid s JOIN outbox o USING (id) WHERE o.seq <= $1",
-    )
-    .bind(old_max)
-    .fetch_one(pool)
-    .await
-    .unwrap_or(-1)
-}
-
 fn sigkill(child: &tokio::process::Child) -> anyhow::Result<()> {
     let pid = child.id().context("already gone")?;
     ensure!(
@@ -240,35 +423,47 @@ fn sigkill(child: &tokio::process::Child) -> anyhow::Result<()> {
 /// reaches `paid` once (redeliveries aside), in commit order per aggregate.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backfill_during_live_traffic_survives_kill_9_in_commit_order() -> anyhow::Result<()> {
-    let url = Postgres::shared().await?.fresh_database().await?;
+    live_traffic_and_kill_9(Kind::Postgres).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backfill_during_live_traffic_survives_kill_9_in_commit_order_on_sqlite()
+-> anyhow::Result<()> {
+    live_traffic_and_kill_9(Kind::Sqlite).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backfill_during_live_traffic_survives_kill_9_in_commit_order_on_mariadb()
+-> anyhow::Result<()> {
+    live_traffic_and_kill_9(Kind::MariaDb).await
+}
+
+async fn live_traffic_and_kill_9(kind: Kind) -> anyhow::Result<()> {
     let work = Workdir::new()?;
-    let old = work.write_config("old.toml", &config(&url, &work, None))?;
+    let mut db = Db::fresh(kind, &work).await?;
+    let old = work.write_config("old.toml", &db.config(&work, None))?;
     let paid_file = work.path().join("paid.jsonl");
     let good = work.write_config(
         "good.toml",
-        &config(&url, &work, Some(&paid_file.display().to_string())),
+        &db.config(&work, Some(&paid_file.display().to_string())),
     )?;
     let arg = |p: &Path| p.to_str().map(str::to_owned).context("utf-8 path");
     work.run_ok(&["migrate", "--config", &arg(&old)?]).await?;
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(4)
-        .connect(&url)
-        .await?;
+    db.connect().await?;
+    let db = Arc::new(db);
     // 1. 40 aggregates x 500 events, fanned out by a relay that knows only `all`.
     let aggregates: Vec<usize> = (0..40).collect();
-    write(&pool, &aggregates, 0, 500).await?;
+    db.write(&aggregates, 0, 500).await?;
     let mut relay = work.spawn_relay(&old, "relay.log")?;
-    support::wait_drained(&pool, Duration::from_secs(60)).await?;
+    db.wait_drained(Duration::from_secs(60)).await?;
     support::terminate(&mut relay, Duration::from_secs(30)).await?;
-    let old_max: i64 = sqlx::query_scalar("SELECT max(seq) FROM outbox")
-        .fetch_one(&pool)
-        .await?;
+    let old_max = db.newest().await?;
 
     // 2. `paid` added and paused (the fan-out copies into it, nothing is delivered), relays
     //    that know it, and producers on half of the aggregates.
     work.run_ok(&["migrate", "--config", &arg(&good)?]).await?;
     ensure!(
-        count(&pool, "SELECT count(*) FROM outbox_sub_paid").await == 0,
+        db.count("SELECT count(*) FROM outbox_sub_paid").await == 0,
         "paid not empty"
     );
     work.run_ok(&["subscription", "pause", "paid", "--config", &arg(&good)?])
@@ -279,12 +474,12 @@ async fn a_backfill_during_live_traffic_survives_kill_9_in_commit_order() -> any
     ];
     let stop = Arc::new(AtomicBool::new(false));
     let live = {
-        let (pool, stop) = (pool.clone(), stop.clone());
+        let (db, stop) = (db.clone(), stop.clone());
         tokio::spawn(async move {
             let live: Vec<usize> = (0..20).collect();
             let mut n = 500;
             while !stop.load(Ordering::Relaxed) {
-                write(&pool, &live, n, n + 1).await?;
+                db.write(&live, n, n + 1).await?;
                 n += 1;
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
@@ -292,7 +487,7 @@ async fn a_backfill_during_live_traffic_survives_kill_9_in_commit_order() -> any
         })
     };
     eventually(PATIENCE, || async {
-        count(&pool, "SELECT count(*) FROM outbox_sub_paid").await > 0
+        db.count("SELECT count(*) FROM outbox_sub_paid").await > 0
     })
     .await
     .context("live traffic never reached subscription paid")?;
@@ -305,7 +500,7 @@ async fn a_backfill_during_live_traffic_survives_kill_9_in_commit_order() -> any
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()?;
-    eventually(PATIENCE, || async { old_in_paid(&pool, old_max).await > 0 })
+    eventually(PATIENCE, || async { db.old_in_paid(old_max).await > 0 })
         .await
         .context("the backfill copied nothing")?;
     ensure!(
@@ -314,7 +509,7 @@ async fn a_backfill_during_live_traffic_survives_kill_9_in_commit_order() -> any
     );
     sigkill(&first)?;
     first.wait().await?;
-    let after_kill = old_in_paid(&pool, old_max).await;
+    let after_kill = db.old_in_paid(old_max).await;
     ensure!(
         after_kill < 10_000,
         "the first backfill copied everything ({after_kill})"
@@ -355,18 +550,12 @@ async fn a_backfill_during_live_traffic_survives_kill_9_in_commit_order() -> any
     // 5. `paid` resumed: everything drains.
     work.run_ok(&["subscription", "resume", "paid", "--config", &arg(&good)?])
         .await?;
-    wait_all_delivered(&pool, &work).await?;
+    wait_all_delivered(&db, &work).await?;
     for r in &mut relays {
         support::terminate(r, Duration::from_secs(30)).await?;
     }
 
-    let expected: HashSet<String> = sqlx::query_scalar::<_, String>(
-        "SELECT id::text FROM outbox WHERE event_type = 'order.paid'",
-    )
-    .fetch_all(&pool)
-    .await?
-    .into_iter()
-    .collect();
+    let expected = db.paid_ids().await?;
     let received = check_order(&lines(&paid_file)?, "paid.jsonl")?;
     ensure!(
         received == expected,
@@ -383,30 +572,43 @@ async fn a_backfill_during_live_traffic_survives_kill_9_in_commit_order() -> any
 /// its old events are copied and delivered in order. A rerun finds them there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_older_than_a_delivered_one_are_counted_not_delivered() -> anyhow::Result<()> {
-    let url = Postgres::shared().await?.fresh_database().await?;
+    older_than_delivered(Kind::Postgres).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_older_than_a_delivered_one_are_counted_not_delivered_on_sqlite()
+-> anyhow::Result<()> {
+    older_than_delivered(Kind::Sqlite).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_older_than_a_delivered_one_are_counted_not_delivered_on_mariadb()
+-> anyhow::Result<()> {
+    older_than_delivered(Kind::MariaDb).await
+}
+
+async fn older_than_delivered(kind: Kind) -> anyhow::Result<()> {
     let work = Workdir::new()?;
+    let mut db = Db::fresh(kind, &work).await?;
     let paid_file = work.path().join("paid.jsonl");
-    let old = work.write_config("old.toml", &config(&url, &work, None))?;
+    let old = work.write_config("old.toml", &db.config(&work, None))?;
     let new = work.write_config(
         "new.toml",
-        &config(&url, &work, Some(&paid_file.display().to_string())),
+        &db.config(&work, Some(&paid_file.display().to_string())),
     )?;
     let new_arg = new.to_str().context("utf-8 path")?;
     let old_arg = old.to_str().context("utf-8 path")?;
     work.run_ok(&["migrate", "--config", old_arg]).await?;
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(2)
-        .connect(&url)
-        .await?;
+    db.connect().await?;
     // n = 0..10 on o1 and o2: five order.paid (odd n), five order.placed.
-    write(&pool, &[1, 2], 0, 10).await?;
+    db.write(&[1, 2], 0, 10).await?;
     let mut relay = work.spawn_relay(&old, "relay.log")?;
-    support::wait_drained(&pool, Duration::from_secs(60)).await?;
+    db.wait_drained(Duration::from_secs(60)).await?;
     support::terminate(&mut relay, Duration::from_secs(30)).await?;
 
     work.run_ok(&["migrate", "--config", new_arg]).await?;
     let mut relay = work.spawn_relay(&new, "relay.log")?;
-    write(&pool, &[1], 11, 12).await?;
+    db.write(&[1], 11, 12).await?;
     eventually(PATIENCE, || async {
         lines(&paid_file).is_ok_and(|l| l.len() == 1)
     })
@@ -457,23 +659,25 @@ async fn events_older_than_a_delivered_one_are_counted_not_delivered() -> anyhow
 /// `--all`, no `--subscription`: a clear error, a non-zero exit, nothing copied.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_is_refused_and_copies_nothing() -> anyhow::Result<()> {
-    let url = Postgres::shared().await?.fresh_database().await?;
+    for kind in [Kind::Postgres, Kind::Sqlite, Kind::MariaDb] {
+        bad_input(kind).await.with_context(|| format!("{kind:?}"))?;
+    }
+    Ok(())
+}
+
+async fn bad_input(kind: Kind) -> anyhow::Result<()> {
     let work = Workdir::new()?;
+    let mut db = Db::fresh(kind, &work).await?;
     let paid = work.path().join("paid.jsonl");
     let cfg = work.write_config(
         "outbox.toml",
-        &config(&url, &work, Some(&paid.display().to_string())),
+        &db.config(&work, Some(&paid.display().to_string())),
     )?;
     let cfg = cfg.to_str().context("utf-8 path")?;
     work.run_ok(&["migrate", "--config", cfg]).await?;
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(1)
-        .connect(&url)
-        .await?;
-    write(&pool, &[1], 0, 4).await?;
-    sqlx::query("UPDATE outbox SET state = 'delivered'")
-        .execute(&pool)
-        .await?;
+    db.connect().await?;
+    db.write(&[1], 0, 4).await?;
+    db.execute("UPDATE outbox SET state = 'delivered'").await?;
     // (arguments, what the error line says, what stderr names)
     for (args, needle, names) in [
         (
@@ -504,7 +708,7 @@ async fn bad_input_is_refused_and_copies_nothing() -> anyhow::Result<()> {
         out.assert_clear_error(needle)?;
         ensure!(out.stderr.contains(names), "{args:?}: {}", out.stderr);
         ensure!(
-            count(&pool, "SELECT count(*) FROM outbox_sub_paid").await == 0,
+            db.count("SELECT count(*) FROM outbox_sub_paid").await == 0,
             "{args:?} copied something"
         );
     }

@@ -342,6 +342,135 @@ pub async fn apply_chunk<S: ChunkStore>(
     Ok(outcome)
 }
 
+/// Event ids as a JSON array of hyphenated UUID text (for `json_each` / `JSON_TABLE`).
+pub fn ids_json(ids: &[Uuid]) -> String {
+    serde_json::Value::from(
+        ids.iter()
+            .map(|id| id.hyphenated().to_string())
+            .collect::<Vec<_>>(),
+    )
+    .to_string()
+}
+
+/// Aggregates as a JSON array of `[aggregate_type, aggregate_id]` pairs.
+pub fn keys_json(keys: &[AggregateKey]) -> String {
+    serde_json::to_string(keys).unwrap_or_else(|_| "[]".into())
+}
+
+/// Names the macro [`impl_backfill!`] uses, so that callers need no `time` or `uuid` of
+/// their own in scope.
+#[doc(hidden)]
+pub mod __macro {
+    pub use std::collections::{HashMap, HashSet};
+    pub use time::OffsetDateTime;
+    pub use uuid::Uuid;
+}
+
+/// Implements [`Backfill`] and [`ChunkStore`] (with `Tx = $tx`) for a type with inherent
+/// `async fn`s of the traits' signatures: `ids`, `events`, `apply` (usually
+/// [`apply_chunk`]`(self, chunk)`, maybe paced), `begin`, `hold`, `handed_out`, `present`,
+/// `put_in_line` and `commit` (each database's backfill module).
+#[macro_export]
+macro_rules! impl_backfill {
+    ($ty:ty, $tx:ty) => {
+        impl $crate::backfill::Backfill for $ty {
+            fn ids(
+                &self,
+                since: Option<$crate::backfill::__macro::OffsetDateTime>,
+            ) -> $crate::sink::BoxFuture<
+                '_,
+                Result<Vec<$crate::backfill::__macro::Uuid>, $crate::SourceError>,
+            > {
+                Box::pin(<$ty>::ids(self, since))
+            }
+            fn events<'a>(
+                &'a self,
+                ids: &'a [$crate::backfill::__macro::Uuid],
+            ) -> $crate::sink::BoxFuture<
+                'a,
+                Result<Vec<$crate::backfill::Candidate>, $crate::SourceError>,
+            > {
+                Box::pin(<$ty>::events(self, ids))
+            }
+            fn apply<'a>(
+                &'a self,
+                chunk: &'a [$crate::backfill::Candidate],
+            ) -> $crate::sink::BoxFuture<
+                'a,
+                Result<$crate::backfill::ChunkOutcome, $crate::SourceError>,
+            > {
+                Box::pin(<$ty>::apply(self, chunk))
+            }
+        }
+
+        impl $crate::backfill::ChunkStore for $ty {
+            type Tx = $tx;
+            fn begin(&self) -> $crate::sink::BoxFuture<'_, Result<$tx, $crate::SourceError>> {
+                Box::pin(<$ty>::begin(self))
+            }
+            fn hold<'a>(
+                &'a self,
+                tx: &'a mut $tx,
+                keys: &'a [$crate::backfill::AggregateKey],
+            ) -> $crate::sink::BoxFuture<
+                'a,
+                Result<
+                    $crate::backfill::__macro::HashMap<
+                        $crate::backfill::AggregateKey,
+                        Vec<$crate::backfill::PendingRow>,
+                    >,
+                    $crate::SourceError,
+                >,
+            > {
+                Box::pin(<$ty>::hold(self, tx, keys))
+            }
+            fn handed_out<'a>(
+                &'a self,
+                tx: &'a mut $tx,
+                keys: &'a [$crate::backfill::AggregateKey],
+            ) -> $crate::sink::BoxFuture<
+                'a,
+                Result<
+                    $crate::backfill::__macro::HashMap<
+                        $crate::backfill::AggregateKey,
+                        $crate::backfill::HandedOut,
+                    >,
+                    $crate::SourceError,
+                >,
+            > {
+                Box::pin(<$ty>::handed_out(self, tx, keys))
+            }
+            fn present<'a>(
+                &'a self,
+                tx: &'a mut $tx,
+                ids: &'a [$crate::backfill::__macro::Uuid],
+            ) -> $crate::sink::BoxFuture<
+                'a,
+                Result<
+                    $crate::backfill::__macro::HashSet<$crate::backfill::__macro::Uuid>,
+                    $crate::SourceError,
+                >,
+            > {
+                Box::pin(<$ty>::present(self, tx, ids))
+            }
+            fn put_in_line<'a>(
+                &'a self,
+                tx: &'a mut $tx,
+                taken_out: &'a [$crate::backfill::__macro::Uuid],
+                rows: &'a [$crate::backfill::InsertRow<'a>],
+            ) -> $crate::sink::BoxFuture<'a, Result<(), $crate::SourceError>> {
+                Box::pin(<$ty>::put_in_line(self, tx, taken_out, rows))
+            }
+            fn commit(
+                &self,
+                tx: $tx,
+            ) -> $crate::sink::BoxFuture<'_, Result<(), $crate::SourceError>> {
+                Box::pin(<$ty>::commit(self, tx))
+            }
+        }
+    };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -605,6 +605,14 @@ impl Backend for MySqlBackend {
     fn catalog(&self) -> Result<&dyn outbox_core::catalog::SubscriptionCatalog, Unsupported> {
         Ok(&self.catalog)
     }
+    fn backfill(
+        &self,
+        subscription: &str,
+    ) -> Result<Box<dyn outbox_core::backfill::Backfill>, Unsupported> {
+        crate::backfill::MySqlBackfill::new(self.pool.clone(), &self.config, subscription)
+            .map(|b| Box::new(b) as Box<dyn outbox_core::backfill::Backfill>)
+            .map_err(|e| Unsupported::new("mysql", "backfill").with_hint(e))
+    }
     fn delivery_ledger(&self) -> Result<&dyn outbox_core::verify::DeliveryLedger, Unsupported> {
         Ok(&self.ledger)
     }

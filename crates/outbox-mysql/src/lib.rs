@@ -15,6 +15,7 @@
 
 mod admin;
 mod backend;
+mod backfill;
 mod capture;
 mod catalog;
 mod cdc;
@@ -32,6 +33,7 @@ mod verify;
 
 pub use admin::MySqlAdmin;
 pub use backend::MySqlBackend;
+pub use backfill::MySqlBackfill;
 pub use capture::MySqlCapture;
 pub use cdc::{CdcSetupReport, MySqlCdcInspector, MySqlCdcSource, binlog_problems, setup_cdc};
 pub use config::{ClaimMode, DatabaseUrl, Mode, MySqlConfig, OnDelivered};

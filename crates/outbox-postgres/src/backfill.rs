@@ -12,9 +12,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use bytes::Bytes;
 use outbox_core::backfill::{
-    Backfill, Candidate, ChunkOutcome, ChunkStore, HandedOut, InsertRow, PendingRow, apply_chunk,
+    Candidate, ChunkOutcome, HandedOut, InsertRow, PendingRow, apply_chunk,
 };
-use outbox_core::sink::BoxFuture;
 use outbox_core::{Event, Position, QualifiedTable, SourceError};
 use sqlx::postgres::PgRow;
 use sqlx::types::Json;
@@ -142,12 +141,12 @@ impl PgBackfill {
 
     /// The held aggregates of `keys` with their pending rows (see the module docs): the
     /// advisory lock taken, and every pending row locked by this transaction.
-    async fn hold_all(
+    async fn hold(
         &self,
         tx: &mut Transaction<'static, Postgres>,
         keys: &[Key],
     ) -> Result<HashMap<Key, Vec<PendingRow>>, SourceError> {
-        let held = self.hold(tx, keys).await?;
+        let held = self.try_lock_aggregates(tx, keys).await?;
         let mut pending = self.lock_pending(tx, &held).await?;
         let counts = self.pending_counts(tx, &held).await?;
         // Held, and every pending row locked by this transaction: nothing in flight.
@@ -190,7 +189,7 @@ impl PgBackfill {
         self.insert(tx, rows).await
     }
 
-    async fn hold(
+    async fn try_lock_aggregates(
         &self,
         tx: &mut Transaction<'static, Postgres>,
         keys: &[Key],
@@ -357,68 +356,26 @@ fn decode_pending(r: &PgRow) -> Result<PendingRow, sqlx::Error> {
     })
 }
 
-impl Backfill for PgBackfill {
-    fn ids(&self, since: Option<OffsetDateTime>) -> BoxFuture<'_, Result<Vec<Uuid>, SourceError>> {
-        Box::pin(PgBackfill::ids(self, since))
+impl PgBackfill {
+    async fn begin(&self) -> Result<Transaction<'static, Postgres>, SourceError> {
+        self.db
+            .begin()
+            .await
+            .map_err(|e| self.err("starting a backfill transaction", e))
     }
-    fn events<'a>(&'a self, ids: &'a [Uuid]) -> BoxFuture<'a, Result<Vec<Candidate>, SourceError>> {
-        Box::pin(PgBackfill::events(self, ids))
+
+    async fn commit(&self, tx: Transaction<'static, Postgres>) -> Result<(), SourceError> {
+        tx.commit()
+            .await
+            .map_err(|e| self.err("committing a backfill chunk", e))
     }
-    fn apply<'a>(
-        &'a self,
-        chunk: &'a [Candidate],
-    ) -> BoxFuture<'a, Result<ChunkOutcome, SourceError>> {
-        Box::pin(apply_chunk(self, chunk))
+
+    async fn apply(&self, chunk: &[Candidate]) -> Result<ChunkOutcome, SourceError> {
+        apply_chunk(self, chunk).await
     }
 }
 
-impl ChunkStore for PgBackfill {
-    type Tx = Transaction<'static, Postgres>;
-    fn begin(&self) -> BoxFuture<'_, Result<Self::Tx, SourceError>> {
-        Box::pin(async move {
-            self.db
-                .begin()
-                .await
-                .map_err(|e| self.err("starting a backfill transaction", e))
-        })
-    }
-    fn hold<'a>(
-        &'a self,
-        tx: &'a mut Self::Tx,
-        keys: &'a [Key],
-    ) -> BoxFuture<'a, Result<HashMap<Key, Vec<PendingRow>>, SourceError>> {
-        Box::pin(self.hold_all(tx, keys))
-    }
-    fn handed_out<'a>(
-        &'a self,
-        tx: &'a mut Self::Tx,
-        keys: &'a [Key],
-    ) -> BoxFuture<'a, Result<HashMap<Key, HandedOut>, SourceError>> {
-        Box::pin(PgBackfill::handed_out(self, tx, keys))
-    }
-    fn present<'a>(
-        &'a self,
-        tx: &'a mut Self::Tx,
-        ids: &'a [Uuid],
-    ) -> BoxFuture<'a, Result<HashSet<Uuid>, SourceError>> {
-        Box::pin(PgBackfill::present(self, tx, ids))
-    }
-    fn put_in_line<'a>(
-        &'a self,
-        tx: &'a mut Self::Tx,
-        taken_out: &'a [Uuid],
-        rows: &'a [InsertRow<'a>],
-    ) -> BoxFuture<'a, Result<(), SourceError>> {
-        Box::pin(PgBackfill::put_in_line(self, tx, taken_out, rows))
-    }
-    fn commit(&self, tx: Self::Tx) -> BoxFuture<'_, Result<(), SourceError>> {
-        Box::pin(async move {
-            tx.commit()
-                .await
-                .map_err(|e| self.err("committing a backfill chunk", e))
-        })
-    }
-}
+outbox_core::impl_backfill!(PgBackfill, Transaction<'static, Postgres>);
 
 #[cfg(test)]
 mod tests {

@@ -358,6 +358,14 @@ impl Backend for SqliteBackend {
     fn capture(&self) -> Result<&dyn outbox_core::capture::Capture, Unsupported> {
         Ok(&self.capture)
     }
+    fn backfill(
+        &self,
+        subscription: &str,
+    ) -> Result<Box<dyn outbox_core::backfill::Backfill>, Unsupported> {
+        crate::backfill::SqliteBackfill::new(self.pool.clone(), &self.config, subscription)
+            .map(|b| Box::new(b) as Box<dyn outbox_core::backfill::Backfill>)
+            .map_err(|e| Unsupported::new("sqlite", "backfill").with_hint(e))
+    }
     fn scratch(&self) -> Result<&dyn outbox_core::backend::Scratch, Unsupported> {
         outbox_core::backend::scratch_only(self.kind(), &self.config.table, self)
     }

@@ -244,3 +244,51 @@ impl Lease {
         state
     }
 }
+
+/// Longest wait for the write lock when releasing a lease on drop.
+const RELEASE_WAIT: Duration = Duration::from_secs(1);
+
+/// Releases `holder`'s lease (`release`: a rendered `outbox_lease_release.sql`) from a drop:
+/// on a short-lived thread of its own with its own connection (`options`, busy handler set
+/// to a second), so that it works wherever the owner is dropped: in a task, at the end of
+/// `main`, or while the Tokio runtime shuts down. Waits for it at most about two seconds; if
+/// it fails, the lease simply expires.
+pub(crate) fn release_on_drop(
+    options: &sqlx::sqlite::SqliteConnectOptions,
+    release: std::sync::Arc<str>,
+    holder: String,
+) {
+    use sqlx::{ConnectOptions as _, Connection as _};
+    let options = options.clone().busy_timeout(RELEASE_WAIT);
+    let (done, finished) = std::sync::mpsc::channel();
+    let spawned = std::thread::Builder::new()
+        .name("outbox-lease-release".into())
+        .spawn(move || {
+            let result = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())
+                .and_then(|rt| {
+                    rt.block_on(async {
+                        let mut conn = options.connect().await?;
+                        sqlx::query(stmt(&release))
+                            .bind(holder)
+                            .execute(&mut conn)
+                            .await?;
+                        conn.close().await
+                    })
+                    .map_err(|e| e.to_string())
+                });
+            let _ = done.send(result);
+        });
+    if spawned.is_err() {
+        return;
+    }
+    match finished.recv_timeout(RELEASE_WAIT * 2) {
+        Ok(Ok(())) => tracing::debug!("released the relay lease"),
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "could not release the relay lease; it will expire");
+        }
+        Err(_) => tracing::warn!("releasing the relay lease timed out; it will expire"),
+    }
+}

@@ -26,6 +26,7 @@
 //! - **Durability** follows `PRAGMA synchronous` ([`Synchronous`]; `normal` by default).
 
 mod backend;
+mod backfill;
 mod capture;
 mod catalog;
 mod config;
@@ -47,6 +48,7 @@ mod writer;
 use std::time::Duration;
 
 pub use backend::SqliteBackend;
+pub use backfill::SqliteBackfill;
 pub use capture::SqliteCapture;
 pub use config::{OnDelivered, SqliteConfig, Synchronous};
 pub use dead::SqliteDeadLetters;

@@ -10,7 +10,7 @@ use outbox_core::aggregate_seq::{self, AssignedPositions};
 use outbox_core::source::{Fetched, Outcome, Settlement};
 use outbox_core::{DeadLetterPolicy, Event, Ordering, Position, Source, SourceError};
 use sqlx::sqlite::{SqliteConnection, SqliteRow};
-use sqlx::{ConnectOptions as _, Connection as _, Row, SqlitePool};
+use sqlx::{Row, SqlitePool};
 use time::OffsetDateTime;
 use uuid::Uuid;
 
@@ -334,9 +334,6 @@ impl Source for SqlitePollSource {
     }
 }
 
-/// Longest wait for the write lock when releasing the lease on drop.
-const RELEASE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
-
 impl Drop for SqlitePollSource {
     /// Releases the lease, so that a standby, or this relay started again, takes over at once
     /// rather than after `lease_ttl`. Runs on a short-lived thread of its own with its own
@@ -347,39 +344,10 @@ impl Drop for SqlitePollSource {
         if !self.lease.is_held() {
             return;
         }
-        let options = self.writer.options().clone().busy_timeout(RELEASE_WAIT);
-        let release = Arc::clone(&self.queries.lease_release);
-        let holder = self.lease.holder().to_owned();
-        let (done, finished) = std::sync::mpsc::channel();
-        let spawned = std::thread::Builder::new()
-            .name("outbox-lease-release".into())
-            .spawn(move || {
-                let result = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .map_err(|e| e.to_string())
-                    .and_then(|rt| {
-                        rt.block_on(async {
-                            let mut conn = options.connect().await?;
-                            sqlx::query(stmt(&release))
-                                .bind(holder)
-                                .execute(&mut conn)
-                                .await?;
-                            conn.close().await
-                        })
-                        .map_err(|e| e.to_string())
-                    });
-                let _ = done.send(result);
-            });
-        if spawned.is_err() {
-            return;
-        }
-        match finished.recv_timeout(RELEASE_WAIT * 2) {
-            Ok(Ok(())) => tracing::debug!("released the relay lease"),
-            Ok(Err(e)) => {
-                tracing::warn!(error = %e, "could not release the relay lease; it will expire");
-            }
-            Err(_) => tracing::warn!("releasing the relay lease timed out; it will expire"),
-        }
+        crate::lease::release_on_drop(
+            self.writer.options(),
+            Arc::clone(&self.queries.lease_release),
+            self.lease.holder().to_owned(),
+        );
     }
 }
