@@ -11,6 +11,11 @@
 //! - the event has the shape of the capture trigger's (same aggregate, event type and
 //!   payload expressions), only its `capture_op` header says `snapshot`.
 //!
+//! Each backend gives its statements as a [`SnapshotTx`]; [`Chunked`] runs them as one
+//! chunk's transaction, retries a chunk that lost a deadlock, and words the errors, for all of
+//! them (PostgreSQL, SQLite, MySQL/MariaDB). The start's shared steps are [`starting`],
+//! [`single_key`], [`resume_or_begin`] and [`entry_names`].
+//!
 //! The command ([`crate::capture::Capture::snapshot`]) drives the chunks, throttles them, and
 //! shows progress.
 
