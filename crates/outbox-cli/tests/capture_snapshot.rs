@@ -12,8 +12,9 @@
 //! - for every row, the last event of its aggregate in `seq` order (the outbox's commit order
 //!   per aggregate, which the relay delivers in) carries the row's current value.
 //!
-//! Without the chunk's `FOR SHARE` (PostgreSQL) the second check fails: a chunk reads a row, a
-//! writer commits its update (event first), the chunk's older image lands after it.
+//! Without the chunk's `FOR SHARE` (PostgreSQL), or its `LOCK IN SHARE MODE` (MariaDB), the
+//! second check fails: a chunk reads a row, a writer commits its update (event first), the
+//! chunk's older image lands after it.
 
 mod support;
 

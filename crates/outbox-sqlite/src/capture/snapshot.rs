@@ -331,10 +331,11 @@ impl SnapshotTx for SqliteSnapshot {
         tx.commit().await
     }
 
-    /// SQLite has no deadlocks between one writer at a time; a busy database past the
-    /// busy timeout is an error to report.
-    fn retryable(_: &sqlx::Error) -> bool {
-        false
+    /// `SQLITE_BUSY` (and its extended codes): the write lock was not granted within
+    /// `source.busy_timeout` while writers kept it busy. The chunk wrote nothing; it waits
+    /// its turn again. (One writer at a time: no deadlocks.)
+    fn retryable(e: &sqlx::Error) -> bool {
+        matches!(e, sqlx::Error::Database(d) if matches!(d.code().as_deref(), Some("5" | "261" | "517")))
     }
 
     /// `SQLITE_CONSTRAINT_NOTNULL`: the outbox's NOT NULL columns.
