@@ -495,14 +495,20 @@ async fn live_traffic_and_kill_9(kind: Kind) -> anyhow::Result<()> {
     // 3. The backfill, killed once its first chunk committed and before it finished (pages
     //    hold whole aggregates, about 20 pages here: killing at the first leaves the margin).
     let backfill_args = ["backfill", "--subscription", "paid", "--all", "--config"];
+    let first_log = std::fs::File::create(work.path().join("backfill.log"))?;
     let mut first = work
         .command(&[&backfill_args[..], &[&arg(&good)?]].concat())
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(first_log)
         .spawn()?;
     eventually(PATIENCE, || async { db.old_in_paid(old_max).await > 0 })
         .await
-        .context("the backfill copied nothing")?;
+        .with_context(|| {
+            format!(
+                "the backfill copied nothing\nbackfill log:\n{}",
+                work.read_log("backfill.log")
+            )
+        })?;
     ensure!(
         first.try_wait()?.is_none(),
         "the backfill finished before it could be killed mid-way"

@@ -41,7 +41,7 @@ use crate::poll::{decode, utc, utc_text};
 use crate::sql::render;
 
 /// How often a chunk that lost a deadlock is run again.
-const DEADLOCK_RETRIES: u32 = 5;
+const DEADLOCK_RETRIES: u32 = 20;
 
 /// Backfilling one subscription table from its outbox.
 #[derive(Debug)]
@@ -324,6 +324,8 @@ impl MySqlBackfill {
             match apply_chunk(self, chunk).await {
                 Err(e) if tries < DEADLOCK_RETRIES && is_deadlock(&e) => {
                     tries += 1;
+                    tokio::time::sleep(std::time::Duration::from_millis(10 * u64::from(tries)))
+                        .await;
                     tracing::debug!(error = %outbox_core::relay::ErrorChain(&e), "backfill chunk lost a deadlock; running it again");
                 }
                 result => return result,
