@@ -411,6 +411,13 @@ const ITEM_SNAPSHOTS: Sql = Sql(
      ORDER BY position",
 );
 
+/// The snapshot events of `tags`: how many, for how many keys.
+const TAG_EVENTS: Sql = Sql(
+    "SELECT count(*), count(DISTINCT aggregate_id) FROM outbox WHERE aggregate_type = 'Tag'",
+    "SELECT count(*), count(DISTINCT aggregate_id) FROM outbox WHERE aggregate_type = 'Tag'",
+    "SELECT COUNT(*), COUNT(DISTINCT aggregate_id) FROM outbox WHERE aggregate_type = 'Tag'",
+);
+
 const REFUSED_CAPTURES: &str = r#"
 [[capture]]
 table = "items"
@@ -442,6 +449,12 @@ table = "odd"
 aggregate_type = "Odd"
 aggregate_id = "v"
 event_type = "odd.changed"
+
+[[capture]]
+table = "tags"
+aggregate_type = "Tag"
+aggregate_id = "k"
+event_type = "tag.changed"
 "#;
 
 impl Kind {
@@ -459,7 +472,9 @@ impl Kind {
                  CREATE TABLE docs (id bigint PRIMARY KEY, owner text NOT NULL, body jsonb NOT NULL);
                  INSERT INTO docs VALUES (1, 'o1', '{\"k\": 1}');
                  CREATE TABLE odd (k bigint, v int);
-                 INSERT INTO odd VALUES (1, 1);"
+                 INSERT INTO odd VALUES (1, 1);
+                 CREATE TABLE tags (k text PRIMARY KEY, v int);
+                 INSERT INTO tags VALUES ('a', 1), ('B', 2), ('c', 3), ('d', 4), ('E', 5);"
             }
             Self::Sqlite => {
                 "CREATE TABLE items (id INTEGER PRIMARY KEY, v INTEGER NOT NULL DEFAULT 0);
@@ -472,7 +487,9 @@ impl Kind {
                  CREATE TABLE docs (id INTEGER PRIMARY KEY, owner TEXT NOT NULL, body TEXT NOT NULL);
                  INSERT INTO docs VALUES (1, 'o1', '{\"k\": 1}');
                  CREATE TABLE odd (k TEXT PRIMARY KEY, v INTEGER);
-                 INSERT INTO odd VALUES (NULL, 1);"
+                 INSERT INTO odd VALUES (NULL, 1);
+                 CREATE TABLE tags (k TEXT PRIMARY KEY, v INTEGER);
+                 INSERT INTO tags VALUES ('a', 1), ('B', 2), ('c', 3), ('d', 4), ('E', 5);"
             }
             Self::MariaDb => {
                 "CREATE TABLE items (id BIGINT PRIMARY KEY, v BIGINT NOT NULL DEFAULT 0);
@@ -484,7 +501,9 @@ impl Kind {
                  CREATE TABLE docs (id BIGINT PRIMARY KEY, owner VARCHAR(20) NOT NULL, body JSON NOT NULL);
                  INSERT INTO docs VALUES (1, 'o1', '{\"k\": 1}');
                  CREATE TABLE odd (k DECIMAL(10, 2) PRIMARY KEY, v INT);
-                 INSERT INTO odd VALUES (1.5, 1);"
+                 INSERT INTO odd VALUES (1.5, 1);
+                 CREATE TABLE tags (k VARCHAR(20) PRIMARY KEY, v INT);
+                 INSERT INTO tags VALUES ('a', 1), ('B', 2), ('c', 3), ('d', 4), ('E', 5);"
             }
         }
     }
@@ -581,6 +600,20 @@ async fn snapshot_refuses_bad_input_and_changes_nothing(kind: Kind) -> anyhow::R
     ensure!(
         written(&db).await? == (0, 0),
         "a refused snapshot wrote events or its progress table"
+    );
+
+    // A text key, one row per chunk (--rate 10): each chunk resumes after a bound text key
+    // in the column's own order (MariaDB's collation ignores case).
+    let out = work
+        .run(&[
+            "capture", "snapshot", "--config", &cfg, "--name", "tags", "--rate", "10",
+        ])
+        .await?;
+    ensure!(out.stdout.contains("snapshot finished: 5 rows"), "{out:?}");
+    let tags: (i64, i64) = on!(&db, query_as, fetch_one, TAG_EVENTS)?;
+    ensure!(
+        tags == (5, 5),
+        "tag snapshot events (all, distinct): {tags:?}"
     );
 
     // A good one still works, and a second run starts a new snapshot.
