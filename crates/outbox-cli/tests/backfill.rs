@@ -1,8 +1,8 @@
 //! `outbox backfill --subscription NAME`: the retained events a subscription takes reach its
 //! table while relays run, in commit order per aggregate, across kill -9 of the backfill and
 //! of a relay; events older than one the subscription already delivered are counted, never
-//! delivered out of order; bad input changes nothing. Each scenario runs on PostgreSQL, SQLite
-//! and MariaDB (polling).
+//! delivered out of order; bad input changes nothing. Each scenario runs on PostgreSQL (polling
+//! and CDC), SQLite and MariaDB (polling).
 
 mod support;
 
@@ -27,6 +27,9 @@ const PATIENCE: Duration = Duration::from_secs(180);
 #[derive(Debug, Clone, Copy)]
 enum Kind {
     Postgres,
+    /// PostgreSQL with the CDC source (`mode = "cdc"`): the outbox rows stay `pending`, the
+    /// slot is the progress, so the backfill reads every retained row that is not a dead letter.
+    PostgresCdc,
     Sqlite,
     MariaDb,
 }
@@ -54,6 +57,17 @@ impl Db {
                 let url = Postgres::shared().await?.fresh_database().await?;
                 (format!("kind = \"postgres\"\nurl = \"{url}\""), url)
             }
+            // Slots are cluster-wide: each run gets its own.
+            Kind::PostgresCdc => {
+                let url = Postgres::shared().await?.fresh_database().await?;
+                let tag = uuid::Uuid::new_v4().simple();
+                (
+                    format!(
+                        "kind = \"postgres\"\nurl = \"{url}\"\nmode = \"cdc\"\nslot = \"s_{tag}\"\npublication = \"p_{tag}\""
+                    ),
+                    url,
+                )
+            }
             // A short lease, so that a relay killed with SIGKILL is replaced quickly and the
             // backfill's own lease runs out soon after a kill.
             Kind::Sqlite => {
@@ -79,7 +93,7 @@ impl Db {
     /// Opens the pool (after `outbox migrate`).
     async fn connect(&mut self) -> anyhow::Result<()> {
         self.pool = Some(match self.kind {
-            Kind::Postgres => Pool::Pg(
+            Kind::Postgres | Kind::PostgresCdc => Pool::Pg(
                 sqlx::postgres::PgPoolOptions::new()
                     .max_connections(4)
                     .connect(&self.url)
@@ -207,7 +221,7 @@ sink = "all"
     /// global insert order; its `seq` counts per aggregate).
     fn order_column(&self) -> &'static str {
         match self.kind {
-            Kind::Postgres | Kind::Sqlite => "seq",
+            Kind::Postgres | Kind::PostgresCdc | Kind::Sqlite => "seq",
             Kind::MariaDb => "position",
         }
     }
@@ -224,7 +238,7 @@ sink = "all"
     /// How many of the events up to `old_max` (`order_column`) subscription `paid` holds.
     async fn old_in_paid(&self, old_max: i64) -> i64 {
         let placeholder = match self.kind {
-            Kind::Postgres => "$1",
+            Kind::Postgres | Kind::PostgresCdc => "$1",
             Kind::Sqlite | Kind::MariaDb => "?",
         };
         let sql = format!(
@@ -257,11 +271,18 @@ sink = "all"
     async fn wait_drained(&self, stall: Duration) -> anyhow::Result<()> {
         let mut lowest = i64::MAX;
         let mut progress_at = tokio::time::Instant::now();
+        // CDC leaves the outbox rows `pending` (the slot is the progress): drained is every
+        // row copied into subscription `all` and delivered there.
+        let undelivered = match self.kind {
+            Kind::PostgresCdc => {
+                "SELECT (SELECT count(*) FROM outbox o WHERE NOT EXISTS \
+                 (SELECT 1 FROM outbox_sub_all s WHERE s.id = o.id)) \
+                 + (SELECT count(*) FROM outbox_sub_all WHERE state = 'pending')"
+            }
+            _ => "SELECT count(*) FROM outbox WHERE state = 'pending'",
+        };
         loop {
-            match self
-                .count("SELECT count(*) FROM outbox WHERE state = 'pending'")
-                .await
-            {
+            match self.count(undelivered).await {
                 0 => return Ok(()),
                 n if n >= 0 && n < lowest => {
                     lowest = n;
@@ -287,23 +308,28 @@ fn event_type(n: u64) -> &'static str {
 }
 
 /// Waits until the outbox and both subscription tables hold no pending row.
+/// (CDC leaves the outbox rows `pending`: there, every row must be in subscription `all`.)
 async fn wait_all_delivered(db: &Db, work: &Workdir) -> anyhow::Result<()> {
-    eventually(PATIENCE, || async {
-        db.count(
-            "SELECT (SELECT count(*) FROM outbox WHERE state <> 'delivered')
-                  + (SELECT count(*) FROM outbox_sub_all WHERE state <> 'delivered')
-                  + (SELECT count(*) FROM outbox_sub_paid WHERE state <> 'delivered')",
-        )
+    let outbox = match db.kind {
+        Kind::PostgresCdc => {
+            "(SELECT count(*) FROM outbox o WHERE NOT EXISTS \
+             (SELECT 1 FROM outbox_sub_all s WHERE s.id = o.id))"
+        }
+        _ => "(SELECT count(*) FROM outbox WHERE state <> 'delivered')",
+    };
+    let undelivered = format!(
+        "SELECT {outbox}
+              + (SELECT count(*) FROM outbox_sub_all WHERE state <> 'delivered')
+              + (SELECT count(*) FROM outbox_sub_paid WHERE state <> 'delivered')"
+    );
+    eventually(PATIENCE, || async { db.count(&undelivered).await == 0 })
         .await
-            == 0
-    })
-    .await
-    .with_context(|| {
-        format!(
-            "not everything delivered\nrelay log:\n{}",
-            work.read_log("relay.log")
-        )
-    })
+        .with_context(|| {
+            format!(
+                "not everything delivered\nrelay log:\n{}",
+                work.read_log("relay.log")
+            )
+        })
 }
 
 /// One line of a file sink.
@@ -424,6 +450,12 @@ fn sigkill(child: &tokio::process::Child) -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backfill_during_live_traffic_survives_kill_9_in_commit_order() -> anyhow::Result<()> {
     live_traffic_and_kill_9(Kind::Postgres).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backfill_during_live_traffic_survives_kill_9_in_commit_order_on_postgres_cdc()
+-> anyhow::Result<()> {
+    live_traffic_and_kill_9(Kind::PostgresCdc).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -579,6 +611,12 @@ async fn live_traffic_and_kill_9(kind: Kind) -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_older_than_a_delivered_one_are_counted_not_delivered() -> anyhow::Result<()> {
     older_than_delivered(Kind::Postgres).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_older_than_a_delivered_one_are_counted_not_delivered_on_postgres_cdc()
+-> anyhow::Result<()> {
+    older_than_delivered(Kind::PostgresCdc).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
