@@ -33,7 +33,11 @@ const CONFIRMED: &str = "booking.confirmed";
 const SEEDED: usize = 30;
 
 fn seeded_status(i: usize) -> &'static str {
-    if i.is_multiple_of(3) { CONFIRMED } else { CREATED }
+    if i.is_multiple_of(3) {
+        CONFIRMED
+    } else {
+        CREATED
+    }
 }
 
 /// What one producer committed: per customer, (token, status) in commit order; and the tokens
