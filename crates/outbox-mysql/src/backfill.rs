@@ -37,7 +37,7 @@ use uuid::Uuid;
 
 use crate::config::{Mode, MySqlConfig, OnDelivered};
 use crate::error::source_error;
-use crate::poll::{decode, utc, utc_text};
+use crate::poll::{decode, utc};
 use crate::sql::render;
 
 /// How often a chunk that lost a deadlock is run again.
@@ -309,11 +309,33 @@ impl MySqlBackfill {
                     .map_err(|e| self.err(what, e))?;
             }
         }
-        sqlx::query(stmt(&self.q.insert))
-            .bind(json_rows(rows))
-            .execute(&mut **tx)
-            .await
-            .map_err(|e| self.err("copying events into the subscription", e))?;
+        for chunk in rows.chunks(crate::producer::BATCH_ROWS) {
+            // Only the number of placeholders varies; every value is bound.
+            let sql = format!(
+                "{} {}",
+                self.q.insert.trim_end(),
+                vec!["(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"; chunk.len()].join(", ")
+            );
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+            for r in chunk {
+                let e = r.event;
+                query = query
+                    .bind(e.id.hyphenated().to_string())
+                    .bind(&e.aggregate_type)
+                    .bind(&e.aggregate_id)
+                    .bind(&e.event_type)
+                    .bind(&e.payload[..])
+                    .bind(headers_json(e))
+                    .bind(utc(e.created_at))
+                    .bind(i64::from(e.attempts))
+                    .bind(r.next_attempt_at.map_or(READY, |t| utc(t)))
+                    .bind(r.last_error);
+            }
+            query
+                .execute(&mut **tx)
+                .await
+                .map_err(|e| self.err("copying events into the subscription", e))?;
+        }
         Ok(())
     }
 
@@ -334,15 +356,15 @@ impl MySqlBackfill {
     }
 }
 
-/// Whether `e` comes from a deadlock or a lock wait timeout (the transaction was rolled
-/// back; running it again is safe).
+/// Whether `e` comes from a deadlock, a lock wait timeout or a failed AUTO-INC lock (1467);
+/// the chunk's transaction is dropped, so running it again is safe.
 fn is_deadlock(e: &SourceError) -> bool {
     let mut cause: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
     while let Some(c) = cause {
         if let Some(sqlx::Error::Database(db)) = c.downcast_ref::<sqlx::Error>()
             && let Some(my) = db.try_downcast_ref::<MySqlDatabaseError>()
         {
-            return matches!(my.number(), 1213 | 1205);
+            return matches!(my.number(), 1213 | 1205 | 1467);
         }
         cause = c.source();
     }
@@ -353,48 +375,16 @@ fn uuid(text: &str) -> Result<Uuid, sqlx::Error> {
     Uuid::parse_str(text).map_err(|e| sqlx::Error::Decode(Box::new(e)))
 }
 
-/// Bytes as lowercase hex (`UNHEX` in `backfill_insert.sql`).
-fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write as _;
-    bytes
-        .iter()
-        .fold(String::with_capacity(bytes.len() * 2), |mut out, b| {
-            let _ = write!(out, "{b:02x}");
-            out
-        })
-}
+/// `next_attempt_at` of a row ready at once (the column's default).
+const READY: PrimitiveDateTime = time::macros::datetime!(1970-01-01 00:00:01);
 
-/// The rows of `backfill_insert.sql`, in order.
-fn json_rows(rows: &[InsertRow<'_>]) -> String {
-    let rows: Vec<serde_json::Value> = rows
+fn headers_json(e: &outbox_core::Event) -> String {
+    let headers: serde_json::Map<String, serde_json::Value> = e
+        .headers
         .iter()
-        .map(|r| {
-            let e = r.event;
-            let headers: serde_json::Map<String, serde_json::Value> = e
-                .headers
-                .iter()
-                .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
-                .collect();
-            let mut row = serde_json::json!({
-                "id": e.id.hyphenated().to_string(),
-                "t": e.aggregate_type,
-                "i": e.aggregate_id,
-                "e": e.event_type,
-                "p": hex(&e.payload),
-                "h": serde_json::Value::Object(headers).to_string(),
-                "c": utc_text(e.created_at),
-                "a": e.attempts,
-            });
-            if let Some(x) = r.next_attempt_at {
-                row["x"] = utc_text(x).into();
-            }
-            if let Some(err) = r.last_error {
-                row["err"] = err.into();
-            }
-            row
-        })
+        .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
         .collect();
-    serde_json::Value::Array(rows).to_string()
+    serde_json::Value::Object(headers).to_string()
 }
 
 /// A pending row (claim layout, then next_attempt_at, last_error, leased) and whether a

@@ -75,7 +75,7 @@ pub(crate) fn utc(t: OffsetDateTime) -> PrimitiveDateTime {
 }
 
 /// A time as text for a `DATETIME(6)` column of `JSON_TABLE`.
-pub(crate) fn utc_text(t: OffsetDateTime) -> String {
+fn utc_text(t: OffsetDateTime) -> String {
     let t = t.to_offset(UtcOffset::UTC);
     format!(
         "{:04}-{:02}-{:02} {:02}:{:02}:{:02}.{:06}",
