@@ -328,7 +328,7 @@ impl MySqlBackfill {
                     .bind(headers_json(e))
                     .bind(utc(e.created_at))
                     .bind(i64::from(e.attempts))
-                    .bind(r.next_attempt_at.map_or(READY, |t| utc(t)))
+                    .bind(r.next_attempt_at.map_or(READY, utc))
                     .bind(r.last_error);
             }
             query
