@@ -357,7 +357,7 @@ pub fn keys_json(keys: &[AggregateKey]) -> String {
     serde_json::to_string(keys).unwrap_or_else(|_| "[]".into())
 }
 
-/// Names the macro [`impl_backfill!`] uses, so that callers need no `time` or `uuid` of
+/// Names the macro [`impl_backfill!`](crate::impl_backfill) uses, so that callers need no `time` or `uuid` of
 /// their own in scope.
 #[doc(hidden)]
 pub mod __macro {
