@@ -97,13 +97,11 @@ async fn a_transaction_past_the_spill_threshold_is_delivered_once_in_order() -> 
         expected.len(),
         got.iter().zip(&expected).position(|(a, b)| a != b)
     );
+    // A binlog session lost under load is read again from the saved position, which spills
+    // the big transaction once more: every spill must hold the whole transaction.
     let spilled = inspector.spilled().unwrap_or_default();
     ensure!(
-        spilled
-            == Spilled {
-                transactions: 1,
-                events: BIG as u64
-            },
+        spilled.transactions >= 1 && spilled.events == spilled.transactions * BIG as u64,
         "the big transaction was not taken from a scratch file: {spilled:?}"
     );
     Ok(())
@@ -144,7 +142,12 @@ async fn a_source_dropped_while_loading_a_spilled_transaction_loses_nothing() ->
         partial[..] == expected[..partial.len()],
         "not a prefix in order"
     );
-    ensure!(inspector.spilled().unwrap_or_default().transactions == 1);
+    // At least once: a binlog session lost under load reads (and spills) it again.
+    let spilled = inspector.spilled().unwrap_or_default();
+    ensure!(
+        spilled.transactions >= 1,
+        "the big transaction was not spilled: {spilled:?}"
+    );
     let names: Vec<_> = std::fs::read_dir(&dir)?.collect();
     ensure!(names.is_empty(), "the scratch file has a name: {names:?}");
     drop(first); // its connections close: the lock is free, nothing more is saved
