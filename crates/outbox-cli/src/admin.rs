@@ -1,26 +1,10 @@
-//! `outbox migrate` and `outbox status`, and opening the configured backend for every
-//! operator command.
-
-use std::sync::Arc;
+//! `outbox migrate` and `outbox status`.
 
 use outbox_core::admin::when;
-use outbox_core::backend::{Backend, OpenOptions};
 use outbox_runtime::Config;
 use time::OffsetDateTime;
 
-/// Opens the configured database with `connections` connections.
-pub(crate) async fn open(config: &Config, connections: u32) -> anyhow::Result<Arc<dyn Backend>> {
-    config
-        .source
-        .open(OpenOptions { connections })
-        .await
-        .map_err(|e| anyhow::anyhow!(crate::chain(&e)))
-}
-
-/// A source error with its causes, as one line.
-pub(crate) fn source_error(e: outbox_core::SourceError) -> anyhow::Error {
-    anyhow::anyhow!(crate::chain(&e))
-}
+use crate::backend::{open, source_error};
 
 /// `outbox migrate`'s options.
 #[derive(Debug, clap::Args)]

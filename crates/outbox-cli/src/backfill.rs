@@ -55,7 +55,7 @@ pub(crate) async fn run(invocation: Invocation<'_>, args: BackfillArgs) -> anyho
         bail!("--subscription: required; name the [[subscription]] to backfill");
     };
     let (config, _) = outbox_runtime::config::load(invocation.config, invocation.database_url)?;
-    let backend = crate::admin::open(&config, 2).await?;
+    let backend = crate::backend::open(&config, 2).await?;
     let filter = subscription_filter(&config, &*backend, name).await?;
     let since = match args.since {
         Some(age) => Some(
@@ -71,7 +71,7 @@ pub(crate) async fn run(invocation: Invocation<'_>, args: BackfillArgs) -> anyho
     let backfill = backend
         .backfill(name)
         .map_err(|e| anyhow::anyhow!(e.to_string()))?;
-    let e = crate::admin::source_error;
+    let e = crate::backend::source_error;
     let ids = backfill.ids(since).await.map_err(e)?;
     let mut run = Run::new(ids.len() as u64, name);
     for page in ids.chunks(PAGE) {

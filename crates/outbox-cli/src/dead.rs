@@ -71,7 +71,7 @@ pub(crate) struct RetryArgs {
 pub(crate) use outbox_core::admin::when;
 
 pub(crate) async fn run(config: &Config, command: DeadCommand) -> anyhow::Result<()> {
-    let backend = crate::admin::open(config, 1).await?;
+    let backend = crate::backend::open(config, 1).await?;
     let dead = backend.dead_letters()?;
     let e = |e: SourceError| anyhow::anyhow!(crate::chain(&e));
     match command {

@@ -5,6 +5,7 @@
 //! the user as one line (plus its causes), with a non-zero exit code.
 
 mod admin;
+mod backend;
 mod backfill;
 mod bench;
 mod capture;

@@ -67,7 +67,7 @@ pub(crate) async fn run(config: &Config, args: ReplayArgs) -> anyhow::Result<()>
             when(args.since)
         );
     }
-    let backend = crate::admin::open(config, 1).await?;
+    let backend = crate::backend::open(config, 1).await?;
     let replay = backend.replay()?;
     let selection = ReplaySelection {
         since: args.since,
@@ -75,7 +75,7 @@ pub(crate) async fn run(config: &Config, args: ReplayArgs) -> anyhow::Result<()>
         aggregate_id: args.aggregate.clone(),
         event_type: args.event_type.clone(),
     };
-    let e = crate::admin::source_error;
+    let e = crate::backend::source_error;
     let plan = replay.plan(&selection, 5).await.map_err(e)?;
     let window = format!(
         "written from {} to {}{}{}",

@@ -39,10 +39,10 @@ pub(crate) async fn run(config: &Config, command: RetentionCommand) -> anyhow::R
     let now = OffsetDateTime::now_utc();
     let started = Instant::now();
     let keep_text = humantime::format_duration(keep);
-    let backend = crate::admin::open(config, 2).await?;
+    let backend = crate::backend::open(config, 2).await?;
     let retention = backend.retention()?;
     let table = backend.table();
-    let e = crate::admin::source_error;
+    let e = crate::backend::source_error;
     let preview = retention.preview(now, keep).await.map_err(e)?;
     if args.dry_run {
         println!(

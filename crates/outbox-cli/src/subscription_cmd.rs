@@ -12,7 +12,7 @@ use outbox_runtime::Config;
 use outbox_runtime::catalog::{self, CatalogError, CatalogedSubscription, SubscriptionState};
 use time::OffsetDateTime;
 
-use crate::admin::{open, source_error};
+use crate::backend::{open, source_error};
 
 /// The subscription catalog's commands.
 #[derive(Debug, Subcommand)]

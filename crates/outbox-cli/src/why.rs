@@ -10,7 +10,7 @@ use outbox_runtime::{Config, story};
 use time::OffsetDateTime;
 use uuid::Uuid;
 
-use crate::admin::source_error;
+use crate::backend::source_error;
 
 /// `outbox why` arguments.
 #[derive(Debug, Args)]
@@ -98,7 +98,7 @@ pub(crate) async fn run(config: &Config, args: WhyArgs) -> anyhow::Result<()> {
 
 /// The story of `id` in the table of `config`'s `[source]`.
 async fn explain(config: &Config, id: Uuid, now: OffsetDateTime) -> anyhow::Result<Explanation> {
-    let backend = crate::admin::open(config, 2).await?;
+    let backend = crate::backend::open(config, 2).await?;
     backend
         .explain()?
         .explain(id, now)

@@ -55,7 +55,7 @@ pub(crate) async fn run(config: &Config, command: CaptureCommand) -> anyhow::Res
         CaptureCommand::Install { name } => {
             validate_all(&config.capture).map_err(|m| anyhow::anyhow!(m))?;
             let entries = selected(config, name.as_ref())?;
-            let backend = crate::admin::open(config, 1).await?;
+            let backend = crate::backend::open(config, 1).await?;
             let capture = backend.capture()?;
             for line in capture.install(&entries).await.map_err(e)? {
                 println!("{line}");
@@ -74,7 +74,7 @@ pub(crate) async fn run(config: &Config, command: CaptureCommand) -> anyhow::Res
                     config.capture.iter().map(|c| c.name()).collect()
                 }
             };
-            let backend = crate::admin::open(config, 1).await?;
+            let backend = crate::backend::open(config, 1).await?;
             let capture = backend.capture()?;
             for line in capture.remove(&names).await.map_err(e)? {
                 println!("{line}");
@@ -83,14 +83,14 @@ pub(crate) async fn run(config: &Config, command: CaptureCommand) -> anyhow::Res
         CaptureCommand::Snapshot { name, rate } => {
             validate_all(&config.capture).map_err(|m| anyhow::anyhow!(m))?;
             let entries = selected(config, name.as_ref())?;
-            let backend = crate::admin::open(config, 2).await?;
+            let backend = crate::backend::open(config, 2).await?;
             let capture = backend.capture()?;
             for entry in entries {
                 snapshot::run(capture, entry, rate).await?;
             }
         }
         CaptureCommand::List { json } => {
-            let backend = crate::admin::open(config, 1).await?;
+            let backend = crate::backend::open(config, 1).await?;
             let capture = backend.capture()?;
             let list = capture.list().await.map_err(e)?;
             if json {
