@@ -30,6 +30,23 @@ use crate::sink::BoxFuture;
 use crate::source::{Backlog, Fetched, Inspect, Settlement, Source, SourceError};
 use crate::{NewEvent, RelayConfig};
 
+mod forward;
+
+/// What the forwarding macros ([`forward_dead_letter_store!`](crate::forward_dead_letter_store)
+/// and the others of `backend/forward.rs`) name, so that callers need no `time` or `uuid` of
+/// their own in scope.
+#[doc(hidden)]
+pub mod __forward {
+    pub use std::time::Duration;
+    pub use time::OffsetDateTime;
+    pub use uuid::Uuid;
+
+    /// A backend's own error as a [`SourceError`](crate::SourceError).
+    pub fn error(e: impl Into<crate::SourceError>) -> crate::SourceError {
+        e.into()
+    }
+}
+
 /// Object-safe form of [`Source`], implemented for every `Source`; [`BoxedSource`] wraps one
 /// back into a `Source`, so the relay runs any backend's pipelines.
 pub trait DynSource: Send + 'static {

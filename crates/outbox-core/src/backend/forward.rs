@@ -1,0 +1,244 @@
+//! Forwarding impls of the backend's ability traits: each database module keeps its logic in
+//! inherent `async fn`s, and one macro call writes the object-safe trait impl that boxes
+//! them, so the traits' signatures are written once, here.
+//!
+//! - [`forward_dead_letter_store!`](crate::forward_dead_letter_store) writes
+//!   [`DeadLetterStore`](super::DeadLetterStore);
+//! - [`forward_replay!`](crate::forward_replay) writes [`Replay`](super::Replay);
+//! - [`forward_retention!`](crate::forward_retention) writes [`Retention`](super::Retention)
+//!   for the batched-delete shape (a preview of rows and the oldest, a run of batches);
+//! - [`forward_explain!`](crate::forward_explain) writes [`Explain`](super::Explain);
+//! - [`forward_producer!`](crate::forward_producer) writes [`Producer`](super::Producer).
+//!
+//! Every forwarded error goes through `Into<SourceError>`, so an inherent method may return
+//! its own error type where the crate converts it (`impl From<E> for SourceError`).
+
+/// Implements [`DeadLetterStore`](crate::backend::DeadLetterStore) for a type with inherent
+/// `async fn`s `list(event_type, aggregate_id, limit)`, `retry(selection)` and
+/// `purge(before, event_type)` of the trait's signatures, and `show(id, now)`, which the
+/// trait's `show(id)` calls at `OffsetDateTime::now_utc()`. `forward_dead_letter_store!(T,
+/// show = show_at)` names another method for `show`.
+#[macro_export]
+macro_rules! forward_dead_letter_store {
+    ($ty:ty) => {
+        $crate::forward_dead_letter_store!($ty, show = show);
+    };
+    ($ty:ty, show = $show:ident) => {
+        impl $crate::backend::DeadLetterStore for $ty {
+            fn list<'a>(
+                &'a self,
+                event_type: Option<&'a str>,
+                aggregate_id: Option<&'a str>,
+                limit: i64,
+            ) -> $crate::sink::BoxFuture<
+                'a,
+                Result<Vec<$crate::admin::DeadLetter>, $crate::SourceError>,
+            > {
+                Box::pin(async move {
+                    <$ty>::list(self, event_type, aggregate_id, limit)
+                        .await
+                        .map_err($crate::backend::__forward::error)
+                })
+            }
+            fn show(
+                &self,
+                id: $crate::backend::__forward::Uuid,
+            ) -> $crate::sink::BoxFuture<
+                '_,
+                Result<Option<$crate::admin::StoredEventDetail>, $crate::SourceError>,
+            > {
+                Box::pin(async move {
+                    let now = $crate::backend::__forward::OffsetDateTime::now_utc();
+                    <$ty>::$show(self, id, now)
+                        .await
+                        .map_err($crate::backend::__forward::error)
+                })
+            }
+            fn retry<'a>(
+                &'a self,
+                selection: &'a $crate::admin::RetrySelection,
+            ) -> $crate::sink::BoxFuture<
+                'a,
+                Result<Vec<$crate::backend::__forward::Uuid>, $crate::SourceError>,
+            > {
+                Box::pin(async move {
+                    <$ty>::retry(self, selection)
+                        .await
+                        .map_err($crate::backend::__forward::error)
+                })
+            }
+            fn purge<'a>(
+                &'a self,
+                before: $crate::backend::__forward::OffsetDateTime,
+                event_type: Option<&'a str>,
+            ) -> $crate::sink::BoxFuture<
+                'a,
+                Result<Vec<$crate::backend::__forward::Uuid>, $crate::SourceError>,
+            > {
+                Box::pin(async move {
+                    <$ty>::purge(self, before, event_type)
+                        .await
+                        .map_err($crate::backend::__forward::error)
+                })
+            }
+        }
+    };
+}
+
+/// Implements [`Replay`](crate::backend::Replay) for a type with inherent `async fn`s of the
+/// trait's signatures, named after `plan`, `ids` and `replay_batch`:
+/// `forward_replay!(T, plan = replay_plan, ids = replay_ids, replay_batch = put_back)`.
+#[macro_export]
+macro_rules! forward_replay {
+    ($ty:ty, plan = $plan:ident, ids = $ids:ident, replay_batch = $batch:ident) => {
+        impl $crate::backend::Replay for $ty {
+            fn plan<'a>(
+                &'a self,
+                selection: &'a $crate::admin::ReplaySelection,
+                preview: usize,
+            ) -> $crate::sink::BoxFuture<'a, Result<$crate::admin::ReplayPlan, $crate::SourceError>>
+            {
+                Box::pin(async move {
+                    <$ty>::$plan(self, selection, preview)
+                        .await
+                        .map_err($crate::backend::__forward::error)
+                })
+            }
+            fn ids<'a>(
+                &'a self,
+                selection: &'a $crate::admin::ReplaySelection,
+            ) -> $crate::sink::BoxFuture<
+                'a,
+                Result<Vec<$crate::backend::__forward::Uuid>, $crate::SourceError>,
+            > {
+                Box::pin(async move {
+                    <$ty>::$ids(self, selection)
+                        .await
+                        .map_err($crate::backend::__forward::error)
+                })
+            }
+            fn replay_batch<'a>(
+                &'a self,
+                ids: &'a [$crate::backend::__forward::Uuid],
+            ) -> $crate::sink::BoxFuture<'a, Result<u64, $crate::SourceError>> {
+                Box::pin(async move {
+                    <$ty>::$batch(self, ids)
+                        .await
+                        .map_err($crate::backend::__forward::error)
+                })
+            }
+        }
+    };
+}
+
+/// Implements [`Retention`](crate::backend::Retention) for a type that deletes delivered
+/// rows in batches, with inherent `async fn preview(now, keep) -> Result<(rows, oldest), E>`
+/// and `async fn run(now, keep, batch, pause, progress) -> Result<RetentionReport, E>`
+/// (`progress: &mut (dyn FnMut(u64) -> ControlFlow<()> + Send)`), where `SourceError:
+/// From<E>`. `forward_retention!(T, preview = retention_preview, run = retention_run)`
+/// names other methods.
+#[macro_export]
+macro_rules! forward_retention {
+    ($ty:ty) => {
+        $crate::forward_retention!($ty, preview = preview, run = run);
+    };
+    ($ty:ty, preview = $preview:ident, run = $run:ident) => {
+        impl $crate::backend::Retention for $ty {
+            fn preview(
+                &self,
+                now: $crate::backend::__forward::OffsetDateTime,
+                keep: $crate::backend::__forward::Duration,
+            ) -> $crate::sink::BoxFuture<
+                '_,
+                Result<$crate::admin::RetentionPreview, $crate::SourceError>,
+            > {
+                Box::pin(async move {
+                    let (rows, oldest) = <$ty>::$preview(self, now, keep)
+                        .await
+                        .map_err($crate::backend::__forward::error)?;
+                    Ok($crate::admin::RetentionPreview {
+                        rows,
+                        oldest,
+                        ..Default::default()
+                    })
+                })
+            }
+            fn run<'a>(
+                &'a self,
+                now: $crate::backend::__forward::OffsetDateTime,
+                settings: &'a $crate::admin::RetentionSettings,
+                progress: &'a mut $crate::backend::RetentionProgress<'_>,
+            ) -> $crate::sink::BoxFuture<
+                'a,
+                Result<$crate::admin::RetentionReport, $crate::SourceError>,
+            > {
+                Box::pin(async move {
+                    let mut step = |n: u64| progress(n);
+                    <$ty>::$run(
+                        self,
+                        now,
+                        settings.keep,
+                        settings.batch,
+                        settings.pause,
+                        &mut step,
+                    )
+                    .await
+                    .map_err($crate::backend::__forward::error)
+                })
+            }
+        }
+    };
+}
+
+/// Implements [`Explain`](crate::backend::Explain) for a type with an inherent
+/// `async fn $method(id, now) -> Result<Explanation, E>`: `forward_explain!(T, story)`.
+#[macro_export]
+macro_rules! forward_explain {
+    ($ty:ty, $method:ident) => {
+        impl $crate::backend::Explain for $ty {
+            fn explain(
+                &self,
+                id: $crate::backend::__forward::Uuid,
+                now: $crate::backend::__forward::OffsetDateTime,
+            ) -> $crate::sink::BoxFuture<'_, Result<$crate::admin::Explanation, $crate::SourceError>>
+            {
+                Box::pin(async move {
+                    <$ty>::$method(self, id, now)
+                        .await
+                        .map_err($crate::backend::__forward::error)
+                })
+            }
+        }
+    };
+}
+
+/// Implements [`Producer`](crate::backend::Producer) for a type with inherent
+/// `async fn`s `(events: &[NewEvent]) -> Result<(), E>` for a backlog fill and for an
+/// application's commit: `forward_producer!(T, fill = fill_batches, commit = write)`.
+#[macro_export]
+macro_rules! forward_producer {
+    ($ty:ty, fill = $fill:ident, commit = $commit:ident) => {
+        impl $crate::backend::Producer for $ty {
+            fn fill<'a>(
+                &'a self,
+                events: &'a [$crate::NewEvent],
+            ) -> $crate::sink::BoxFuture<'a, Result<(), $crate::SourceError>> {
+                Box::pin(async move {
+                    <$ty>::$fill(self, events)
+                        .await
+                        .map_err($crate::backend::__forward::error)
+                })
+            }
+            fn commit<'a>(
+                &'a self,
+                events: &'a [$crate::NewEvent],
+            ) -> $crate::sink::BoxFuture<'a, Result<(), $crate::SourceError>> {
+                Box::pin(async move {
+                    <$ty>::$commit(self, events)
+                        .await
+                        .map_err($crate::backend::__forward::error)
+                })
+            }
+        }
+    };
+}
