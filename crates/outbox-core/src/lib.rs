@@ -21,6 +21,7 @@ pub mod cloudevents;
 pub mod destination;
 pub mod enqueue;
 pub mod event;
+pub mod future;
 pub mod identifier;
 pub mod message;
 pub mod metrics;

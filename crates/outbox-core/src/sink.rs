@@ -2,7 +2,6 @@
 
 use std::error::Error as StdError;
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 
 use crate::Event;
@@ -122,8 +121,7 @@ pub trait Sink: Send + Sync + 'static {
     fn healthcheck(&self) -> impl Future<Output = Result<(), SinkError>> + Send;
 }
 
-/// A boxed future, for the object-safe [`DynSink`].
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+pub use crate::future::BoxFuture;
 
 /// Object-safe form of [`Sink`], implemented for every `Sink`; lets the binary choose a sink at
 /// run time (`Box<dyn DynSink>` is itself a [`Sink`]).

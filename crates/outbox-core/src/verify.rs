@@ -20,7 +20,7 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use crate::SourceError;
-use crate::sink::BoxFuture;
+use crate::future::BoxFuture;
 
 /// The events a verification covers: written at or after `since` and before `until`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
