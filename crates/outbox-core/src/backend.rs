@@ -431,6 +431,24 @@ pub fn subscription_table(
     })
 }
 
+/// Checks that a claim lasting `claim` (row locks, a lease) outlasts one publish: the relay
+/// publishes nothing it could not finish before its claim runs out, so a claim shorter than
+/// `relay.publish_timeout` would publish nothing. `key` names the setting in the message
+/// (`source.claim_timeout: must be longer than relay.publish_timeout (5s)`).
+pub fn check_claim_outlasts_publish(
+    key: &str,
+    claim: Duration,
+    relay: &RelayConfig,
+) -> Result<(), String> {
+    if claim <= relay.publish_timeout {
+        return Err(format!(
+            "{key}: must be longer than relay.publish_timeout ({:?})",
+            relay.publish_timeout
+        ));
+    }
+    Ok(())
+}
+
 /// Why a backend could not be opened.
 #[derive(Debug, thiserror::Error)]
 #[error("{message}")]
