@@ -32,6 +32,7 @@ pub mod relay;
 pub mod sink;
 pub mod source;
 pub mod spill;
+pub mod sql_catalog;
 pub mod stream_ledger;
 pub mod trace;
 pub mod verify;

@@ -1,37 +1,16 @@
 //! The subscription catalog on PostgreSQL: `<table>_subscriptions` beside the outbox table
-//! (queries/subscriptions_*.sql). See `outbox_core::catalog`.
+//! (queries/subscriptions_*.sql). The flow is `outbox_core::sql_catalog`'s; this file runs
+//! its statements, every one through [`Db`] or in its transaction.
 
 use std::sync::Arc;
 
-use outbox_core::catalog::{
-    CatalogEntry, CatalogRecord, Recorded, SubscriptionCatalog, SubscriptionState, recorded,
-};
-use outbox_core::sink::BoxFuture;
-use outbox_core::{QualifiedTable, SourceError};
-use sqlx::{Executor, PgPool};
+use outbox_core::catalog::{CatalogRecord, SubscriptionState};
+use outbox_core::sql_catalog::{CatalogQueries, CatalogRow, CatalogSql};
+use outbox_core::{QualifiedTable, catalog_queries};
+use sqlx::{Executor, PgPool, Postgres, Transaction};
 
 use crate::db::Db;
-use time::OffsetDateTime;
-
 use crate::sql::{query, query_as, render, stmt};
-
-macro_rules! query_file {
-    ($name:literal) => {
-        include_str!(concat!("../queries/", $name, ".sql"))
-    };
-}
-
-/// The catalog's queries, rendered for one outbox table.
-#[derive(Debug, Clone)]
-struct Queries {
-    create: Arc<str>,
-    lock: Arc<str>,
-    read_one: Arc<str>,
-    upsert: Arc<str>,
-    list: Arc<str>,
-    set_state: Arc<str>,
-    remove: Arc<str>,
-}
 
 /// The subscription catalog of one PostgreSQL outbox table.
 #[derive(Debug, Clone)]
@@ -40,127 +19,84 @@ pub(crate) struct PgCatalog {
     /// batch, also through a transaction pooler (`crate::db`).
     db: Db,
     table: String,
-    q: Queries,
+    q: CatalogQueries,
+    /// Serializes `record` against another `migrate` (queries/subscriptions_lock.sql).
+    lock: Arc<str>,
 }
 
 impl PgCatalog {
     pub(crate) fn new(pool: PgPool, table: &QualifiedTable, pooled: bool) -> Self {
-        let r = |t: &str| -> Arc<str> { render(t, table).into() };
         Self {
             db: Db::new(pool, pooled),
             table: format!("{table}_subscriptions"),
-            q: Queries {
-                create: r(query_file!("subscriptions_create")),
-                lock: r(query_file!("subscriptions_lock")),
-                read_one: r(query_file!("subscriptions_read_one")),
-                upsert: r(query_file!("subscriptions_upsert")),
-                list: r(query_file!("subscriptions_list")),
-                set_state: r(query_file!("subscriptions_set_state")),
-                remove: r(query_file!("subscriptions_remove")),
-            },
+            q: catalog_queries!(|t: &str| render(t, table)),
+            lock: render(include_str!("../queries/subscriptions_lock.sql"), table).into(),
         }
-    }
-
-    fn error(&self, e: &sqlx::Error) -> SourceError {
-        let missing = e
-            .as_database_error()
-            .and_then(|d| d.code())
-            .is_some_and(|c| c == "42P01");
-        if missing {
-            SourceError::fatal(format!(
-                "the subscription catalog {} does not exist; run `outbox migrate`",
-                self.table
-            ))
-        } else {
-            SourceError::unavailable(format!(
-                "subscription catalog {}: {}",
-                self.table,
-                outbox_core::relay::ErrorChain(e)
-            ))
-        }
-    }
-
-    async fn record_all(
-        &self,
-        records: &[CatalogRecord],
-    ) -> Result<Vec<(String, Recorded)>, sqlx::Error> {
-        let mut tx = self.db.begin().await?;
-        tx.execute(query(stmt(&self.q.lock))).await?;
-        tx.execute(query(stmt(&self.q.create))).await?;
-        let mut out = Vec::with_capacity(records.len());
-        for r in records {
-            let before: Option<(String, String)> = query_as(stmt(&self.q.read_one))
-                .bind(&r.name)
-                .fetch_optional(&mut *tx)
-                .await?;
-            query(stmt(&self.q.upsert))
-                .bind(&r.name)
-                .bind(&r.filter)
-                .bind(&r.sink)
-                .bind(r.state.as_str())
-                .execute(&mut *tx)
-                .await?;
-            let outcome = recorded(before.as_ref().map(|(f, s)| (f.as_str(), s.as_str())), r);
-            out.push((r.name.clone(), outcome));
-        }
-        tx.commit().await?;
-        Ok(out)
     }
 }
 
-impl SubscriptionCatalog for PgCatalog {
-    fn record<'a>(
-        &'a self,
-        records: &'a [CatalogRecord],
-    ) -> BoxFuture<'a, Result<Vec<(String, Recorded)>, SourceError>> {
-        Box::pin(async move { self.record_all(records).await.map_err(|e| self.error(&e)) })
+impl CatalogSql for PgCatalog {
+    type Error = sqlx::Error;
+    type Tx = Transaction<'static, Postgres>;
+
+    fn table(&self) -> &str {
+        &self.table
     }
 
-    fn list(&self) -> BoxFuture<'_, Result<Vec<CatalogEntry>, SourceError>> {
-        Box::pin(async move {
-            let rows: Vec<(String, String, String, String, OffsetDateTime)> =
-                query_as(stmt(&self.q.list))
-                    .fetch_all(&self.db)
-                    .await
-                    .map_err(|e| self.error(&e))?;
-            rows.into_iter()
-                .map(|(name, filter, sink, state, created_at)| {
-                    Ok(CatalogEntry {
-                        name,
-                        filter,
-                        sink,
-                        state: SubscriptionState::parse(&state)?,
-                        created_at,
-                    })
-                })
-                .collect()
-        })
+    fn is_missing(e: &sqlx::Error) -> bool {
+        e.as_database_error()
+            .and_then(|d| d.code())
+            .is_some_and(|c| c == "42P01")
     }
 
-    fn set_state<'a>(
-        &'a self,
-        name: &'a str,
-        state: SubscriptionState,
-    ) -> BoxFuture<'a, Result<bool, SourceError>> {
-        Box::pin(async move {
-            let done = query(stmt(&self.q.set_state))
-                .bind(name)
-                .bind(state.as_str())
-                .execute(&self.db)
-                .await
-                .map_err(|e| self.error(&e))?;
-            Ok(done.rows_affected() > 0)
-        })
+    async fn begin(&self) -> Result<Self::Tx, sqlx::Error> {
+        let mut tx = self.db.begin().await?;
+        tx.execute(query(stmt(&self.lock))).await?;
+        tx.execute(query(stmt(&self.q.create))).await?;
+        Ok(tx)
     }
 
-    fn remove<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<bool, SourceError>> {
-        Box::pin(async move {
-            let done = query(stmt(&self.q.remove))
-                .bind(name)
-                .execute(&self.db)
-                .await
-                .map_err(|e| self.error(&e))?;
-            Ok(done.rows_affected() > 0)
-        })
+    async fn upsert(
+        &self,
+        tx: &mut Self::Tx,
+        r: &CatalogRecord,
+    ) -> Result<Option<(String, String)>, sqlx::Error> {
+        let before = query_as(stmt(&self.q.read_one))
+            .bind(&r.name)
+            .fetch_optional(&mut **tx)
+            .await?;
+        query(stmt(&self.q.upsert))
+            .bind(&r.name)
+            .bind(&r.filter)
+            .bind(&r.sink)
+            .bind(r.state.as_str())
+            .execute(&mut **tx)
+            .await?;
+        Ok(before)
+    }
+
+    async fn commit(tx: Self::Tx) -> Result<(), sqlx::Error> {
+        tx.commit().await
+    }
+
+    async fn rows(&self) -> Result<Vec<CatalogRow>, sqlx::Error> {
+        query_as(stmt(&self.q.list)).fetch_all(&self.db).await
+    }
+
+    async fn set_state(&self, name: &str, state: SubscriptionState) -> Result<u64, sqlx::Error> {
+        let done = query(stmt(&self.q.set_state))
+            .bind(name)
+            .bind(state.as_str())
+            .execute(&self.db)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn remove(&self, name: &str) -> Result<u64, sqlx::Error> {
+        let done = query(stmt(&self.q.remove))
+            .bind(name)
+            .execute(&self.db)
+            .await?;
+        Ok(done.rows_affected())
     }
 }

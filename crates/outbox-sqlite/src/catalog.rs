@@ -1,163 +1,103 @@
 //! The subscription catalog on SQLite: `<table>_subscriptions` in the outbox's file
-//! (queries/subscriptions_*.sql), written in `BEGIN IMMEDIATE` transactions. See
-//! `outbox_core::catalog`.
+//! (queries/subscriptions_*.sql), written in `BEGIN IMMEDIATE` transactions. The flow is
+//! `outbox_core::sql_catalog`'s; this file runs its statements.
 
-use std::sync::Arc;
-
-use outbox_core::catalog::{
-    CatalogEntry, CatalogRecord, Recorded, SubscriptionCatalog, SubscriptionState, recorded,
-};
-use outbox_core::sink::BoxFuture;
-use outbox_core::{Identifier, SourceError};
-use sqlx::SqlitePool;
+use outbox_core::catalog::{CatalogRecord, SubscriptionState};
+use outbox_core::sql_catalog::{CatalogQueries, CatalogRow, CatalogSql};
+use outbox_core::{Identifier, catalog_queries};
+use sqlx::{Sqlite, SqlitePool, Transaction};
 use time::OffsetDateTime;
 
 use crate::sql::{render, stmt};
 use crate::timestamp::{from_micros, to_micros};
-
-macro_rules! query_file {
-    ($name:literal) => {
-        include_str!(concat!("../queries/", $name, ".sql"))
-    };
-}
-
-/// The catalog's queries, rendered for one outbox table.
-#[derive(Debug, Clone)]
-struct Queries {
-    create: Arc<str>,
-    read_one: Arc<str>,
-    upsert: Arc<str>,
-    list: Arc<str>,
-    set_state: Arc<str>,
-    remove: Arc<str>,
-}
 
 /// The subscription catalog of one SQLite outbox table.
 #[derive(Debug, Clone)]
 pub(crate) struct SqliteCatalog {
     pool: SqlitePool,
     table: String,
-    q: Queries,
+    q: CatalogQueries,
 }
 
 impl SqliteCatalog {
     pub(crate) fn new(pool: SqlitePool, table: &Identifier) -> Self {
-        let r = |t: &str| -> Arc<str> { render(t, table).into() };
         Self {
             pool,
             table: format!("{table}_subscriptions"),
-            q: Queries {
-                create: r(query_file!("subscriptions_create")),
-                read_one: r(query_file!("subscriptions_read_one")),
-                upsert: r(query_file!("subscriptions_upsert")),
-                list: r(query_file!("subscriptions_list")),
-                set_state: r(query_file!("subscriptions_set_state")),
-                remove: r(query_file!("subscriptions_remove")),
-            },
+            q: catalog_queries!(|t: &str| render(t, table)),
         }
-    }
-
-    fn error(&self, e: &sqlx::Error) -> SourceError {
-        let missing = e
-            .as_database_error()
-            .is_some_and(|d| d.message().starts_with("no such table"));
-        if missing {
-            SourceError::fatal(format!(
-                "the subscription catalog {} does not exist; run `outbox migrate`",
-                self.table
-            ))
-        } else {
-            SourceError::unavailable(format!(
-                "subscription catalog {}: {}",
-                self.table,
-                outbox_core::relay::ErrorChain(e)
-            ))
-        }
-    }
-
-    async fn record_all(
-        &self,
-        records: &[CatalogRecord],
-    ) -> Result<Vec<(String, Recorded)>, sqlx::Error> {
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        sqlx::query(stmt(&self.q.create)).execute(&mut *tx).await?;
-        let now = to_micros(OffsetDateTime::now_utc());
-        let mut out = Vec::with_capacity(records.len());
-        for r in records {
-            let before: Option<(String, String)> = sqlx::query_as(stmt(&self.q.read_one))
-                .bind(&r.name)
-                .fetch_optional(&mut *tx)
-                .await?;
-            sqlx::query(stmt(&self.q.upsert))
-                .bind(&r.name)
-                .bind(&r.filter)
-                .bind(&r.sink)
-                .bind(now)
-                .bind(r.state.as_str())
-                .execute(&mut *tx)
-                .await?;
-            let outcome = recorded(before.as_ref().map(|(f, s)| (f.as_str(), s.as_str())), r);
-            out.push((r.name.clone(), outcome));
-        }
-        tx.commit().await?;
-        Ok(out)
     }
 }
 
-impl SubscriptionCatalog for SqliteCatalog {
-    fn record<'a>(
-        &'a self,
-        records: &'a [CatalogRecord],
-    ) -> BoxFuture<'a, Result<Vec<(String, Recorded)>, SourceError>> {
-        Box::pin(async move { self.record_all(records).await.map_err(|e| self.error(&e)) })
+impl CatalogSql for SqliteCatalog {
+    type Error = sqlx::Error;
+    /// The transaction, and the time (Unix microseconds) its new rows are created at.
+    type Tx = (Transaction<'static, Sqlite>, i64);
+
+    fn table(&self) -> &str {
+        &self.table
     }
 
-    fn list(&self) -> BoxFuture<'_, Result<Vec<CatalogEntry>, SourceError>> {
-        Box::pin(async move {
-            let rows: Vec<(String, String, String, String, i64)> =
-                sqlx::query_as(stmt(&self.q.list))
-                    .fetch_all(&self.pool)
-                    .await
-                    .map_err(|e| self.error(&e))?;
-            rows.into_iter()
-                .map(|(name, filter, sink, state, created_at)| {
-                    Ok(CatalogEntry {
-                        name,
-                        filter,
-                        sink,
-                        state: SubscriptionState::parse(&state)?,
-                        created_at: from_micros(created_at),
-                    })
-                })
-                .collect()
-        })
+    fn is_missing(e: &sqlx::Error) -> bool {
+        e.as_database_error()
+            .is_some_and(|d| d.message().starts_with("no such table"))
     }
 
-    fn set_state<'a>(
-        &'a self,
-        name: &'a str,
-        state: SubscriptionState,
-    ) -> BoxFuture<'a, Result<bool, SourceError>> {
-        Box::pin(async move {
-            let done = sqlx::query(stmt(&self.q.set_state))
-                .bind(name)
-                .bind(state.as_str())
-                .bind(to_micros(OffsetDateTime::now_utc()))
-                .execute(&self.pool)
-                .await
-                .map_err(|e| self.error(&e))?;
-            Ok(done.rows_affected() > 0)
-        })
+    async fn begin(&self) -> Result<Self::Tx, sqlx::Error> {
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        sqlx::query(stmt(&self.q.create)).execute(&mut *tx).await?;
+        Ok((tx, to_micros(OffsetDateTime::now_utc())))
     }
 
-    fn remove<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<bool, SourceError>> {
-        Box::pin(async move {
-            let done = sqlx::query(stmt(&self.q.remove))
-                .bind(name)
-                .execute(&self.pool)
-                .await
-                .map_err(|e| self.error(&e))?;
-            Ok(done.rows_affected() > 0)
-        })
+    async fn upsert(
+        &self,
+        (tx, now): &mut Self::Tx,
+        r: &CatalogRecord,
+    ) -> Result<Option<(String, String)>, sqlx::Error> {
+        let before = sqlx::query_as(stmt(&self.q.read_one))
+            .bind(&r.name)
+            .fetch_optional(&mut **tx)
+            .await?;
+        sqlx::query(stmt(&self.q.upsert))
+            .bind(&r.name)
+            .bind(&r.filter)
+            .bind(&r.sink)
+            .bind(*now)
+            .bind(r.state.as_str())
+            .execute(&mut **tx)
+            .await?;
+        Ok(before)
+    }
+
+    async fn commit((tx, _): Self::Tx) -> Result<(), sqlx::Error> {
+        tx.commit().await
+    }
+
+    async fn rows(&self) -> Result<Vec<CatalogRow>, sqlx::Error> {
+        let rows: Vec<(String, String, String, String, i64)> = sqlx::query_as(stmt(&self.q.list))
+            .fetch_all(&self.pool)
+            .await?;
+        let at = |(name, filter, sink, state, micros): (_, _, _, _, i64)| {
+            (name, filter, sink, state, from_micros(micros))
+        };
+        Ok(rows.into_iter().map(at).collect())
+    }
+
+    async fn set_state(&self, name: &str, state: SubscriptionState) -> Result<u64, sqlx::Error> {
+        let done = sqlx::query(stmt(&self.q.set_state))
+            .bind(name)
+            .bind(state.as_str())
+            .bind(to_micros(OffsetDateTime::now_utc()))
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn remove(&self, name: &str) -> Result<u64, sqlx::Error> {
+        let done = sqlx::query(stmt(&self.q.remove))
+            .bind(name)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected())
     }
 }
