@@ -17,26 +17,26 @@
 //! like any outbox, across replicas. Copies keep the event id: a batch copied again after a
 //! crash adds nothing (the id is already there).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use outbox_core::backend::{Backend, OpenOptions, Pipelines};
 use outbox_core::relay::ErrorChain;
 use outbox_core::{DynSink, Ordering, Relay, RelayReport};
-use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::RuntimeError;
 use crate::config::Config;
 use crate::console::Console;
-use crate::observe::{self, Readiness};
+use crate::observe::Readiness;
+use crate::relay::Watched;
 
 pub use crate::config::subscription::{Filter, Patterns, Resolved, SubscriptionConfig};
 pub use fanout::FanOut;
 
 mod fanout;
 mod gate;
+mod pipeline;
 
 /// Checks `[sinks.*]` and `[[subscription]]` and resolves each subscription (see
 /// [`Config::resolve_subscriptions`]).
@@ -55,9 +55,6 @@ pub(crate) async fn run(
     console: Option<Arc<Console>>,
     shutdown: CancellationToken,
 ) -> Result<RelayReport, RuntimeError> {
-    let connections = u32::try_from(config.relay.workers.get())
-        .unwrap_or(u32::MAX)
-        .saturating_add(2);
     // The catalog's own small pool: read once per fan-out batch and per subscription claim.
     let outbox = config
         .source
@@ -65,130 +62,48 @@ pub(crate) async fn run(
         .await
         .map_err(RuntimeError::Open)?;
     check_catalogued(&*outbox, &subscriptions).await?;
-    let mut wakes = HashMap::with_capacity(subscriptions.len());
-    let mut started = Vec::with_capacity(subscriptions.len());
-    for sub in subscriptions {
-        let backend = sub
-            .source
-            .open(OpenOptions { connections })
-            .await
-            .map_err(RuntimeError::Open)?;
-        backend
-            .forward()
-            .map_err(|e| RuntimeError::Config(crate::ConfigError::new(e.to_string())))?;
-        let sub_pipelines = backend
-            .start_relay(&config.relay)
-            .await
-            .map_err(RuntimeError::Source)?;
-        // Each subscription's delivered rows are removed by the same schedule as the outbox's.
-        crate::retention::spawn(&config.retention, backend.clone(), shutdown.clone());
-        let wake = Arc::new(Notify::new());
-        wakes.insert(sub.name.clone(), wake.clone());
-        tracing::info!(subscription = %sub.name, table = %backend.table(), sink = sub.sink.kind(), "subscription ready");
-        started.push((sub, sub_pipelines, wake));
-    }
+    let started = pipeline::start_all(&config, subscriptions, &shutdown).await?;
+    let wakes = started
+        .iter()
+        .map(|s| (s.sub.name.clone(), s.wake.clone()))
+        .collect();
     let traces = crate::otlp::Tracing::start(&config.tracing, &config.sink)?;
     let mut tasks = tokio::task::JoinSet::new();
-    for (sub, sub_pipelines, wake) in started {
-        let config = config.clone();
-        let shutdown = shutdown.clone();
-        let readiness = readiness.clone();
-        readiness.expect_sink(&sub.name);
-        let tracer = traces.as_ref().map(|t| t.tracer());
-        let schemas = schemas.clone();
-        let outbox = outbox.clone();
-        tasks.spawn(async move {
-            let Pipelines {
-                sources,
-                inspector,
-                watchdog,
-                closed: _,
-            } = sub_pipelines;
-            let sink = match crate::sink::build_sink(&sub.sink, &shutdown).await {
-                Ok(Some(sink)) => sink,
-                Ok(None) => return Ok(RelayReport::default()),
-                Err(e) => {
-                    // A sink that can never be built stops the whole relay, as with `[sink]`.
-                    shutdown.cancel();
-                    return Err(RuntimeError::Sink(format!(
-                        "subscription `{}`: {e}",
-                        sub.name
-                    )));
-                }
-            };
-            let stage =
-                match crate::payload::PayloadStage::for_sink(&sub.sink, &config.payload, schemas)
-                    .await
-                {
-                    Ok(stage) => stage,
-                    Err(e) => {
-                        shutdown.cancel();
-                        return Err(RuntimeError::Sink(format!(
-                            "subscription `{}`: {}",
-                            sub.name,
-                            e.report()
-                        )));
-                    }
-                };
-            let sink = Arc::new(stage.wrap(sink));
-            let watcher = tokio::spawn(observe::watch_labeled(
-                inspector,
-                watchdog,
-                sink.clone(),
-                config.metrics.clone(),
-                readiness,
-                None,
-                Some(sub.name.clone()),
-                shutdown.clone(),
-            ));
-            let mut relay = Relay::new(config.relay.clone(), sink)
-                .with_metric_label("subscription", sub.name.clone());
-            if let Some(tracer) = tracer {
-                relay = relay.with_tracer(tracer);
-            }
-            let sources: Vec<gate::Gated> = sources
-                .into_iter()
-                .map(|inner| {
-                    gate::Gated::new(inner, wake.clone(), outbox.clone(), sub.name.clone())
-                })
-                .collect();
-            let result = relay.run(sources, shutdown.clone()).await;
-            shutdown.cancel();
-            let _ = watcher.await;
-            result.map_err(|e| {
-                RuntimeError::Relay(format!("subscription `{}`: {}", sub.name, ErrorChain(&e)))
-            })
-        });
+    for sub in started {
+        readiness.expect_sink(&sub.sub.name);
+        tasks.spawn(sub.deliver(pipeline::Shared {
+            config: config.clone(),
+            schemas: schemas.clone(),
+            readiness: readiness.clone(),
+            tracer: traces.as_ref().map(|t| t.tracer()),
+            outbox: outbox.clone(),
+            shutdown: shutdown.clone(),
+        }));
     }
+    let (watched, sources, closed) = Watched::new(pipelines, readiness, console, None);
+    let fanout: Arc<Box<dyn DynSink>> =
+        Arc::new(Box::new(FanOut::new(outbox, config.source.clone(), wakes)));
     // The fan-out publishes a claimed batch in one copy per subscription (claim order is
     // commit order within each aggregate), so it needs no waves of its own.
     let mut fanout_relay = config.relay.clone();
     fanout_relay.ordering = Ordering::None;
-    let Pipelines {
-        sources,
-        inspector,
-        watchdog,
-        closed,
-    } = pipelines;
-    let fanout: Arc<Box<dyn DynSink>> =
-        Arc::new(Box::new(FanOut::new(outbox, config.source.clone(), wakes)));
-    let watcher = tokio::spawn(observe::watch_labeled(
-        inspector,
-        watchdog,
-        fanout.clone(),
-        config.metrics.clone(),
-        readiness,
-        console,
-        None,
-        shutdown.clone(),
-    ));
-    let relay = Relay::new(fanout_relay, fanout);
-    let fanned = relay.run(sources, shutdown.clone()).await;
-    shutdown.cancel();
+    let relay = Relay::new(fanout_relay, fanout.clone());
+    let fanned = watched
+        .run(&config, relay, fanout, sources, &shutdown)
+        .await;
+    let fanned = fanned.map_err(|e| RuntimeError::Relay(format!("fan-out: {}", ErrorChain(&e))));
+    let result = join(tasks, fanned.err()).await;
+    crate::relay::close(traces, closed).await;
+    result.inspect(crate::relay::log_drained)
+}
+
+/// The subscriptions' combined report once every task ended, or the first error: the
+/// fan-out's (`first_err`), else the first subscription's.
+async fn join(
+    mut tasks: tokio::task::JoinSet<Result<RelayReport, RuntimeError>>,
+    mut first_err: Option<RuntimeError>,
+) -> Result<RelayReport, RuntimeError> {
     let mut report = RelayReport::default();
-    let mut first_err = fanned
-        .map_err(|e| RuntimeError::Relay(format!("fan-out: {}", ErrorChain(&e))))
-        .err();
     while let Some(joined) = tasks.join_next().await {
         match joined {
             Ok(Ok(r)) => report += r,
@@ -202,24 +117,9 @@ pub(crate) async fn run(
             }
         }
     }
-    let _ = watcher.await;
-    if let Some(traces) = traces {
-        traces.shutdown().await;
-    }
-    if let Some(closed) = closed {
-        let _ = tokio::time::timeout(Duration::from_secs(5), closed).await;
-    }
     match first_err {
         Some(e) => Err(e),
-        None => {
-            tracing::info!(
-                delivered = report.delivered,
-                retried = report.retried,
-                dead_lettered = report.dead_lettered,
-                "relay stopped after draining"
-            );
-            Ok(report)
-        }
+        None => Ok(report),
     }
 }
 

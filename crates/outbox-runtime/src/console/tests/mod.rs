@@ -84,6 +84,11 @@ struct Fixture {
     console: Arc<Console>,
     pool: sqlx::SqlitePool,
     dead_id: String,
+    /// The console's own site, as a browser's `Origin`.
+    origin: String,
+    /// The CSRF cookie the page sets, and its token.
+    cookie: String,
+    csrf: String,
 }
 
 impl Fixture {
@@ -130,8 +135,12 @@ impl Fixture {
         });
         let app = console.routes();
         tokio::spawn(async move { axum::serve(listener, app).await });
+        let csrf = console.keys.csrf.clone();
         Self {
             _dir: dir,
+            origin: format!("http://{addr}"),
+            cookie: format!("{}={csrf}", super::guard::CSRF_COOKIE),
+            csrf,
             addr,
             console,
             pool,
@@ -147,25 +156,45 @@ impl Fixture {
             .expect("state")
     }
 
-    fn origin(&self) -> String {
-        format!("http://{}", self.addr)
+    /// The headers of an action sent by the console's own page: its `Origin`, the CSRF
+    /// cookie (`cookie`: the page's, maybe with a session's) and the matching token.
+    fn from_page<'a>(&'a self, cookie: &'a str) -> [(&'a str, &'a str); 3] {
+        [
+            ("Origin", &self.origin),
+            ("Cookie", cookie),
+            ("X-Outbox-Csrf", &self.csrf),
+        ]
     }
 
-    fn csrf_cookie(&self) -> String {
-        format!("{}={}", super::guard::CSRF_COOKIE, self.console.keys.csrf)
+    /// POSTs `body` to `path` as `content_type`, with `headers`.
+    async fn post(
+        &self,
+        path: &str,
+        content_type: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> Answer {
+        let mut all = vec![("Content-Type", content_type)];
+        all.extend_from_slice(headers);
+        send(self.addr, "POST", path, &all, body).await
+    }
+
+    /// Asks to retry the dead letter, as `content_type`, with `headers`.
+    async fn retry_as(&self, content_type: &str, headers: &[(&str, &str)]) -> Answer {
+        let body = format!("{{\"ids\":[\"{}\"]}}", self.dead_id);
+        self.post("/ui/api/dead/retry", content_type, headers, &body)
+            .await
     }
 
     async fn retry(&self, headers: &[(&str, &str)]) -> Answer {
-        let mut all = vec![("Content-Type", "application/json")];
-        all.extend_from_slice(headers);
-        send(
-            self.addr,
-            "POST",
-            "/ui/api/dead/retry",
-            &all,
-            &format!("{{\"ids\":[\"{}\"]}}", self.dead_id),
-        )
-        .await
+        self.retry_as("application/json", headers).await
+    }
+
+    /// Asks to purge dead letters (`body`) as the console's page does.
+    async fn purge(&self, body: &str) -> Answer {
+        let headers = self.from_page(&self.cookie);
+        self.post("/ui/api/dead/purge", "application/json", &headers, body)
+            .await
     }
 }
 
@@ -281,7 +310,7 @@ async fn the_page_carries_the_csrf_token_and_strict_headers() {
     assert!(page.body.contains("data-actions=\"on\""));
     assert!(
         page.header("set-cookie")
-            .is_some_and(|c| c.starts_with(&f.csrf_cookie())
+            .is_some_and(|c| c.starts_with(&f.cookie)
                 && c.contains("SameSite=Strict")
                 && c.contains("HttpOnly")),
         "{page:?}"
@@ -303,35 +332,14 @@ async fn the_page_carries_the_csrf_token_and_strict_headers() {
 #[tokio::test]
 async fn actions_are_refused_when_they_are_off() {
     let f = Fixture::start("allow_actions = false").await;
-    let cookie = f.csrf_cookie();
-    let origin = f.origin();
-    let csrf = f.console.keys.csrf.clone();
-    let refused = f
-        .retry(&[
-            ("Origin", &origin),
-            ("Cookie", &cookie),
-            ("X-Outbox-Csrf", &csrf),
-        ])
-        .await;
+    let refused = f.retry(&f.from_page(&f.cookie)).await;
     assert_eq!(refused.status, 403, "{refused:?}");
     assert!(
         refused.json()["error"]
             .as_str()
             .is_some_and(|e| e.contains("allow_actions"))
     );
-    let purge = send(
-        f.addr,
-        "POST",
-        "/ui/api/dead/purge",
-        &[
-            ("Content-Type", "application/json"),
-            ("Origin", &origin),
-            ("Cookie", &cookie),
-            ("X-Outbox-Csrf", &csrf),
-        ],
-        "{\"older_than\":\"0s\"}",
-    )
-    .await;
+    let purge = f.purge("{\"older_than\":\"0s\"}").await;
     assert_eq!(purge.status, 403, "{purge:?}");
     assert_eq!(f.state().await, "dead", "a refused action changed nothing");
     let page = send(f.addr, "GET", "/ui", &[], "").await;
@@ -341,9 +349,7 @@ async fn actions_are_refused_when_they_are_off() {
 #[tokio::test]
 async fn actions_need_the_sites_origin_and_the_csrf_token_twice() {
     let f = Fixture::start("allow_actions = true").await;
-    let cookie = f.csrf_cookie();
-    let origin = f.origin();
-    let csrf = f.console.keys.csrf.clone();
+    let (origin, cookie, csrf) = (f.origin.as_str(), f.cookie.as_str(), f.csrf.as_str());
     let wrong_cookie = format!("{}=0000", super::guard::CSRF_COOKIE);
     let attempts: [(&str, Vec<(&str, &str)>); 6] = [
         (
@@ -388,28 +394,10 @@ async fn actions_need_the_sites_origin_and_the_csrf_token_twice() {
         assert_eq!(refused.status, 403, "{what}: {refused:?}");
         assert_eq!(f.state().await, "dead", "{what} changed the dead letter");
     }
-    let plain = send(
-        f.addr,
-        "POST",
-        "/ui/api/dead/retry",
-        &[
-            ("Content-Type", "text/plain"),
-            ("Origin", &origin),
-            ("Cookie", &cookie),
-            ("X-Outbox-Csrf", &csrf),
-        ],
-        &format!("{{\"ids\":[\"{}\"]}}", f.dead_id),
-    )
-    .await;
+    let plain = f.retry_as("text/plain", &f.from_page(cookie)).await;
     assert_eq!(plain.status, 415, "a form-encodable body: {plain:?}");
     assert_eq!(f.state().await, "dead");
-    let done = f
-        .retry(&[
-            ("Origin", &origin),
-            ("Cookie", &cookie),
-            ("X-Outbox-Csrf", &csrf),
-        ])
-        .await;
+    let done = f.retry(&f.from_page(cookie)).await;
     assert_eq!(done.status, 200, "{done:?}");
     assert_eq!(done.json()["retried"][0], f.dead_id.as_str());
     assert_eq!(f.state().await, "pending", "put back in line");
@@ -422,19 +410,9 @@ async fn actions_need_the_sites_origin_and_the_csrf_token_twice() {
     .execute(&f.pool)
     .await
     .expect("dead again");
-    let purged = send(
-        f.addr,
-        "POST",
-        "/ui/api/dead/purge",
-        &[
-            ("Content-Type", "application/json"),
-            ("Origin", &origin),
-            ("Cookie", &cookie),
-            ("X-Outbox-Csrf", &csrf),
-        ],
-        "{\"older_than\":\"1h\",\"event_type\":\"invoice.issued\"}",
-    )
-    .await;
+    let purged = f
+        .purge("{\"older_than\":\"1h\",\"event_type\":\"invoice.issued\"}")
+        .await;
     assert_eq!(purged.status, 200, "{purged:?}");
     assert_eq!(purged.json()["purged"], 1);
     let left: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox WHERE state = 'dead'")
@@ -496,22 +474,13 @@ async fn with_a_token_every_page_and_endpoint_needs_it() {
         200
     );
     // An action with a right CSRF token but no credentials stops at the token.
-    let cookie = f.csrf_cookie();
-    let origin = f.origin();
-    let csrf = f.console.keys.csrf.clone();
-    let refused = f
-        .retry(&[
-            ("Origin", &origin),
-            ("Cookie", &cookie),
-            ("X-Outbox-Csrf", &csrf),
-        ])
-        .await;
+    let refused = f.retry(&f.from_page(&f.cookie)).await;
     assert_eq!(refused.status, 401, "{refused:?}");
     assert_eq!(f.state().await, "dead");
 
     let form = [
         ("Content-Type", "application/x-www-form-urlencoded"),
-        ("Origin", origin.as_str()),
+        ("Origin", f.origin.as_str()),
     ];
     let bad_login = send(f.addr, "POST", "/ui/login", &form, "token=wrong").await;
     assert_eq!(bad_login.status, 401, "{bad_login:?}");
@@ -533,71 +502,9 @@ async fn with_a_token_every_page_and_endpoint_needs_it() {
     assert!(session.starts_with(super::guard::SESSION_COOKIE));
     let page = send(f.addr, "GET", "/ui", &[("Cookie", &session)], "").await;
     assert_eq!(page.status, 200, "{page:?}");
-    let both = format!("{session}; {cookie}");
-    let done = f
-        .retry(&[
-            ("Origin", &origin),
-            ("Cookie", &both),
-            ("X-Outbox-Csrf", &csrf),
-        ])
-        .await;
+    let both = format!("{session}; {}", f.cookie);
+    let done = f.retry(&f.from_page(&both)).await;
     assert_eq!(done.status, 200, "{done:?}");
 }
 
-#[test]
-fn the_console_beyond_loopback_needs_a_token() {
-    let base = "[metrics]\nlisten = \"0.0.0.0:9187\"\n";
-    let e = Config::from_toml(&format!("{base}[ui]\nenabled = true\n"))
-        .expect_err("refused")
-        .to_string();
-    assert!(
-        e.contains("ui.enabled") && e.contains("ui.token") && e.contains("metrics.listen"),
-        "{e}"
-    );
-    // Unset: off beyond loopback without a token, on with one or on loopback.
-    let off = Config::from_toml(base).expect("valid");
-    assert!(!off.ui.active(&off.metrics));
-    let with_token =
-        Config::from_toml(&format!("{base}[ui]\ntoken = \"0123456789abcdef\"\n")).expect("valid");
-    assert!(with_token.ui.active(&with_token.metrics));
-    let local = Config::from_toml("[metrics]\nlisten = \"127.0.0.1:9187\"\n").expect("valid");
-    assert!(local.ui.active(&local.metrics));
-    let none = Config::from_toml("").expect("valid");
-    assert!(!none.ui.active(&none.metrics));
-
-    let short = Config::from_toml(&format!("{base}[ui]\ntoken = \"short\"\n"))
-        .expect_err("short")
-        .to_string();
-    assert!(
-        short.contains("ui.token") && short.contains("16"),
-        "{short}"
-    );
-    let no_listener = Config::from_toml("[ui]\nenabled = true\n")
-        .expect_err("no listener")
-        .to_string();
-    assert!(no_listener.contains("metrics.listen"), "{no_listener}");
-    let unknown = Config::from_toml("[ui]\nallow_action = true\n")
-        .expect_err("unknown")
-        .to_string();
-    assert!(unknown.contains("allow_action"), "{unknown}");
-}
-
-#[test]
-fn the_token_is_never_printed_and_may_come_from_a_file() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let file = dir.path().join("ui-token");
-    std::fs::write(&file, "Console-Token-From-File\n").expect("write");
-    let config = Config::from_toml(&format!(
-        "[metrics]\nlisten = \"0.0.0.0:9187\"\n[ui]\nenabled = true\ntoken_file = \"{}\"\n",
-        file.display()
-    ))
-    .expect("valid");
-    assert_eq!(
-        config.ui.token.as_ref().map(|t| t.expose()),
-        Some("Console-Token-From-File")
-    );
-    let printed = config.to_redacted_toml().expect("printable");
-    assert!(printed.contains("token = \"***\""), "{printed}");
-    assert!(!printed.contains("From-File"), "{printed}");
-    assert!(!format!("{config:?}").contains("From-File"));
-}
+mod config;
