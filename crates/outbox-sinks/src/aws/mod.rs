@@ -23,7 +23,11 @@ use crate::secret::redact_url;
 #[cfg(any(feature = "sqs", feature = "sns"))]
 mod queue;
 #[cfg(any(feature = "sqs", feature = "sns"))]
+mod queue_api;
+#[cfg(any(feature = "sqs", feature = "sns"))]
 pub(crate) use queue::{QueueMessage, STRING_TYPE, entry_id, outcomes_by_id, queue_message};
+#[cfg(any(feature = "sqs", feature = "sns"))]
+pub(crate) use queue_api::{BatchAnswer, FailedEntry, QueueApi, healthcheck, publish, queue_sink};
 
 /// The SDK configuration for one sink: the standard credential chain (environment, profile,
 /// web identity, ECS/EC2 metadata), `region` when set (else the chain's), and `endpoint_url`
@@ -218,6 +222,22 @@ pub(crate) struct Place {
     pub(crate) endpoint: String,
     /// `format` and the CloudEvents keys.
     pub(crate) format: outbox_core::cloudevents::MessageFormat,
+}
+
+impl Place {
+    /// Awaits one SDK `call`; its failure as the [`SinkError`] of `what` (see
+    /// [`request_error`]).
+    pub(crate) async fn request<T, E>(
+        &self,
+        what: &str,
+        call: impl Future<Output = Result<T, SdkError<E, HttpResponse>>>,
+    ) -> Result<T, SinkError>
+    where
+        E: ProvideErrorMetadata + StdError + Send + Sync + 'static,
+    {
+        call.await
+            .map_err(|e| request_error(&self.endpoint, what, e))
+    }
 }
 
 /// Checks the keys every AWS sink has.
