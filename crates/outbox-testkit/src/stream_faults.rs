@@ -515,24 +515,13 @@ async fn handle(
     let target = headers
         .get("x-amz-target")
         .and_then(|v| v.to_str().ok())
-        .and_then(|t| t.strip_prefix(TARGET_PREFIX))
-        .map(str::to_owned);
-    let Some(target) = target else {
-        return crate::serial_proxy::pass_through(
-            &proxy.client,
-            &proxy.base,
-            method,
-            &uri,
-            &headers,
-            body,
-        )
-        .await;
-    };
-    let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    let answer = match target.as_str() {
-        "DescribeStream" => proxy.describe(&request).await,
-        "GetShardIterator" => Ok(proxy.shard_iterator(&request)),
-        "GetRecords" => proxy.records(&request).await,
+        .and_then(|t| t.strip_prefix(TARGET_PREFIX));
+    let request = || serde_json::from_slice(&body).unwrap_or(Value::Null);
+    // The stream reads this proxy serves itself; every other request goes to moto as it is.
+    let answer = match target {
+        Some("DescribeStream") => proxy.describe(&request()).await,
+        Some("GetShardIterator") => Ok(proxy.shard_iterator(&request())),
+        Some("GetRecords") => proxy.records(&request()).await,
         _ => {
             return crate::serial_proxy::pass_through(
                 &proxy.client,
