@@ -18,18 +18,7 @@ impl StreamMeta for PutBack {
 }
 
 fn ev(agg: &str, put_back: bool) -> (Event, PutBack) {
-    let event = Event {
-        id: Uuid::now_v7(),
-        position: Position(0),
-        aggregate_type: "T".into(),
-        aggregate_id: agg.into(),
-        event_type: "e".into(),
-        payload: bytes::Bytes::new(),
-        headers: vec![],
-        created_at: OffsetDateTime::UNIX_EPOCH,
-        attempts: 0,
-    };
-    (event, PutBack(put_back))
+    (crate::stream_ledger::tests::event(agg), PutBack(put_back))
 }
 
 fn settled(position: i64, outcome: Outcome) -> Settlement {
