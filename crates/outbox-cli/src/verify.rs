@@ -11,7 +11,7 @@ use std::time::Duration;
 use clap::Args;
 use outbox_core::admin::when;
 use outbox_core::verify::{Basis, ReadProgress};
-use outbox_runtime::verify::{Finding, Report, Verdict};
+use outbox_runtime::verify::{Finding, OrderBreak, Report, Verdict};
 use outbox_runtime::{Config, Origin};
 use time::OffsetDateTime;
 
@@ -122,14 +122,7 @@ fn print_report(r: &Report, max_ids: usize) {
         "duplicates",
         format!("{}   (copies beyond the first)", r.duplicates.count),
     );
-    row(
-        "order breaks",
-        if r.order_checked {
-            r.order_breaks.count.to_string()
-        } else {
-            "not checked (relay.ordering = \"none\")".to_owned()
-        },
-    );
+    row("order breaks", order_breaks(r));
     let extra = |label: &str, n: u64| {
         if n > 0 {
             row(label, n.to_string());
@@ -142,21 +135,7 @@ fn print_report(r: &Report, max_ids: usize) {
     extra("outside the window", r.outside_window);
     extra("without an event id", r.without_id);
 
-    let list = |label: &str, finding: &Finding| {
-        if finding.ids.is_empty() {
-            return;
-        }
-        let more = if finding.count > finding.ids.len() as u64 && label != "duplicated" {
-            format!(" (first {} of {})", finding.ids.len(), finding.count)
-        } else {
-            String::new()
-        };
-        println!();
-        println!("  {label}{more}:");
-        for id in &finding.ids {
-            println!("    {id}");
-        }
-    };
+    let list = |label: &str, finding: &Finding| print_ids(label, finding, label != "duplicated");
     list("lost", &r.lost);
     list("phantom", &r.phantom);
     list("duplicated", &r.duplicates);
@@ -175,18 +154,7 @@ fn print_report(r: &Report, max_ids: usize) {
             }
         );
         for b in r.order_break_details.iter().take(max_ids) {
-            println!(
-                "    {} ({}/{}, {} {}) arrived after {} ({} {}) in {}",
-                b.id,
-                b.aggregate_type,
-                b.aggregate_id,
-                b.by,
-                b.position,
-                b.after,
-                b.by,
-                b.after_position,
-                b.lane
-            );
+            println!("    {} in {}", order_break(b), b.lane);
         }
     }
     list("expired at the destination", &r.expired_at_destination);
@@ -233,18 +201,60 @@ struct Progress {
 
 impl Progress {
     fn new(lines: bool) -> Self {
-        let bar = std::io::stderr().is_terminal().then(|| {
-            let bar = indicatif::ProgressBar::new_spinner();
-            bar.enable_steady_tick(Duration::from_millis(120));
-            bar
-        });
-        Self { bar, lines }
+        Self {
+            bar: spinner(),
+            lines,
+        }
     }
 
     fn finish(&self) {
         if let Some(bar) = &self.bar {
             bar.finish_and_clear();
         }
+    }
+}
+
+/// A spinner on stderr when it is a terminal (`verify`, `crash-test`).
+pub(crate) fn spinner() -> Option<indicatif::ProgressBar> {
+    std::io::stderr().is_terminal().then(|| {
+        let bar = indicatif::ProgressBar::new_spinner();
+        bar.enable_steady_tick(Duration::from_millis(120));
+        bar
+    })
+}
+
+/// The `order breaks` row: their count, or why order was not checked.
+pub(crate) fn order_breaks(r: &Report) -> String {
+    if r.order_checked {
+        r.order_breaks.count.to_string()
+    } else {
+        "not checked (relay.ordering = \"none\")".to_owned()
+    }
+}
+
+/// One order break: which event arrived after which, by what position.
+pub(crate) fn order_break(b: &OrderBreak) -> String {
+    format!(
+        "{} ({}/{}, {} {}) arrived after {} ({} {})",
+        b.id, b.aggregate_type, b.aggregate_id, b.by, b.position, b.after, b.by, b.after_position
+    )
+}
+
+/// The ids of a finding under `label`, if it has any; with `counted`, the header says when
+/// they are only the first of more.
+pub(crate) fn print_ids(label: &str, finding: &Finding, counted: bool) {
+    if finding.ids.is_empty() {
+        return;
+    }
+    let more = if counted && finding.count > finding.ids.len() as u64 {
+        format!(" (first {} of {})", finding.ids.len(), finding.count)
+    } else {
+        String::new()
+    };
+    println!();
+    println!("  {label}{more}:");
+    for id in &finding.ids {
+        println!("    {id}");
     }
 }
 

@@ -1,3 +1,4 @@
+use super::events::event;
 use super::*;
 
 #[test]

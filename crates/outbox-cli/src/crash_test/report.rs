@@ -1,14 +1,13 @@
 //! What a crash test prints: a progress line on a terminal (plain lines otherwise), then the
 //! lost / phantom / order breaks / duplicates table with a PASS or FAIL line, or `--json`.
 
-use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use outbox_core::verify::ReadProgress;
-use outbox_runtime::verify::{Finding, Report};
+use outbox_runtime::verify::Report;
 use uuid::Uuid;
 
 use super::chaos::Chaos;
@@ -145,14 +144,7 @@ pub(super) fn print(outcome: &Outcome, removals: &[Removal], json: bool) -> Exit
         "rolled back, delivered",
         outcome.rolled_back_seen.len().to_string(),
     );
-    row(
-        "order breaks",
-        if r.order_checked {
-            r.order_breaks.count.to_string()
-        } else {
-            "not checked (relay.ordering = \"none\")".to_owned()
-        },
-    );
+    row("order breaks", crate::verify::order_breaks(r));
     row(
         "duplicates",
         format!(
@@ -160,17 +152,8 @@ pub(super) fn print(outcome: &Outcome, removals: &[Removal], json: bool) -> Exit
             r.duplicates.count
         ),
     );
-    let list = |label: &str, finding: &Finding| {
-        if !finding.ids.is_empty() {
-            println!();
-            println!("  {label}:");
-            for id in &finding.ids {
-                println!("    {id}");
-            }
-        }
-    };
-    list("lost", &r.lost);
-    list("phantom", &r.phantom);
+    crate::verify::print_ids("lost", &r.lost, false);
+    crate::verify::print_ids("phantom", &r.phantom, false);
     if !outcome.rolled_back_seen.is_empty() {
         println!();
         println!("  rolled back, yet delivered:");
@@ -182,17 +165,7 @@ pub(super) fn print(outcome: &Outcome, removals: &[Removal], json: bool) -> Exit
         println!();
         println!("  order breaks:");
         for b in &r.order_break_details {
-            println!(
-                "    {} ({}/{}, {} {}) arrived after {} ({} {})",
-                b.id,
-                b.aggregate_type,
-                b.aggregate_id,
-                b.by,
-                b.position,
-                b.after,
-                b.by,
-                b.after_position
-            );
+            println!("    {}", crate::verify::order_break(b));
         }
     }
     println!();
@@ -265,12 +238,10 @@ pub(super) struct Progress {
 
 impl Progress {
     pub(super) fn new(lines: bool) -> Self {
-        let bar = std::io::stderr().is_terminal().then(|| {
-            let bar = indicatif::ProgressBar::new_spinner();
-            bar.enable_steady_tick(Duration::from_millis(120));
-            bar
-        });
-        Self { bar, lines }
+        Self {
+            bar: crate::verify::spinner(),
+            lines,
+        }
     }
 
     /// A new stage: the spinner's message, or a line.
