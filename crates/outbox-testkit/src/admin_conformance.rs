@@ -427,17 +427,15 @@ where
     F: Fn() -> Fut,
     Fut: Future<Output = anyhow::Result<H>>,
 {
-    macro_rules! check {
-        ($name:ident) => {
-            $name(&new_harness().await?).await.with_context(|| {
-                concat!("admin conformance check `", stringify!($name), "` failed")
-            })?;
-        };
-    }
-    check!(dead_letters_are_listed_explained_and_retried_in_order);
-    check!(purge_deletes_only_dead_letters_older_than_the_cutoff);
-    check!(doctor_is_green_when_healthy_and_red_without_a_schema);
-    check!(replay_republishes_exactly_the_window_or_says_it_cannot);
-    check!(retention_deletes_only_delivered_events_past_the_window);
-    Ok(())
+    crate::run_checks!(
+        "admin conformance",
+        new_harness,
+        [
+            dead_letters_are_listed_explained_and_retried_in_order,
+            purge_deletes_only_dead_letters_older_than_the_cutoff,
+            doctor_is_green_when_healthy_and_red_without_a_schema,
+            replay_republishes_exactly_the_window_or_says_it_cannot,
+            retention_deletes_only_delivered_events_past_the_window,
+        ]
+    )
 }

@@ -23,6 +23,21 @@
 //! `OUTBOX_TEST_AMQP_URL` (and the others named in [`services`]); without them, each test
 //! process starts its own on first use.
 
+/// Runs the checks of a conformance suite in turn, each against a fresh harness from
+/// `$new_harness` (a closure returning a future of one), and stops at the first failure with
+/// an error naming the suite and the check: the body of a suite's `run_all`.
+macro_rules! run_checks {
+    ($suite:literal, $new_harness:ident, [$($check:ident),+ $(,)?]) => {{
+        $(
+            $check(&$new_harness().await?).await.with_context(|| {
+                concat!($suite, " check `", stringify!($check), "` failed")
+            })?;
+        )+
+        Ok(())
+    }};
+}
+pub(crate) use run_checks;
+
 pub mod admin_conformance;
 pub mod conformance;
 pub mod faults;
