@@ -38,13 +38,12 @@ impl BackendConfig for DynamoDbConfig {
         if relay.ordering == Ordering::Total {
             return Err("relay.ordering: `total` is not offered by the DynamoDB source (a stream has one order per shard); use `none` or `per-aggregate`".into());
         }
-        if self.lease_duration <= relay.publish_timeout {
-            return Err(format!(
-                "source.lease_duration: must be longer than relay.publish_timeout ({:?}): a batch is published only while its shards' leases last",
-                relay.publish_timeout
-            ));
-        }
-        Ok(())
+        outbox_core::backend::check_claim_outlasts_publish(
+            "source.lease_duration",
+            self.lease_duration,
+            relay,
+        )
+        .map_err(|e| format!("{e}: a batch is published only while its shards' leases last"))
     }
 
     fn describe(&self) -> String {
@@ -308,15 +307,7 @@ impl DynamoBackend {
     }
 }
 
-impl Producer for DynamoBackend {
-    fn fill<'a>(&'a self, events: &'a [NewEvent]) -> BoxFuture<'a, Result<(), SourceError>> {
-        Box::pin(self.fill_batches(events))
-    }
-
-    fn commit<'a>(&'a self, events: &'a [NewEvent]) -> BoxFuture<'a, Result<(), SourceError>> {
-        Box::pin(self.write(events))
-    }
-}
+outbox_core::forward_producer!(DynamoBackend, fill = fill_batches, commit = write);
 
 struct LeaseRow {
     shard: String,

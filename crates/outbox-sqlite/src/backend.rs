@@ -2,18 +2,16 @@
 //! builds the relay's single pipeline (one writer, a lease) and answers the operator commands.
 //! `outbox replay` puts delivered rows back in line (`crate::replay`).
 
-use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::Duration;
 
 use outbox_core::admin::{
-    DeadLetter, DeliveryModel, DoctorCheck, DoctorThresholds, EventStory, Explanation,
-    HeldAggregate, RetentionPreview, RetentionReport, RetentionSettings, RetrySelection,
-    StatusReport, StoredEventDetail, Verdict,
+    DeliveryModel, DoctorCheck, DoctorThresholds, EventStory, Explanation, HeldAggregate,
+    StatusReport, Verdict,
 };
 use outbox_core::backend::{
     Backend, BackendConfig, BoxedSource, DeadLetterStore, Explain, Forward, OpenError, OpenOptions,
-    Pipelines, Producer, Retention, RetentionProgress,
+    Pipelines, Producer, Retention,
 };
 use outbox_core::sink::BoxFuture;
 use outbox_core::source::Inspect;
@@ -41,13 +39,11 @@ impl BackendConfig for SqliteConfig {
         SqliteConfig::validate(self)?;
         // The relay publishes nothing it could not finish before the lease runs out (fencing
         // a paused relay), so a lease shorter than one publish would publish nothing.
-        if self.lease_ttl <= relay.publish_timeout {
-            return Err(format!(
-                "source.lease_ttl: must be longer than relay.publish_timeout ({:?})",
-                relay.publish_timeout
-            ));
-        }
-        Ok(())
+        outbox_core::backend::check_claim_outlasts_publish(
+            "source.lease_ttl",
+            self.lease_ttl,
+            relay,
+        )
     }
 
     fn describe(&self) -> String {
@@ -371,93 +367,21 @@ impl Backend for SqliteBackend {
     }
 }
 
-impl Explain for SqliteBackend {
-    fn explain(
-        &self,
-        id: Uuid,
-        now: OffsetDateTime,
-    ) -> BoxFuture<'_, Result<Explanation, SourceError>> {
-        Box::pin(self.story(id, now))
+outbox_core::forward_explain!(SqliteBackend, story);
+
+outbox_core::forward_dead_letter_store!(SqliteDeadLetters);
+
+impl From<SqliteRetentionError> for SourceError {
+    /// A failed retention statement: retryable, with its causes.
+    fn from(e: SqliteRetentionError) -> Self {
+        SourceError::new(
+            SourceErrorKind::Unavailable,
+            outbox_core::relay::ErrorChain(&e).to_string(),
+        )
     }
 }
 
-impl DeadLetterStore for SqliteDeadLetters {
-    fn list<'a>(
-        &'a self,
-        event_type: Option<&'a str>,
-        aggregate_id: Option<&'a str>,
-        limit: i64,
-    ) -> BoxFuture<'a, Result<Vec<DeadLetter>, SourceError>> {
-        Box::pin(SqliteDeadLetters::list(
-            self,
-            event_type,
-            aggregate_id,
-            limit,
-        ))
-    }
-    fn show(&self, id: Uuid) -> BoxFuture<'_, Result<Option<StoredEventDetail>, SourceError>> {
-        Box::pin(SqliteDeadLetters::show(self, id, OffsetDateTime::now_utc()))
-    }
-    fn retry<'a>(
-        &'a self,
-        selection: &'a RetrySelection,
-    ) -> BoxFuture<'a, Result<Vec<Uuid>, SourceError>> {
-        Box::pin(SqliteDeadLetters::retry(self, selection))
-    }
-    fn purge<'a>(
-        &'a self,
-        before: OffsetDateTime,
-        event_type: Option<&'a str>,
-    ) -> BoxFuture<'a, Result<Vec<Uuid>, SourceError>> {
-        Box::pin(SqliteDeadLetters::purge(self, before, event_type))
-    }
-}
-
-fn retention_error(e: SqliteRetentionError) -> SourceError {
-    SourceError::new(
-        SourceErrorKind::Unavailable,
-        outbox_core::relay::ErrorChain(&e).to_string(),
-    )
-}
-
-impl Retention for SqliteRetention {
-    fn preview(
-        &self,
-        now: OffsetDateTime,
-        keep: Duration,
-    ) -> BoxFuture<'_, Result<RetentionPreview, SourceError>> {
-        Box::pin(async move {
-            let (rows, oldest) = SqliteRetention::preview(self, now, keep)
-                .await
-                .map_err(retention_error)?;
-            Ok(RetentionPreview {
-                rows,
-                oldest,
-                ..RetentionPreview::default()
-            })
-        })
-    }
-    fn run<'a>(
-        &'a self,
-        now: OffsetDateTime,
-        settings: &'a RetentionSettings,
-        progress: &'a mut RetentionProgress<'_>,
-    ) -> BoxFuture<'a, Result<RetentionReport, SourceError>> {
-        Box::pin(async move {
-            let mut step = |n: u64| -> ControlFlow<()> { progress(n) };
-            SqliteRetention::run(
-                self,
-                now,
-                settings.keep,
-                settings.batch,
-                settings.pause,
-                &mut step,
-            )
-            .await
-            .map_err(retention_error)
-        })
-    }
-}
+outbox_core::forward_retention!(SqliteRetention);
 
 /// The producer library on the backend's own pool (`outbox bench`).
 #[derive(Debug)]
