@@ -149,6 +149,15 @@ mod cloudevents;
 mod error;
 #[cfg(any(feature = "stdout", feature = "http"))]
 mod json_lines;
+#[cfg(any(
+    feature = "kafka",
+    feature = "kinesis",
+    feature = "nats",
+    feature = "pubsub",
+    feature = "redis",
+    feature = "stdout"
+))]
+mod read_back;
 mod secret;
 #[cfg(any(
     feature = "http",

@@ -16,10 +16,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use outbox_core::Destination;
-use outbox_core::sink::BoxFuture;
 use outbox_core::verify::{
-    Identity, Lane, LedgerEvent, ReadBack, ReadBackError, ReadMessage, ReadOutcome, ReadProgress,
-    Trimmed,
+    Identity, Lane, LedgerEvent, ReadBack, ReadBackError, ReadMessage, ReadOutcome, Trimmed,
 };
 use rdkafka::consumer::{Consumer, ConsumerContext, StreamConsumer};
 use rdkafka::error::KafkaError;
@@ -30,6 +28,7 @@ use time::OffsetDateTime;
 
 use super::KafkaConfig;
 use super::client::{KafkaContext, LastErrors};
+use crate::read_back::Read;
 
 /// The longest wait for the next record while a partition has not reached its end.
 const IDLE_LIMIT: Duration = Duration::from_secs(30);
@@ -66,15 +65,6 @@ pub struct KafkaReadBack {
     brokers: String,
     destination: Destination,
     timeout: Duration,
-}
-
-impl std::fmt::Debug for KafkaReadBack {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("KafkaReadBack")
-            .field("brokers", &self.brokers)
-            .field("destination", &self.destination.template())
-            .finish_non_exhaustive()
-    }
 }
 
 /// Creates the reader and checks that a broker answers.
@@ -173,21 +163,20 @@ impl KafkaReadBack {
             .collect())
     }
 
-    async fn read_all(
-        &self,
-        since: OffsetDateTime,
-        expected: &[LedgerEvent],
-        progress: &dyn ReadProgress,
-    ) -> Result<ReadOutcome, ReadBackError> {
+    async fn read_all(&self, call: Read<'_>) -> Result<ReadOutcome, ReadBackError> {
         let mut out = ReadOutcome::default();
-        let topics = self.topics_named(expected).await?;
-        let named: BTreeSet<String> = expected.iter().map(|e| self.destination_of(e)).collect();
+        let topics = self.topics_named(call.expected).await?;
+        let named: BTreeSet<String> = call
+            .expected
+            .iter()
+            .map(|e| self.destination_of(e))
+            .collect();
         for missing in named.iter().filter(|t| !topics.contains_key(*t)) {
             out.notes.push(format!(
                 "topic `{missing}` does not exist on the brokers: every event the table says was delivered there counts as lost"
             ));
         }
-        let since_ms = i64::try_from(since.unix_timestamp_nanos() / 1_000_000).unwrap_or(0);
+        let since_ms = i64::try_from(call.since.unix_timestamp_nanos() / 1_000_000).unwrap_or(0);
         let timeout = self.timeout;
 
         // Per partition: where to start and where the end is now.
@@ -261,7 +250,7 @@ impl KafkaReadBack {
             .iter()
             .map(|p| u64::try_from(p.high - p.start).unwrap_or(0))
             .sum();
-        progress.advance(0, Some(total));
+        call.progress.advance(0, Some(total));
         let mut first_seen: Vec<Option<OffsetDateTime>> = vec![None; parts.len()];
         let mut read = 0_u64;
         // One partition at a time, to its end: an end-of-partition event names only the
@@ -320,7 +309,7 @@ impl KafkaReadBack {
                 if first_seen[i].is_none() {
                     first_seen[i] = stored_at;
                 }
-                if !by_timestamp && stored_at.is_some_and(|t| t < since) {
+                if !by_timestamp && stored_at.is_some_and(|t| t < call.since) {
                     continue;
                 }
                 let header = |name: &str| {
@@ -340,11 +329,11 @@ impl KafkaReadBack {
                 out.lanes[part.lane as usize].messages += 1;
                 read += 1;
                 if read.is_multiple_of(PROGRESS_EVERY) {
-                    progress.advance(read, Some(total));
+                    call.progress.advance(read, Some(total));
                 }
             }
         }
-        progress.advance(read, Some(total.max(read)));
+        call.progress.advance(read, Some(total.max(read)));
         for (part, first) in parts.iter().zip(first_seen) {
             if part.low > 0
                 && part.start == part.low
@@ -364,25 +353,9 @@ impl KafkaReadBack {
     }
 }
 
-impl ReadBack for KafkaReadBack {
-    fn describe(&self) -> String {
-        format!(
-            "Kafka at {}, topics `{}`",
-            self.brokers,
-            self.destination.template()
-        )
-    }
-
-    fn destination(&self) -> &Destination {
-        &self.destination
-    }
-
-    fn read<'a>(
-        &'a self,
-        since: OffsetDateTime,
-        expected: &'a [LedgerEvent],
-        progress: &'a dyn ReadProgress,
-    ) -> BoxFuture<'a, Result<ReadOutcome, ReadBackError>> {
-        Box::pin(self.read_all(since, expected, progress))
-    }
-}
+crate::read_back::impl_read_back!(
+    KafkaReadBack,
+    describe: |r| format!("Kafka at {}, topics `{}`", r.brokers, r.destination.template()),
+    destination: destination,
+    debug: brokers,
+);

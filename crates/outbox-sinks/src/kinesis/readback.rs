@@ -32,7 +32,6 @@ use aws_smithy_runtime_api::client::orchestrator::HttpResponse;
 use aws_smithy_runtime_api::client::result::SdkError;
 use aws_smithy_types::error::metadata::ProvideErrorMetadata;
 use outbox_core::cloudevents::Format;
-use outbox_core::sink::BoxFuture;
 use outbox_core::verify::{
     Identity, Lane, LedgerEvent, ReadBack, ReadBackError, ReadMessage, ReadOutcome, ReadProgress,
     Trimmed,
@@ -41,6 +40,7 @@ use outbox_core::{Destination, SinkErrorKind};
 use time::OffsetDateTime;
 
 use super::KinesisConfig;
+use crate::read_back::Read;
 
 /// How often (in records) the progress is reported.
 const PROGRESS_EVERY: u64 = 5_000;
@@ -64,15 +64,6 @@ pub struct KinesisReadBack {
     /// `Kinesis at http://127.0.0.1:5000` or `Kinesis in eu-west-1`, credentials masked.
     endpoint: String,
     destination: Destination,
-}
-
-impl std::fmt::Debug for KinesisReadBack {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("KinesisReadBack")
-            .field("endpoint", &self.endpoint)
-            .field("destination", &self.destination.template())
-            .finish_non_exhaustive()
-    }
 }
 
 /// Refuses the plain format (no event id in a record), then checks that Kinesis answers and
@@ -240,17 +231,16 @@ impl KinesisReadBack {
         Ok(shards)
     }
 
-    async fn read_all(
-        &self,
-        since: OffsetDateTime,
-        expected: &[LedgerEvent],
-        progress: &dyn ReadProgress,
-    ) -> Result<ReadOutcome, ReadBackError> {
+    async fn read_all(&self, call: Read<'_>) -> Result<ReadOutcome, ReadBackError> {
         let started = OffsetDateTime::now_utc();
-        let named: BTreeSet<String> = expected.iter().map(|e| self.destination_of(e)).collect();
+        let named: BTreeSet<String> = call
+            .expected
+            .iter()
+            .map(|e| self.destination_of(e))
+            .collect();
         let mut out = ReadOutcome::default();
         let mut reads = Vec::new();
-        let streams = self.streams(expected).await?;
+        let streams = self.streams(call.expected).await?;
         for stream in &streams {
             let summary = self
                 .client
@@ -278,7 +268,7 @@ impl KinesisReadBack {
                 .map(|s| s.retention_period_hours())
             {
                 let retained_from = started - time::Duration::hours(i64::from(hours));
-                if since < retained_from {
+                if call.since < retained_from {
                     out.trimmed.push(Trimmed {
                         destination: Some(stream.clone()),
                         retained_from,
@@ -311,22 +301,22 @@ impl KinesisReadBack {
                 });
             }
         }
-        progress.advance(0, None);
+        call.progress.advance(0, None);
         let mut read = 0_u64;
         for shard in &reads {
             let before = out.messages.len();
             self.read_shard(
                 shard,
-                since,
+                call.since,
                 started,
                 &mut out.messages,
                 &mut read,
-                progress,
+                call.progress,
             )
             .await?;
             out.lanes[shard.lane as usize].messages = (out.messages.len() - before) as u64;
         }
-        progress.advance(read, Some(read));
+        call.progress.advance(read, Some(read));
         Ok(out)
     }
 
@@ -453,28 +443,12 @@ impl KinesisReadBack {
     }
 }
 
-impl ReadBack for KinesisReadBack {
-    fn describe(&self) -> String {
-        format!(
-            "{}, streams `{}`",
-            self.endpoint,
-            self.destination.template()
-        )
-    }
-
-    fn destination(&self) -> &Destination {
-        &self.destination
-    }
-
-    fn read<'a>(
-        &'a self,
-        since: OffsetDateTime,
-        expected: &'a [LedgerEvent],
-        progress: &'a dyn ReadProgress,
-    ) -> BoxFuture<'a, Result<ReadOutcome, ReadBackError>> {
-        Box::pin(self.read_all(since, expected, progress))
-    }
-}
+crate::read_back::impl_read_back!(
+    KinesisReadBack,
+    describe: |r| format!("{}, streams `{}`", r.endpoint, r.destination.template()),
+    destination: destination,
+    debug: endpoint,
+);
 
 #[cfg(test)]
 mod tests {

@@ -20,15 +20,11 @@ use async_nats::jetstream::stream::RetentionPolicy;
 use async_nats::jetstream::{self};
 use futures::StreamExt;
 use outbox_core::cloudevents::Format;
-use outbox_core::sink::BoxFuture;
-use outbox_core::verify::{
-    Identity, Lane, LedgerEvent, ReadBack, ReadBackError, ReadMessage, ReadOutcome, ReadProgress,
-    Trimmed,
-};
+use outbox_core::verify::{Identity, Lane, ReadBackError, ReadMessage, ReadOutcome, Trimmed};
 use outbox_core::{Destination, SinkErrorKind};
-use time::OffsetDateTime;
 
 use super::NatsConfig;
+use crate::read_back::Read;
 
 /// The longest wait for the next message while the consumer says more are pending.
 const IDLE_LIMIT: Duration = Duration::from_secs(30);
@@ -112,11 +108,7 @@ pub(super) async fn read_back(config: &NatsConfig) -> Result<NatsReadBack, ReadB
 }
 
 impl NatsReadBack {
-    async fn read_all(
-        &self,
-        since: OffsetDateTime,
-        progress: &dyn ReadProgress,
-    ) -> Result<ReadOutcome, ReadBackError> {
+    async fn read_all(&self, call: Read<'_>) -> Result<ReadOutcome, ReadBackError> {
         let mut out = ReadOutcome::default();
         // What each subject's consumer has pending, for the progress total.
         let mut consumers = Vec::new();
@@ -154,7 +146,7 @@ impl NatsReadBack {
                 let consumer = stream
                     .create_consumer(OrderedConfig {
                         filter_subject: subject.clone(),
-                        deliver_policy: DeliverPolicy::ByStartTime { start_time: since },
+                        deliver_policy: DeliverPolicy::ByStartTime { start_time: call.since },
                         headers_only: self.headers_only,
                         description: Some("outbox verify (ephemeral, reads only)".to_owned()),
                         ..Default::default()
@@ -172,7 +164,7 @@ impl NatsReadBack {
             }
         }
         let total: u64 = consumers.iter().map(|c| c.3).sum();
-        progress.advance(0, Some(total));
+        call.progress.advance(0, Some(total));
         let mut read = 0_u64;
         for (name, subject, consumer, pending) in consumers {
             let lane = u32::try_from(out.lanes.len()).unwrap_or(u32::MAX);
@@ -223,7 +215,7 @@ impl NatsReadBack {
                     count += 1;
                     read += 1;
                     if read.is_multiple_of(PROGRESS_EVERY) {
-                        progress.advance(read, Some(total));
+                        call.progress.advance(read, Some(total));
                     }
                     if left == 0 {
                         break;
@@ -235,7 +227,7 @@ impl NatsReadBack {
                 messages: count,
             });
         }
-        progress.advance(read, Some(total.max(read)));
+        call.progress.advance(read, Some(total.max(read)));
         for (stream, name) in readers {
             let _ = stream.delete_consumer(&name).await;
         }
@@ -243,30 +235,17 @@ impl NatsReadBack {
     }
 }
 
-impl ReadBack for NatsReadBack {
-    fn describe(&self) -> String {
-        let streams: Vec<String> = self
+// The connection stays open for the next read (the canary reads at every probe interval);
+// `read_all` deletes its consumers.
+crate::read_back::impl_read_back!(
+    NatsReadBack,
+    describe: |r| {
+        let streams: Vec<String> = r
             .streams
             .iter()
             .map(|(name, subjects)| format!("stream `{name}` ({})", subjects.join(", ")))
             .collect();
-        format!("NATS JetStream at {}, {}", self.url, streams.join(", "))
-    }
-
-    fn destination(&self) -> &Destination {
-        &self.destination
-    }
-
-    fn read<'a>(
-        &'a self,
-        since: OffsetDateTime,
-        _expected: &'a [LedgerEvent],
-        progress: &'a dyn ReadProgress,
-    ) -> BoxFuture<'a, Result<ReadOutcome, ReadBackError>> {
-        Box::pin(async move {
-            // The connection stays open for the next read (the canary reads at every probe
-            // interval); `read_all` deletes its consumers.
-            self.read_all(since, progress).await
-        })
-    }
-}
+        format!("NATS JetStream at {}, {}", r.url, streams.join(", "))
+    },
+    destination: destination,
+);

@@ -33,12 +33,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use outbox_core::sink::BoxFuture;
 use outbox_core::verify::{
     Identity, Lane, LedgerEvent, ReadBack, ReadBackError, ReadMessage, ReadOutcome, ReadProgress,
     Trimmed,
 };
-use outbox_core::{Destination, SinkError, SinkErrorKind};
+use outbox_core::{SinkError, SinkErrorKind};
 use reqwest::{Method, StatusCode};
 use serde::Deserialize;
 use serde_json::json;
@@ -46,6 +45,7 @@ use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
 use super::{PubSubConfig, PubSubSink, describe_error};
+use crate::read_back::Read;
 
 /// Messages per pull (the API's maximum).
 const PULL_MAX: usize = 1000;
@@ -260,19 +260,18 @@ impl PubSubReadBack {
         Ok(topics)
     }
 
-    async fn read_all(
-        &self,
-        since: OffsetDateTime,
-        expected: &[LedgerEvent],
-        progress: &dyn ReadProgress,
-    ) -> Result<ReadOutcome, ReadBackError> {
+    async fn read_all(&self, call: Read<'_>) -> Result<ReadOutcome, ReadBackError> {
         let started = OffsetDateTime::now_utc();
-        let named: BTreeSet<String> = expected.iter().map(|e| self.destination_of(e)).collect();
+        let named: BTreeSet<String> = call
+            .expected
+            .iter()
+            .map(|e| self.destination_of(e))
+            .collect();
         let mut out = ReadOutcome::default();
         // Every topic is checked before any subscription is made: a topic that keeps nothing
         // refuses the whole read.
         let mut readable = Vec::new();
-        for topic in self.topics(expected).await? {
+        for topic in self.topics(call.expected).await? {
             let path = self.sink.topic_path(&topic);
             let (status, body) = self
                 .call(Method::GET, &self.sink.topic_url(&topic, ""), None)
@@ -294,7 +293,7 @@ impl PubSubReadBack {
                 return Err(self.keeps_nothing(&topic));
             };
             let retained_from = started - kept;
-            if since < retained_from {
+            if call.since < retained_from {
                 out.trimmed.push(Trimmed {
                     destination: Some(topic.clone()),
                     retained_from,
@@ -307,7 +306,7 @@ impl PubSubReadBack {
             }
             readable.push(topic);
         }
-        progress.advance(0, None);
+        call.progress.advance(0, None);
         let mut read = 0_u64;
         for topic in readable {
             let lane = u32::try_from(out.lanes.len()).unwrap_or(u32::MAX);
@@ -318,7 +317,7 @@ impl PubSubReadBack {
                 name: name.clone(),
             };
             let result = self
-                .read_topic(&name, lane, since, started, &mut read, progress)
+                .read_topic(&name, lane, call.since, started, &mut read, call.progress)
                 .await;
             if let Err(e) = temporary.delete().await {
                 out.notes.push(e);
@@ -330,7 +329,7 @@ impl PubSubReadBack {
             });
             out.messages.append(&mut messages);
         }
-        progress.advance(read, Some(read));
+        call.progress.advance(read, Some(read));
         Ok(out)
     }
 
@@ -524,29 +523,16 @@ impl Drop for Temporary {
     }
 }
 
-impl ReadBack for PubSubReadBack {
-    fn describe(&self) -> String {
-        format!(
-            "{}, topics `projects/{}/topics/{}`",
-            self.sink.place,
-            self.sink.project,
-            self.sink.topic.template()
-        )
-    }
-
-    fn destination(&self) -> &Destination {
-        &self.sink.topic
-    }
-
-    fn read<'a>(
-        &'a self,
-        since: OffsetDateTime,
-        expected: &'a [LedgerEvent],
-        progress: &'a dyn ReadProgress,
-    ) -> BoxFuture<'a, Result<ReadOutcome, ReadBackError>> {
-        Box::pin(self.read_all(since, expected, progress))
-    }
-}
+crate::read_back::impl_read_back!(
+    PubSubReadBack,
+    describe: |r| format!(
+        "{}, topics `projects/{}/topics/{}`",
+        r.sink.place,
+        r.sink.project,
+        r.sink.topic.template()
+    ),
+    destination: sink.topic,
+);
 
 #[cfg(test)]
 mod tests {

@@ -9,10 +9,8 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use outbox_core::sink::BoxFuture;
 use outbox_core::verify::{
-    Identity, Lane, LedgerEvent, ReadBack, ReadBackError, ReadMessage, ReadOutcome, ReadProgress,
-    Trimmed,
+    Identity, Lane, LedgerEvent, ReadBack, ReadBackError, ReadMessage, ReadOutcome, Trimmed,
 };
 use outbox_core::{Destination, SinkErrorKind, message};
 use redis::Value;
@@ -20,6 +18,7 @@ use redis::aio::ConnectionManager;
 use time::OffsetDateTime;
 
 use super::{HEADER_FIELD_PREFIX, PAYLOAD_FIELD, RedisConfig};
+use crate::read_back::Read;
 use crate::secret::redact_url;
 
 /// Entries per `XRANGE` page.
@@ -32,15 +31,6 @@ pub struct RedisReadBack {
     connection: ConnectionManager,
     url: String,
     destination: Destination,
-}
-
-impl std::fmt::Debug for RedisReadBack {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisReadBack")
-            .field("url", &self.url)
-            .field("destination", &self.destination.template())
-            .finish_non_exhaustive()
-    }
 }
 
 /// Connects (the sink's own client settings: TLS, credentials, timeouts).
@@ -202,14 +192,9 @@ impl RedisReadBack {
         Ok(keys.into_iter().collect())
     }
 
-    async fn read_all(
-        &self,
-        since: OffsetDateTime,
-        expected: &[LedgerEvent],
-        progress: &dyn ReadProgress,
-    ) -> Result<ReadOutcome, ReadBackError> {
+    async fn read_all(&self, call: Read<'_>) -> Result<ReadOutcome, ReadBackError> {
         let mut connection = self.connection.clone();
-        let keys = self.keys(expected).await?;
+        let keys = self.keys(call.expected).await?;
         let mut out = ReadOutcome::default();
         // Lengths for the progress total, and what trimming removed.
         let mut total = 0_u64;
@@ -263,8 +248,8 @@ impl RedisReadBack {
                 });
             }
         }
-        progress.advance(0, Some(total));
-        let start_ms = u64::try_from(since.unix_timestamp_nanos() / 1_000_000).unwrap_or(0);
+        call.progress.advance(0, Some(total));
+        let start_ms = u64::try_from(call.since.unix_timestamp_nanos() / 1_000_000).unwrap_or(0);
         let mut read = 0_u64;
         for key in &keys {
             let lane = u32::try_from(out.lanes.len()).unwrap_or(u32::MAX);
@@ -294,7 +279,7 @@ impl RedisReadBack {
                 }
                 count += page.len() as u64;
                 read += page.len() as u64;
-                progress.advance(read, Some(total.max(read)));
+                call.progress.advance(read, Some(total.max(read)));
                 if !full {
                     break;
                 }
@@ -308,28 +293,12 @@ impl RedisReadBack {
     }
 }
 
-impl ReadBack for RedisReadBack {
-    fn describe(&self) -> String {
-        format!(
-            "Redis Streams at {}, keys `{}`",
-            self.url,
-            self.destination.template()
-        )
-    }
-
-    fn destination(&self) -> &Destination {
-        &self.destination
-    }
-
-    fn read<'a>(
-        &'a self,
-        since: OffsetDateTime,
-        expected: &'a [LedgerEvent],
-        progress: &'a dyn ReadProgress,
-    ) -> BoxFuture<'a, Result<ReadOutcome, ReadBackError>> {
-        Box::pin(self.read_all(since, expected, progress))
-    }
-}
+crate::read_back::impl_read_back!(
+    RedisReadBack,
+    describe: |r| format!("Redis Streams at {}, keys `{}`", r.url, r.destination.template()),
+    destination: destination,
+    debug: url,
+);
 
 #[cfg(test)]
 mod tests {

@@ -6,10 +6,7 @@
 use std::path::PathBuf;
 
 use outbox_core::Destination;
-use outbox_core::sink::BoxFuture;
-use outbox_core::verify::{
-    Identity, Lane, LedgerEvent, ReadBack, ReadBackError, ReadMessage, ReadOutcome, ReadProgress,
-};
+use outbox_core::verify::{Identity, Lane, ReadBackError, ReadMessage, ReadOutcome};
 use serde::Deserialize;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
@@ -18,6 +15,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use uuid::Uuid;
 
 use super::FileConfig;
+use crate::read_back::Read;
 
 /// Reads a file sink's file back.
 #[derive(Debug, Clone)]
@@ -95,11 +93,7 @@ impl Line {
 const PROGRESS_EVERY: u64 = 10_000;
 
 impl FileReadBack {
-    async fn read_file(
-        &self,
-        since: OffsetDateTime,
-        progress: &dyn ReadProgress,
-    ) -> Result<ReadOutcome, ReadBackError> {
+    async fn read_all(&self, call: Read<'_>) -> Result<ReadOutcome, ReadBackError> {
         let file = File::open(&self.path).await.map_err(|e| {
             ReadBackError::refused(format!("cannot read `{}`: {e}", self.path.display()))
         })?;
@@ -117,7 +111,7 @@ impl FileReadBack {
             }
             line_no += 1;
             if line_no.is_multiple_of(PROGRESS_EVERY) {
-                progress.advance(line_no, None);
+                call.progress.advance(line_no, None);
             }
             let text = buf.trim_ascii();
             if text.is_empty() {
@@ -128,7 +122,7 @@ impl FileReadBack {
                 continue;
             };
             let (identity, at) = line.identity();
-            if at.is_some_and(|t| t < since) {
+            if at.is_some_and(|t| t < call.since) {
                 continue;
             }
             out.messages.push(ReadMessage {
@@ -138,7 +132,7 @@ impl FileReadBack {
                 stored_at: at,
             });
         }
-        progress.advance(line_no, Some(line_no));
+        call.progress.advance(line_no, Some(line_no));
         out.lanes.push(Lane {
             name: format!("file `{}`", self.path.display()),
             messages: out.messages.len() as u64,
@@ -153,21 +147,8 @@ impl FileReadBack {
     }
 }
 
-impl ReadBack for FileReadBack {
-    fn describe(&self) -> String {
-        format!("file `{}`", self.path.display())
-    }
-
-    fn destination(&self) -> &Destination {
-        &self.destination
-    }
-
-    fn read<'a>(
-        &'a self,
-        since: OffsetDateTime,
-        _expected: &'a [LedgerEvent],
-        progress: &'a dyn ReadProgress,
-    ) -> BoxFuture<'a, Result<ReadOutcome, ReadBackError>> {
-        Box::pin(self.read_file(since, progress))
-    }
-}
+crate::read_back::impl_read_back!(
+    FileReadBack,
+    describe: |r| format!("file `{}`", r.path.display()),
+    destination: destination,
+);
