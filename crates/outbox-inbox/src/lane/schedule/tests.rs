@@ -2,7 +2,7 @@ use super::*;
 use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::super::ConsumerOrder;
+use super::super::{BoxError, ConsumerOrder};
 
 /// Records what the lanes did with each delivery (a stand-in for a broker: the logic
 /// under test is the lanes', the brokers' own tests use real servers).
@@ -30,6 +30,32 @@ impl Settle for Log {
     async fn release(&self, h: u32) {
         self.0.lock().expect("lock").push(format!("release {h}"));
     }
+}
+
+impl Log {
+    /// What was done, in order.
+    fn lines(&self) -> Vec<String> {
+        self.0.lock().expect("lock").clone()
+    }
+}
+
+/// One lane: one message at a time, in the order the lanes hand them out.
+fn one_lane() -> LanePolicy {
+    LanePolicy {
+        lanes: NonZeroUsize::new(1).expect("not zero"),
+        ..LanePolicy::default()
+    }
+}
+
+/// Lanes without an order gate, settling into a fresh log.
+fn ungated(
+    policy: &LanePolicy,
+    handler: impl MessageHandler,
+) -> (Arc<Log>, CancellationToken, Lanes<Log>) {
+    let log = Arc::new(Log::default());
+    let shutdown = CancellationToken::new();
+    let lanes = Lanes::start(policy, None, Arc::clone(&log), handler, &shutdown);
+    (log, shutdown, lanes)
 }
 
 /// Applied positions in memory (the inbox's table in the real loops).
@@ -90,20 +116,43 @@ fn applying(positions: &Arc<Positions>, applied: &Arc<Mutex<Vec<u64>>>) -> impl 
     }
 }
 
-#[tokio::test(start_paused = true)]
-async fn the_order_gate_holds_later_positions_until_the_missing_one_arrives() {
-    let log = Arc::new(Log::default());
+/// Lanes behind an order gate over in-memory positions, with a handler that applies them.
+struct Gated {
+    positions: Arc<Positions>,
+    /// The positions the handler applied, in order.
+    applied: Arc<Mutex<Vec<u64>>>,
+    shutdown: CancellationToken,
+    lanes: Lanes<Log>,
+}
+
+/// [`Gated`] lanes, the gate configured by `order`.
+fn gated(order: impl FnOnce(ConsumerOrder) -> ConsumerOrder) -> Gated {
     let positions = Arc::new(Positions::default());
     let applied = Arc::new(Mutex::new(Vec::new()));
     let shutdown = CancellationToken::new();
-    let order = ConsumerOrder::new(Arc::clone(&positions));
     let lanes = Lanes::start(
         &LanePolicy::default(),
-        Some(order),
-        Arc::clone(&log),
+        Some(order(ConsumerOrder::new(Arc::clone(&positions)))),
+        Arc::new(Log::default()),
         applying(&positions, &applied),
         &shutdown,
     );
+    Gated {
+        positions,
+        applied,
+        shutdown,
+        lanes,
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_order_gate_holds_later_positions_until_the_missing_one_arrives() {
+    let Gated {
+        positions,
+        applied,
+        shutdown,
+        lanes,
+    } = gated(|order| order);
     assert!(lanes.dispatch(numbered(3, "k", 3), &shutdown).await);
     assert!(lanes.dispatch(numbered(2, "k", 2), &shutdown).await);
     tokio::time::sleep(Duration::from_secs(5)).await;
@@ -127,18 +176,12 @@ async fn the_order_gate_holds_later_positions_until_the_missing_one_arrives() {
 
 #[tokio::test(start_paused = true)]
 async fn a_missing_position_is_given_up_on_after_the_gap_timeout() {
-    let log = Arc::new(Log::default());
-    let positions = Arc::new(Positions::default());
-    let applied = Arc::new(Mutex::new(Vec::new()));
-    let shutdown = CancellationToken::new();
-    let order = ConsumerOrder::new(Arc::clone(&positions)).gap_timeout(Duration::from_secs(30));
-    let lanes = Lanes::start(
-        &LanePolicy::default(),
-        Some(order),
-        Arc::clone(&log),
-        applying(&positions, &applied),
-        &shutdown,
-    );
+    let Gated {
+        applied,
+        shutdown,
+        lanes,
+        ..
+    } = gated(|order| order.gap_timeout(Duration::from_secs(30)));
     assert!(lanes.dispatch(numbered(2, "k", 2), &shutdown).await);
     assert!(lanes.dispatch(numbered(3, "k", 3), &shutdown).await);
     tokio::time::sleep(Duration::from_secs(29)).await;
@@ -170,39 +213,23 @@ fn incoming(h: u32, key: &str, earlier_attempts: u32) -> Incoming<u32> {
 
 #[tokio::test(start_paused = true)]
 async fn a_failing_message_is_retried_in_place_before_later_ones_of_its_key() {
-    let log = Arc::new(Log::default());
     let fails = Arc::new(AtomicU64::new(2));
-    let shutdown = CancellationToken::new();
-    let policy = LanePolicy {
-        lanes: NonZeroUsize::new(1).expect("not zero"),
-        ..LanePolicy::default()
-    };
-    let lanes = Lanes::start(
-        &policy,
-        None,
-        Arc::clone(&log),
-        {
-            let fails = Arc::clone(&fails);
-            move |m: InboxMessage| {
-                let fails = Arc::clone(&fails);
-                async move {
-                    let first_fails =
-                        m.id.as_u128() == 1 && fails.fetch_sub(1, Ordering::SeqCst) > 0;
-                    if first_fails || m.id.as_u128() == 3 {
-                        return Err("boom");
-                    }
-                    Ok(())
-                }
+    let (log, shutdown, lanes) = ungated(&one_lane(), move |m: InboxMessage| {
+        let fails = Arc::clone(&fails);
+        async move {
+            let first_fails = m.id.as_u128() == 1 && fails.fetch_sub(1, Ordering::SeqCst) > 0;
+            if first_fails || m.id.as_u128() == 3 {
+                return Err("boom");
             }
-        },
-        &shutdown,
-    );
+            Ok(())
+        }
+    });
     assert!(lanes.dispatch(incoming(1, "k", 0), &shutdown).await);
     assert!(lanes.dispatch(incoming(2, "k", 0), &shutdown).await);
     assert!(lanes.dispatch(incoming(3, "k", 9), &shutdown).await);
     let report = lanes.finish().await;
     assert_eq!(
-        *log.0.lock().expect("lock"),
+        log.lines(),
         vec![
             "ack 1".to_owned(),
             "ack 2".to_owned(),
@@ -215,12 +242,9 @@ async fn a_failing_message_is_retried_in_place_before_later_ones_of_its_key() {
 
 #[tokio::test(start_paused = true)]
 async fn a_key_waiting_for_a_retry_does_not_hold_up_other_keys() {
-    let log = Arc::new(Log::default());
-    let shutdown = CancellationToken::new();
     let policy = LanePolicy {
-        lanes: NonZeroUsize::new(1).expect("not zero"),
         max_attempts: std::num::NonZeroU32::new(3).expect("not zero"),
-        ..LanePolicy::default()
+        ..one_lane()
     };
     let poison = |m: InboxMessage| async move {
         if m.aggregate_id == "p" {
@@ -229,14 +253,14 @@ async fn a_key_waiting_for_a_retry_does_not_hold_up_other_keys() {
             Ok(())
         }
     };
-    let lanes = Lanes::start(&policy, None, Arc::clone(&log), poison, &shutdown);
+    let (log, shutdown, lanes) = ungated(&policy, poison);
     assert!(lanes.dispatch(incoming(1, "p", 0), &shutdown).await);
     assert!(lanes.dispatch(incoming(2, "p", 0), &shutdown).await);
     assert!(lanes.dispatch(incoming(3, "k", 0), &shutdown).await);
     assert!(lanes.dispatch(incoming(4, "k", 0), &shutdown).await);
     let report = lanes.finish().await;
     assert_eq!(
-        *log.0.lock().expect("lock"),
+        log.lines(),
         vec![
             "ack 3".to_owned(),
             "ack 4".to_owned(),
@@ -253,23 +277,14 @@ async fn a_key_waiting_for_a_retry_does_not_hold_up_other_keys() {
 
 #[tokio::test(start_paused = true)]
 async fn shutdown_releases_queued_and_waiting_messages() {
-    let log = Arc::new(Log::default());
-    let shutdown = CancellationToken::new();
-    let policy = LanePolicy {
-        lanes: NonZeroUsize::new(1).expect("not zero"),
-        ..LanePolicy::default()
-    };
     let failing = |_m: InboxMessage| async { Err::<(), _>("down") };
-    let lanes = Lanes::start(&policy, None, Arc::clone(&log), failing, &shutdown);
+    let (log, shutdown, lanes) = ungated(&one_lane(), failing);
     assert!(lanes.dispatch(incoming(1, "k", 0), &shutdown).await);
     assert!(lanes.dispatch(incoming(2, "k", 0), &shutdown).await);
     tokio::time::sleep(Duration::from_millis(1500)).await; // 1 failed twice, now waiting
     shutdown.cancel();
     assert!(!lanes.dispatch(incoming(3, "j", 0), &shutdown).await);
     let report = lanes.finish().await;
-    assert_eq!(
-        *log.0.lock().expect("lock"),
-        vec!["release 3", "release 1", "release 2"]
-    );
+    assert_eq!(log.lines(), vec!["release 3", "release 1", "release 2"]);
     assert_eq!((report.acked, report.released, report.retried), (0, 3, 2));
 }
