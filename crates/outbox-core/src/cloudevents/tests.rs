@@ -1,4 +1,6 @@
 use super::*;
+use base64::Engine as _;
+
 use crate::Position;
 
 fn event(payload: &'static [u8], headers: &[(&str, &str)]) -> Event {
