@@ -34,6 +34,7 @@ pub mod source;
 pub mod spill;
 pub mod sql_catalog;
 pub mod stream_ledger;
+pub mod table_error;
 pub mod trace;
 pub mod verify;
 

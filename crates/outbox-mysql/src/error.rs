@@ -1,5 +1,6 @@
 //! Errors of the MySQL crate, and the mapping of database errors to the core's kinds.
 
+use outbox_core::table_error::{TableFault, table_error};
 use outbox_core::{SourceError, SourceErrorKind};
 use sqlx::mysql::MySqlDatabaseError;
 
@@ -21,17 +22,12 @@ fn number(e: &sqlx::Error) -> Option<u16> {
 
 /// Maps a database error to what the relay should do: wait and retry, or stop.
 pub(crate) fn source_error(context: &str, table: &str, e: sqlx::Error) -> SourceError {
-    let kind = classify(&e);
-    let message = match number(&e) {
-        Some(NO_SUCH_TABLE) => {
-            format!("{context}: outbox table {table} does not exist; run `outbox migrate` first")
-        }
-        Some(n) if ACCESS_DENIED.contains(&n) => {
-            format!("{context}: permission denied on outbox table {table}")
-        }
-        _ => context.to_owned(),
+    let fault = match number(&e) {
+        Some(NO_SUCH_TABLE) => Some(TableFault::Missing),
+        Some(n) if ACCESS_DENIED.contains(&n) => Some(TableFault::Denied),
+        _ => None,
     };
-    SourceError::new(kind, message).with_source(e)
+    table_error(context, table, fault, classify(&e), e)
 }
 
 /// Unavailable: anything that may pass (connection lost, server restarting, lock wait

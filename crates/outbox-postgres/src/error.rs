@@ -1,22 +1,21 @@
 //! Errors of the PostgreSQL crate, and the mapping of database errors to the core's kinds.
 
+use outbox_core::table_error::{TableFault, table_error};
 use outbox_core::{SourceError, SourceErrorKind};
 
 pub use outbox_core::EnqueueError;
 
 /// Maps a database error to what the relay should do: wait and retry, or stop.
 pub(crate) fn source_error(context: &str, table: &str, e: sqlx::Error) -> SourceError {
-    let kind = classify(&e);
-    let message = match (&e, kind) {
-        (sqlx::Error::Database(db), _) if db.code().as_deref() == Some("42P01") => {
-            format!("{context}: outbox table {table} does not exist; run `outbox migrate` first")
-        }
-        (sqlx::Error::Database(db), _) if db.code().as_deref() == Some("42501") => {
-            format!("{context}: permission denied on outbox table {table}")
-        }
-        _ => context.to_owned(),
+    let fault = match &e {
+        sqlx::Error::Database(db) => match db.code().as_deref() {
+            Some("42P01") => Some(TableFault::Missing),
+            Some("42501") => Some(TableFault::Denied),
+            _ => None,
+        },
+        _ => None,
     };
-    SourceError::new(kind, message).with_source(e)
+    table_error(context, table, fault, classify(&e), e)
 }
 
 /// Unavailable: anything that may pass (connection lost, server restarting, timeouts,

@@ -1,5 +1,6 @@
 //! Errors of the SQLite crate, and the mapping of database errors to the core's kinds.
 
+use outbox_core::table_error::{TableFault, table_error};
 use outbox_core::{SourceError, SourceErrorKind};
 
 pub use outbox_core::EnqueueError;
@@ -26,14 +27,12 @@ fn primary_code(e: &sqlx::Error) -> Option<i32> {
 
 /// Maps a database error to what the relay should do: wait and retry, or stop.
 pub(crate) fn source_error(context: &str, table: &str, e: sqlx::Error) -> SourceError {
-    let kind = classify(&e);
-    let message = match &e {
-        sqlx::Error::Database(db) if db.message().starts_with("no such table") => {
-            format!("{context}: outbox table {table} does not exist; run `outbox migrate` first")
-        }
-        _ => context.to_owned(),
+    let missing = match &e {
+        sqlx::Error::Database(db) => db.message().starts_with("no such table"),
+        _ => false,
     };
-    SourceError::new(kind, message).with_source(e)
+    let fault = missing.then_some(TableFault::Missing);
+    table_error(context, table, fault, classify(&e), e)
 }
 
 /// Unavailable: anything that may pass (the write lock held past `busy_timeout`, I/O errors,
