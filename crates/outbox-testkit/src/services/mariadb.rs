@@ -170,6 +170,7 @@ impl ServerSpec for MariaDbServer {
     const START_PRIVATE: &'static str = "MariaDb::start()";
     const DIR_PREFIX: &'static str = "outbox-mariadb-";
     const URL_ENV: &'static str = MYSQL_URL_ENV;
+    const DEFAULT_PORT: Option<u16> = Some(3306);
 
     /// Finds `mariadbd` and creates the data directory with `mariadb-install-db`.
     fn setup(root: &Path) -> anyhow::Result<Self> {
@@ -208,15 +209,6 @@ impl ServerSpec for MariaDbServer {
 
     fn url(port: u16) -> String {
         format!("mysql://root@127.0.0.1:{port}")
-    }
-
-    fn external_port(url: &str) -> anyhow::Result<u16> {
-        Ok(url
-            .rsplit(':')
-            .next()
-            .and_then(|p| p.split('/').next())
-            .and_then(|p| p.parse().ok())
-            .unwrap_or(3306))
     }
 
     async fn probe(url: &str, _port: u16) -> anyhow::Result<()> {

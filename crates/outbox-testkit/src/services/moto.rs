@@ -162,13 +162,6 @@ impl ServerSpec for MotoServer {
         format!("http://127.0.0.1:{port}")
     }
 
-    fn external_port(url: &str) -> anyhow::Result<u16> {
-        url.rsplit(':')
-            .next()
-            .and_then(|p| p.trim_end_matches('/').parse().ok())
-            .with_context(|| format!("{MOTO_URL_ENV}=`{url}` has no port"))
-    }
-
     /// Asks moto's own API for its state over a raw HTTP request; any HTTP answer means the
     /// server is serving.
     async fn probe(_url: &str, port: u16) -> anyhow::Result<()> {
@@ -202,5 +195,23 @@ impl ServerSpec for MotoServer {
         let mut args = self.prefix.clone();
         args.extend(["-H", "127.0.0.1", "-p", &port.to_string()].map(OsString::from));
         args
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn external_port_must_be_named() {
+        assert_eq!(
+            MotoServer::external_port("http://127.0.0.1:5000/").ok(),
+            Some(5000)
+        );
+        let err = MotoServer::external_port("http://127.0.0.1").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "OUTBOX_TEST_MOTO_URL=`http://127.0.0.1` has no port"
+        );
     }
 }

@@ -84,6 +84,7 @@ impl ServerSpec for NatsServer {
     const START_PRIVATE: &'static str = "Nats::start()";
     const DIR_PREFIX: &'static str = "outbox-nats-";
     const URL_ENV: &'static str = NATS_URL_ENV;
+    const DEFAULT_PORT: Option<u16> = Some(4222);
 
     fn setup(root: &Path) -> anyhow::Result<Self> {
         let bin = process::find_program("nats-server").context(
@@ -98,14 +99,6 @@ impl ServerSpec for NatsServer {
 
     fn url(port: u16) -> String {
         format!("nats://127.0.0.1:{port}")
-    }
-
-    fn external_port(url: &str) -> anyhow::Result<u16> {
-        Ok(url
-            .rsplit(':')
-            .next()
-            .and_then(|p| p.trim_end_matches('/').parse().ok())
-            .unwrap_or(4222))
     }
 
     /// Connects and asks JetStream for the account info: succeeds once JetStream is usable.

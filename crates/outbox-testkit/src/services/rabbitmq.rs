@@ -221,6 +221,7 @@ impl ServerSpec for RabbitMqNode {
     const START_PRIVATE: &'static str = "RabbitMq::start()";
     const DIR_PREFIX: &'static str = "outbox-rabbitmq-";
     const URL_ENV: &'static str = AMQP_URL_ENV;
+    const DEFAULT_PORT: Option<u16> = Some(5672);
     const READY_TIMEOUT: Duration = Duration::from_secs(60);
 
     /// Finds the scripts and writes the node's config files and (empty) plugin list.
@@ -269,16 +270,6 @@ impl ServerSpec for RabbitMqNode {
 
     fn url(port: u16) -> String {
         format!("amqp://guest:guest@127.0.0.1:{port}/%2f")
-    }
-
-    fn external_port(url: &str) -> anyhow::Result<u16> {
-        Ok(url
-            .split('@')
-            .next_back()
-            .and_then(|host| host.split('/').next())
-            .and_then(|host| host.rsplit(':').next())
-            .and_then(|p| p.parse().ok())
-            .unwrap_or(5672))
     }
 
     async fn probe(_url: &str, port: u16) -> anyhow::Result<()> {
@@ -401,4 +392,20 @@ async fn amqp_greeting(port: u16) -> anyhow::Result<()> {
     tokio::time::timeout(Duration::from_secs(5), probe)
         .await
         .context("the AMQP port did not greet in time")?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn external_port_is_the_authority_port_or_5672() {
+        let port = RabbitMqNode::external_port;
+        assert_eq!(
+            port("amqp://guest:guest@127.0.0.1:5673/%2f").ok(),
+            Some(5673)
+        );
+        assert_eq!(port("amqp://guest:guest@127.0.0.1/%2f").ok(), Some(5672));
+        assert_eq!(port("amqp://127.0.0.1").ok(), Some(5672));
+    }
 }

@@ -87,6 +87,7 @@ impl ServerSpec for RedisServer {
     const START_PRIVATE: &'static str = "Redis::start()";
     const DIR_PREFIX: &'static str = "outbox-redis-";
     const URL_ENV: &'static str = REDIS_URL_ENV;
+    const DEFAULT_PORT: Option<u16> = Some(6379);
     const POLL: Duration = Duration::from_millis(10);
 
     fn setup(root: &Path) -> anyhow::Result<Self> {
@@ -102,15 +103,6 @@ impl ServerSpec for RedisServer {
 
     fn url(port: u16) -> String {
         format!("redis://127.0.0.1:{port}")
-    }
-
-    fn external_port(url: &str) -> anyhow::Result<u16> {
-        Ok(url
-            .rsplit(':')
-            .next()
-            .and_then(|p| p.split('/').next())
-            .and_then(|p| p.parse().ok())
-            .unwrap_or(6379))
     }
 
     /// Sends `PING` over a raw connection to 127.0.0.1 and expects `+PONG` (a server still
@@ -160,5 +152,18 @@ impl ServerSpec for RedisServer {
         ]
         .map(Into::into)
         .to_vec()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn external_port_is_the_url_port_or_6379() {
+        let port = RedisServer::external_port;
+        assert_eq!(port("redis://127.0.0.1:6380/0").ok(), Some(6380));
+        assert_eq!(port("redis://:secret@127.0.0.1:6381").ok(), Some(6381));
+        assert_eq!(port("redis://127.0.0.1").ok(), Some(6379));
     }
 }

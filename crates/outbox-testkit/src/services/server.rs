@@ -67,8 +67,20 @@ pub(crate) trait ServerSpec: Debug + Send + Sync + Sized + 'static {
     /// The address clients use for a server this process started on `port`.
     fn url(port: u16) -> String;
 
-    /// The port of an external server's address (the value of [`ServerSpec::URL_ENV`]).
-    fn external_port(url: &str) -> anyhow::Result<u16>;
+    /// The port of an external server whose address names none (`None`: it must name one).
+    const DEFAULT_PORT: Option<u16> = None;
+
+    /// The port of an external server's address (the value of [`ServerSpec::URL_ENV`]): by
+    /// default the number after the address's last `:` (up to a `/`: `redis://h:6380/0`,
+    /// `amqp://user:pass@h:5673/%2f`), else [`ServerSpec::DEFAULT_PORT`].
+    fn external_port(url: &str) -> anyhow::Result<u16> {
+        url.rsplit(':')
+            .next()
+            .and_then(|p| p.split('/').next())
+            .and_then(|p| p.parse().ok())
+            .or(Self::DEFAULT_PORT)
+            .with_context(|| format!("{}=`{url}` has no port", Self::URL_ENV))
+    }
 
     /// One check that the server at `url` (port `port`) answers; errors say why not.
     fn probe(url: &str, port: u16) -> impl Future<Output = anyhow::Result<()>> + Send;
