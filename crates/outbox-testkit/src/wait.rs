@@ -83,6 +83,19 @@ pub async fn settle_count<S: outbox_core::Source>(
     .await
 }
 
+/// The settlements that record every one of `events` as delivered: what a relay records
+/// after publishing them, for tests that drive a source by hand
+/// (`source.settle(&all_delivered(&fetched.events), now)`).
+pub fn all_delivered(events: &[outbox_core::Event]) -> Vec<outbox_core::source::Settlement> {
+    events
+        .iter()
+        .map(|e| outbox_core::source::Settlement {
+            position: e.position,
+            outcome: outbox_core::source::Outcome::Delivered,
+        })
+        .collect()
+}
+
 /// Fetches and settles as delivered while `more` (given each batch) says so.
 async fn settle_while<S: outbox_core::Source>(
     source: &mut S,
@@ -90,7 +103,6 @@ async fn settle_while<S: outbox_core::Source>(
     timeout: Duration,
     mut more: impl FnMut(&[outbox_core::Event]) -> bool,
 ) -> anyhow::Result<()> {
-    use outbox_core::source::{Outcome, Settlement};
     let deadline = Instant::now() + timeout;
     loop {
         anyhow::ensure!(
@@ -111,16 +123,11 @@ async fn settle_while<S: outbox_core::Source>(
             source.wait_for_events(Duration::from_millis(200)).await;
             continue;
         }
-        let settle: Vec<Settlement> = fetched
-            .events
-            .iter()
-            .map(|e| Settlement {
-                position: e.position,
-                outcome: Outcome::Delivered,
-            })
-            .collect();
         source
-            .settle(&settle, time::OffsetDateTime::now_utc())
+            .settle(
+                &all_delivered(&fetched.events),
+                time::OffsetDateTime::now_utc(),
+            )
             .await?;
         if !more(&fetched.events) {
             return Ok(());
