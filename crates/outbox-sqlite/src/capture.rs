@@ -16,12 +16,13 @@
 //! (`render_sql`); texts only as literals of [`Dialect::Sqlite`].
 
 use outbox_core::Identifier;
+use outbox_core::capture::rows::{self, RowCatalog};
 use outbox_core::capture::{
     CaptureEntry, CaptureError, CaptureOp, CaptureRecord, Dialect, InstalledCapture, OpTrigger,
-    TableColumn, check_columns, check_entries, install_line, op_trigger_name, payload_type_error,
-    recorded, row_object,
+    TableColumn, TableKind, check_columns, check_entries, check_table, op_trigger_name,
+    payload_type_error, recorded, row_object, trigger_identifiers,
 };
-use sqlx::{Executor, Sqlite, SqlitePool, Transaction};
+use sqlx::{Executor, Sqlite, SqliteConnection, SqlitePool, Transaction};
 
 use crate::sql::render;
 
@@ -151,29 +152,13 @@ impl SqliteCapture {
             ));
         }
         let table = config.table.table.clone();
-        match self.kind(tx, table.as_str(), context).await?.as_deref() {
-            None => {
-                return Err(CaptureError::invalid(
-                    entry.key("table"),
-                    format!("table {table} does not exist in the SQLite file"),
-                ));
-            }
-            Some("view") => {
-                return Err(CaptureError::invalid(
-                    entry.key("table"),
-                    format!(
-                        "{table} is a view, not a table: only a table's writes can be captured"
-                    ),
-                ));
-            }
-            Some(_) if table == self.outbox => {
-                return Err(CaptureError::invalid(
-                    entry.key("table"),
-                    format!("{table} is the outbox table itself; capture a business table instead"),
-                ));
-            }
-            Some(_) => {}
-        }
+        let kind = match self.kind(tx, table.as_str(), context).await?.as_deref() {
+            None => TableKind::Missing,
+            Some("view") => TableKind::Other("a view".into()),
+            Some(_) if table == self.outbox => TableKind::Outbox,
+            Some(_) => TableKind::Table,
+        };
+        check_table(entry, table.as_str(), kind, "the SQLite file")?;
         let columns: Vec<(String, String)> = sqlx::query_as(COLUMNS)
             .bind(table.as_str())
             .fetch_all(&mut **tx)
@@ -204,19 +189,9 @@ impl SqliteCapture {
                 |_, col| format!("CASE WHEN typeof({col}) = 'blob' THEN hex({col}) ELSE {col} END"),
             )?),
         };
-        let name = config.name();
-        let ours = self.recorded(tx, &name, context).await?;
-        for op in [CaptureOp::Insert, CaptureOp::Update] {
-            let trigger = op_trigger_name(&name, op);
-            let on: Option<String> = sqlx::query_scalar(TRIGGER_OF)
-                .bind(&trigger)
-                .fetch_optional(&mut **tx)
-                .await
-                .map_err(db(context))?;
-            if on.is_some() && ours.is_none() {
-                return Err(recorded::name_clash(entry, &trigger, self.outbox.as_str()));
-            }
-        }
+        let mut catalog = self.catalog(tx, context);
+        let ours = rows::recorded_row(&mut catalog, &config.name()).await?;
+        rows::check_names_free(&mut catalog, entry, ours.is_some()).await?;
         Ok(Plan { entry, table, row })
     }
 
@@ -227,38 +202,16 @@ impl SqliteCapture {
         name: &Identifier,
         context: &str,
     ) -> Result<Option<(String, Option<CaptureRecord>)>, CaptureError> {
-        if self
-            .kind(tx, &format!("{}_capture", self.outbox), context)
-            .await?
-            != Some("table".into())
-        {
-            return Ok(None);
-        }
-        let row: Option<(String, String)> = sqlx::query_as(self.record_sql(RECORD_READ))
-            .bind(name.as_str())
-            .fetch_optional(&mut **tx)
-            .await
-            .map_err(db(context))?;
-        Ok(row.map(|(table, record)| (table, CaptureRecord::parse(Some(&record)))))
+        rows::recorded_row(&mut self.catalog(tx, context), name).await
     }
 
-    /// Drops both possible triggers of capture `name`.
-    async fn drop_triggers(
-        &self,
-        tx: &mut Transaction<'static, Sqlite>,
-        name: &Identifier,
-        context: &str,
-    ) -> Result<(), CaptureError> {
-        for op in [CaptureOp::Insert, CaptureOp::Update] {
-            let sql = recorded::drop_trigger(name, op);
-            tx.execute(sqlx::AssertSqlSafe(sql))
-                .await
-                .map_err(db(format!(
-                    "{context}: dropping trigger {}",
-                    op_trigger_name(name, op)
-                )))?;
+    /// The captures of this outbox table over `conn`, `context` naming the command.
+    fn catalog<'c>(&'c self, conn: &'c mut SqliteConnection, context: &'c str) -> Catalog<'c> {
+        Catalog {
+            capture: self,
+            conn,
+            context,
         }
-        Ok(())
     }
 
     /// Installs one checked capture: drops its old triggers (also on a table it captured
@@ -272,20 +225,15 @@ impl SqliteCapture {
         let name = config.name();
         let table = &plan.table;
         let context = format!("installing capture `{name}` on {table}");
-        let before = self.recorded(tx, &name, &context).await?;
-        self.drop_triggers(tx, &name, &context).await?;
-
-        let mut named: Vec<(&str, &Identifier)> = vec![
-            ("captured_table", table),
-            ("outbox_table", &self.outbox),
-            ("aggregate_id", &config.aggregate_id),
-        ];
-        if let Some(c) = &config.event_type_column {
-            named.push(("event_type_column", c));
+        let mut catalog = self.catalog(tx, &context);
+        let before = rows::recorded_row(&mut catalog, &name).await?;
+        for op in [CaptureOp::Insert, CaptureOp::Update] {
+            catalog.drop_trigger(&name, op).await?;
         }
-        if let Some(c) = config.payload.column() {
-            named.push(("payload_column", c));
-        }
+        let named = trigger_identifiers(
+            config,
+            [("captured_table", table), ("outbox_table", &self.outbox)],
+        );
         let mut triggers = Vec::new();
         for op in config.ops() {
             let sql =
@@ -305,17 +253,9 @@ impl SqliteCapture {
             .execute(&mut **tx)
             .await
             .map_err(db(format!("{context}: recording it")))?;
-        let mut line = install_line(
-            config,
-            before.is_some(),
-            &triggers.join(", "),
-            table.as_str(),
-            self.outbox.as_str(),
-        );
-        line.push_str(&recorded::moved(
-            before.as_ref().map(|(t, _)| t.as_str()),
-            table.as_str(),
-        ));
+        let before = before.as_ref().map(|(t, _)| t.as_str());
+        let outbox = self.outbox.as_str();
+        let line = rows::installed_line(config, before, &triggers, table.as_str(), outbox);
         Ok(line)
     }
 
@@ -323,24 +263,7 @@ impl SqliteCapture {
     pub async fn remove(&self, names: &[Identifier]) -> Result<Vec<String>, CaptureError> {
         let context = format!("removing captures from outbox table {}", self.outbox);
         let mut tx = self.begin(&context).await?;
-        let mut lines = Vec::with_capacity(names.len());
-        for name in names {
-            let Some((table, _)) = self.recorded(&mut tx, name, &context).await? else {
-                lines.push(recorded::removed_line(name, None, self.outbox.as_str()));
-                continue;
-            };
-            self.drop_triggers(&mut tx, name, &context).await?;
-            sqlx::query(self.record_sql(RECORD_DELETE))
-                .bind(name.as_str())
-                .execute(&mut *tx)
-                .await
-                .map_err(db(&context))?;
-            lines.push(recorded::removed_line(
-                name,
-                Some(&table),
-                self.outbox.as_str(),
-            ));
-        }
+        let lines = rows::remove(&mut self.catalog(&mut tx, &context), names).await?;
         tx.commit().await.map_err(db(&context))?;
         Ok(lines)
     }
@@ -349,37 +272,78 @@ impl SqliteCapture {
     pub async fn list(&self) -> Result<Vec<InstalledCapture>, CaptureError> {
         let context = format!("listing captures into outbox table {}", self.outbox);
         let mut conn = self.pool.acquire().await.map_err(db(&context))?;
-        let exists: Option<String> = sqlx::query_scalar(TABLE_KIND)
-            .bind(format!("{}_capture", self.outbox))
-            .fetch_optional(&mut *conn)
+        rows::list(&mut self.catalog(&mut conn, &context)).await
+    }
+}
+
+/// This outbox table's captures over one connection: the SQLite side of [`RowCatalog`].
+struct Catalog<'c> {
+    capture: &'c SqliteCapture,
+    conn: &'c mut SqliteConnection,
+    /// What the command does, for error messages.
+    context: &'c str,
+}
+
+impl RowCatalog for Catalog<'_> {
+    fn outbox(&self) -> &str {
+        self.capture.outbox.as_str()
+    }
+
+    async fn has_records(&mut self) -> Result<bool, CaptureError> {
+        let kind: Option<String> = sqlx::query_scalar(TABLE_KIND)
+            .bind(format!("{}_capture", self.capture.outbox))
+            .fetch_optional(&mut *self.conn)
             .await
-            .map_err(db(&context))?;
-        if exists.is_none() {
-            return Ok(Vec::new());
-        }
-        let rows: Vec<(String, String)> = sqlx::query_as(self.record_sql(RECORD_LIST))
-            .fetch_all(&mut *conn)
+            .map_err(db(self.context))?;
+        Ok(kind.as_deref() == Some("table"))
+    }
+
+    async fn record(
+        &mut self,
+        name: &Identifier,
+    ) -> Result<Option<(String, String)>, CaptureError> {
+        sqlx::query_as(self.capture.record_sql(RECORD_READ))
+            .bind(name.as_str())
+            .fetch_optional(&mut *self.conn)
             .await
-            .map_err(db(&context))?;
-        let mut out = Vec::with_capacity(rows.len());
-        for (name, record) in rows {
-            let mut found = Vec::new();
-            for op in [CaptureOp::Insert, CaptureOp::Update] {
-                let table: Option<String> = sqlx::query_scalar(TRIGGER_OF)
-                    .bind(format!("{name}{}", op.trigger_suffix()))
-                    .fetch_optional(&mut *conn)
-                    .await
-                    .map_err(db(&context))?;
-                found.extend(table.map(|t| (op, t)));
-            }
-            out.push(recorded::installed(
-                self.outbox.as_str(),
-                name,
-                &record,
-                &found,
-            ));
-        }
-        Ok(out)
+            .map_err(db(self.context))
+    }
+
+    async fn records(&mut self) -> Result<Vec<(String, String)>, CaptureError> {
+        let sql = self.capture.record_sql(RECORD_LIST);
+        let all = sqlx::query_as(sql).fetch_all(&mut *self.conn).await;
+        all.map_err(db(self.context))
+    }
+
+    async fn trigger_table(&mut self, trigger: &str) -> Result<Option<String>, CaptureError> {
+        let query = sqlx::query_scalar(TRIGGER_OF).bind(trigger);
+        query
+            .fetch_optional(&mut *self.conn)
+            .await
+            .map_err(db(self.context))
+    }
+
+    async fn drop_trigger(&mut self, name: &Identifier, op: CaptureOp) -> Result<(), CaptureError> {
+        let sql = recorded::drop_trigger(name, op);
+        let context = format!(
+            "{}: dropping trigger {}",
+            self.context,
+            op_trigger_name(name, op)
+        );
+        self.conn
+            .execute(sqlx::AssertSqlSafe(sql))
+            .await
+            .map_err(db(context))?;
+        Ok(())
+    }
+
+    async fn delete_record(&mut self, name: &Identifier) -> Result<(), CaptureError> {
+        let delete = sqlx::query(self.capture.record_sql(RECORD_DELETE)).bind(name.as_str());
+        delete
+            .execute(&mut *self.conn)
+            .await
+            .map_err(db(self.context))?;
+        Ok(())
     }
 }
 

@@ -31,12 +31,15 @@ use crate::sink::BoxFuture;
 
 mod dialect;
 mod error;
+mod install;
 pub mod recorded;
+pub mod rows;
 pub mod snapshot;
 mod trigger;
 
 pub use dialect::{Dialect, LiteralError, quote_literal};
 pub use error::CaptureError;
+pub use install::{TableKind, check_table, trigger_identifiers};
 pub use snapshot::{SnapshotChunk, SnapshotRun, SnapshotStart};
 pub use trigger::{OpTrigger, op_trigger_name, row_object, splice, splice_literals};
 

@@ -19,8 +19,9 @@
 //! nothing.
 
 use outbox_core::capture::{
-    CaptureEntry, CaptureError, CaptureOp, CaptureRecord, TableColumn, check_columns,
-    check_entries, install_line, payload_type_error, quote_literal,
+    CaptureEntry, CaptureError, CaptureOp, CaptureRecord, TableColumn, TableKind, check_columns,
+    check_entries, check_table, install_line, payload_type_error, quote_literal,
+    trigger_identifiers,
 };
 use outbox_core::{Identifier, QualifiedTable};
 use sqlx::{Executor, PgPool, Postgres, Transaction};
@@ -222,30 +223,15 @@ impl PgCapture {
             .fetch_optional(&mut **tx)
             .await
             .map_err(db(&context))?;
-        let oid = match found {
-            None => {
-                return Err(CaptureError::invalid(
-                    entry.key("table"),
-                    format!("table {table} does not exist in {}", self.database),
-                ));
-            }
-            Some((oid, _)) if oid == outbox_oid => {
-                return Err(CaptureError::invalid(
-                    entry.key("table"),
-                    format!("{table} is the outbox table itself; capture a business table instead"),
-                ));
-            }
-            Some((oid, kind)) if kind == "r" || kind == "p" => oid,
-            Some((_, kind)) => {
-                return Err(CaptureError::invalid(
-                    entry.key("table"),
-                    format!(
-                        "{table} is {}, not a table: only a table's writes can be captured",
-                        relkind(&kind)
-                    ),
-                ));
-            }
+        let kind = match &found {
+            None => TableKind::Missing,
+            Some((oid, _)) if *oid == outbox_oid => TableKind::Outbox,
+            Some((_, kind)) if kind == "r" || kind == "p" => TableKind::Table,
+            Some((_, kind)) => TableKind::Other(relkind(kind).to_owned()),
         };
+        check_table(entry, &table.to_string(), kind, &self.database)?;
+        // check_table refused a missing table.
+        let oid = found.map(|(oid, _)| oid).unwrap_or_default();
         let columns: Vec<(String, String, String)> = crate::sql::query_as(COLUMNS)
             .bind(oid)
             .fetch_all(&mut **tx)
@@ -384,17 +370,13 @@ impl PgCapture {
             .is_some();
         let before = self.drop_triggers(tx, &signature, &context).await?;
         let schema = table.schema.as_ref().expect("qualified_table has a schema");
-        let mut named: Vec<(&str, &Identifier)> = vec![
-            ("captured_schema", schema),
-            ("captured_table", &table.table),
-            ("aggregate_id", &config.aggregate_id),
-        ];
-        if let Some(c) = &config.event_type_column {
-            named.push(("event_type_column", c));
-        }
-        if let Some(c) = config.payload.column() {
-            named.push(("payload_column", c));
-        }
+        let named = trigger_identifiers(
+            config,
+            [
+                ("captured_schema", schema),
+                ("captured_table", &table.table),
+            ],
+        );
         // The business table may hold a trigger of that name from a capture whose function
         // was dropped by hand; check() made sure it is not someone else's.
         tx.execute(sqlx::AssertSqlSafe(self.render(
