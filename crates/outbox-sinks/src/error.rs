@@ -31,6 +31,24 @@ impl ConfigError {
     }
 }
 
+/// Test support: parses each `(table, expected)` of `cases` as a `C` (a `[sink]` table in
+/// TOML) and asserts that `validate` refuses it with an error starting with `expected`;
+/// returns the errors as text, for further checks.
+#[cfg(test)]
+pub(crate) fn assert_refusals<C: serde::de::DeserializeOwned>(
+    cases: &[(&str, &str)],
+    validate: impl Fn(&C) -> Result<(), ConfigError>,
+) -> Vec<String> {
+    let mut errors = Vec::with_capacity(cases.len());
+    for (text, expected) in cases {
+        let config: C = toml::from_str(text).expect("parses");
+        let err = validate(&config).expect_err(text).to_string();
+        assert!(err.starts_with(expected), "{text}: {err}");
+        errors.push(err);
+    }
+    errors
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -136,14 +136,10 @@ macro_rules! build_sink {
 }
 pub(crate) use build_sink;
 
-#[cfg(any(feature = "sqs", feature = "sns", feature = "kinesis"))]
+// `aws` is the feature that `sqs`, `sns` and `kinesis` each enable.
+#[cfg(feature = "aws")]
 mod aws;
-#[cfg(any(
-    feature = "sqs",
-    feature = "sns",
-    feature = "kinesis",
-    feature = "pubsub"
-))]
+#[cfg(any(feature = "aws", feature = "pubsub"))]
 mod cloud;
 mod cloudevents;
 mod error;
@@ -238,6 +234,21 @@ fn collapse_unavailable(
         return Err(first.clone());
     }
     Ok(deliveries)
+}
+
+/// The deliveries of a batch whose events were decided one by one (`None`: never attempted,
+/// which fails `Transient` with `unattempted`), collapsed as [`collapse_unavailable`] does.
+#[cfg(any(feature = "redis", feature = "aws", feature = "pubsub"))]
+fn collapse_decided(
+    deliveries: Vec<Option<outbox_core::sink::Delivery>>,
+    unattempted: &'static str,
+) -> Result<Vec<outbox_core::sink::Delivery>, outbox_core::SinkError> {
+    collapse_unavailable(
+        deliveries
+            .into_iter()
+            .map(|d| d.unwrap_or_else(|| Err(outbox_core::SinkError::transient(unattempted))))
+            .collect(),
+    )
 }
 
 /// An event used by `validate()` to render a destination template without a database: it

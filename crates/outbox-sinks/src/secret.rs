@@ -46,13 +46,7 @@ impl From<&str> for Secret {
 }
 
 /// The workspace's one redaction function (`outbox_core::redact::redact_url`).
-#[cfg(any(
-    feature = "redis",
-    feature = "rabbitmq",
-    feature = "sqs",
-    feature = "sns",
-    feature = "kinesis"
-))]
+#[cfg(any(feature = "redis", feature = "rabbitmq", feature = "aws"))]
 pub(crate) use outbox_core::redact::redact_url;
 
 #[cfg(test)]

@@ -479,12 +479,7 @@ where
     for (index, delivery) in answers.into_iter().flatten() {
         deliveries[index] = Some(delivery);
     }
-    crate::collapse_unavailable(
-        deliveries
-            .into_iter()
-            .map(|d| d.unwrap_or_else(|| Err(SinkError::transient("message not sent"))))
-            .collect(),
-    )
+    crate::collapse_decided(deliveries, "message not sent")
 }
 
 /// One call's messages, failed entries sent again alone; `(batch index, delivery)` each.

@@ -485,10 +485,7 @@ mod tests {
                 "sink.cloudevents_content_type: ",
             ),
         ];
-        for (text, expected) in cases {
-            let err = parse(text).expect("parses").validate().expect_err(text);
-            assert!(err.to_string().starts_with(expected), "{text}: {err}");
-        }
+        crate::error::assert_refusals(&cases, KafkaConfig::validate);
     }
 
     #[test]

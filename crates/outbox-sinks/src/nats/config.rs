@@ -409,10 +409,7 @@ mod tests {
                 "sink.ack_timeout: must be greater than 0",
             ),
         ];
-        for (text, expected) in cases {
-            let err = parse(text).expect("parses").validate().expect_err(text);
-            assert!(err.to_string().starts_with(expected), "{text}: {err}");
-        }
+        crate::error::assert_refusals(&cases, NatsConfig::validate);
     }
 
     #[test]

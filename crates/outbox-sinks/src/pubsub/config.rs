@@ -431,10 +431,7 @@ mod tests {
                 "sink.max_payload: 10000001 exceeds",
             ),
         ];
-        for (text, expected) in cases {
-            let err = parse(text).expect("parses").validate().expect_err(text);
-            assert!(err.to_string().starts_with(expected), "{text}: {err}");
-        }
+        crate::error::assert_refusals(&cases, PubSubConfig::validate);
     }
 
     #[test]

@@ -1,3 +1,7 @@
+use std::collections::BTreeMap;
+
+use super::message::{attributes, shorten};
+use super::rest::{classify, shorten_bytes};
 use super::*;
 use outbox_core::SinkErrorKind::*;
 

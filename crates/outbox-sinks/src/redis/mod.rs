@@ -342,11 +342,7 @@ impl Sink for RedisSink {
                 }
             }
         }
-        let deliveries = deliveries
-            .into_iter()
-            .map(|d| d.unwrap_or_else(|| Err(SinkError::transient("event was not attempted"))))
-            .collect();
-        crate::collapse_unavailable(deliveries)
+        crate::collapse_decided(deliveries, "event was not attempted")
     }
 
     async fn healthcheck(&self) -> Result<(), SinkError> {
