@@ -31,6 +31,9 @@ use crate::source::{Backlog, Fetched, Inspect, Settlement, Source, SourceError};
 use crate::{NewEvent, RelayConfig};
 
 mod forward;
+mod settle;
+
+pub use settle::SettledBatch;
 
 /// What the forwarding macros ([`forward_dead_letter_store!`](crate::forward_dead_letter_store)
 /// and the others of `backend/forward.rs`) name, so that callers need no `time` or `uuid` of

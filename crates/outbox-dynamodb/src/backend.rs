@@ -10,8 +10,7 @@ use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::types::{AttributeValue, KeyType, TransactWriteItem, Update};
 use outbox_core::admin::{DoctorCheck, DoctorThresholds, StatusReport};
 use outbox_core::backend::{
-    Backend, BackendConfig, BoxedSource, DeadLetterStore, DynInspect, OpenError, OpenOptions,
-    Pipelines, Producer, Unsupported,
+    Backend, BackendConfig, BoxedSource, DynInspect, OpenError, OpenOptions, Pipelines,
 };
 use outbox_core::sink::BoxFuture;
 use outbox_core::source::{Backlog, Inspect};
@@ -491,13 +490,7 @@ impl Backend for DynamoBackend {
         })
     }
 
-    fn dead_letters(&self) -> Result<&dyn DeadLetterStore, Unsupported> {
-        Ok(&self.dead)
-    }
-
-    fn producer(&self) -> Result<&dyn Producer, Unsupported> {
-        Ok(self)
-    }
+    outbox_core::backend_abilities!(dead_letters: dead, producer: self);
 
     fn doctor(&self, _thresholds: DoctorThresholds) -> BoxFuture<'_, Vec<DoctorCheck>> {
         Box::pin(async move {

@@ -12,7 +12,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use outbox_core::aggregate_seq::{self, AssignedPositions};
-use outbox_core::source::{Fetched, Outcome, Settlement};
+use outbox_core::backend::SettledBatch;
+use outbox_core::source::{Fetched, Settlement};
 use outbox_core::{DeadLetterPolicy, Event, Ordering, Position, Source, SourceError};
 use sqlx::postgres::{PgListener, PgRow};
 use sqlx::types::Json;
@@ -247,24 +248,11 @@ impl PgPollSource {
             self.positions = None;
             return Ok(());
         };
-        let mut delivered = Vec::new();
-        let (mut retry_seqs, mut retry_at, mut retry_errors) = (Vec::new(), Vec::new(), Vec::new());
-        let (mut dead_seqs, mut dead_reasons) = (Vec::new(), Vec::new());
-        for s in settlements {
-            match &s.outcome {
-                Outcome::Delivered => delivered.push(s.position.0),
-                Outcome::Retry { not_before, error } => {
-                    retry_seqs.push(s.position.0);
-                    retry_at.push(*not_before);
-                    retry_errors.push(error.as_str());
-                }
-                Outcome::DeadLetter { reason } => {
-                    dead_seqs.push(s.position.0);
-                    dead_reasons.push(reason.as_str());
-                }
-                Outcome::Released => {}
-            }
-        }
+        let SettledBatch {
+            delivered,
+            retries,
+            dead,
+        } = SettledBatch::sort(settlements);
         if !delivered.is_empty() {
             let q = match self.on_delivered {
                 OnDelivered::Mark => crate::sql::query(stmt(&self.queries.mark_delivered))
@@ -278,7 +266,11 @@ impl PgPollSource {
                 .await
                 .map_err(|e| self.err("recording delivered events", e))?;
         }
-        if !retry_seqs.is_empty() {
+        if !retries.is_empty() {
+            // One array a column.
+            let retry_seqs: Vec<i64> = retries.iter().map(|r| r.0).collect();
+            let retry_at: Vec<OffsetDateTime> = retries.iter().map(|r| r.1).collect();
+            let retry_errors: Vec<&str> = retries.iter().map(|r| r.2).collect();
             crate::sql::query(stmt(&self.queries.schedule_retry))
                 .bind(&retry_seqs)
                 .bind(&retry_at)
@@ -287,7 +279,8 @@ impl PgPollSource {
                 .await
                 .map_err(|e| self.err("scheduling retries", e))?;
         }
-        if !dead_seqs.is_empty() {
+        if !dead.is_empty() {
+            let (dead_seqs, dead_reasons): (Vec<i64>, Vec<&str>) = dead.into_iter().unzip();
             crate::sql::query(stmt(&self.queries.dead_letter))
                 .bind(&dead_seqs)
                 .bind(&dead_reasons)

@@ -8,7 +8,11 @@
 //! - [`forward_retention!`](crate::forward_retention) writes [`Retention`](super::Retention)
 //!   for the batched-delete shape (a preview of rows and the oldest, a run of batches);
 //! - [`forward_explain!`](crate::forward_explain) writes [`Explain`](super::Explain);
-//! - [`forward_producer!`](crate::forward_producer) writes [`Producer`](super::Producer).
+//! - [`forward_producer!`](crate::forward_producer) writes [`Producer`](super::Producer);
+//! - [`backend_abilities!`](crate::backend_abilities) writes the [`Backend`](super::Backend)
+//!   methods that hand those abilities out;
+//! - [`forward_source!`](crate::forward_source) writes a [`Source`](crate::Source) whose
+//!   fetch and settle are inherent methods (a claim and its record).
 //!
 //! Every forwarded error goes through `Into<SourceError>`, so an inherent method may return
 //! its own error type where the crate converts it (`impl From<E> for SourceError`).
@@ -238,6 +242,100 @@ macro_rules! forward_producer {
                         .await
                         .map_err($crate::backend::__forward::error)
                 })
+            }
+        }
+    };
+}
+
+/// Writes, inside an `impl Backend for T` block, the [`Backend`](crate::backend::Backend)
+/// methods that hand out an ability the backend keeps in a field (or is itself):
+/// `backend_abilities!(dead_letters: dead, explain: self, producer: producer, forward:
+/// producer)`. The abilities: `dead_letters`, `explain`, `replay`, `retention`, `forward`,
+/// `catalog`, `capture`, `producer`, `delivery_ledger`; and two that read the backend's
+/// `pool` and `config` fields: `backfill: B` makes the subscription's backfill with
+/// `B::new(pool.clone(), &config, subscription)` (its `Err` message becomes the
+/// [`Unsupported`](crate::Unsupported) hint), and `scratch: self` hands out the backend
+/// itself when `config.table` names a scratch outbox ([`scratch_only`](crate::backend::scratch_only)).
+#[macro_export]
+macro_rules! backend_abilities {
+    ($($ability:ident: $field:ident),* $(,)?) => {
+        $($crate::backend_abilities!(@ability $ability $field);)*
+    };
+    (@ability dead_letters $f:ident) => {
+        $crate::backend_abilities!(@one dead_letters $crate::backend::DeadLetterStore, $f);
+    };
+    (@ability explain $f:ident) => {
+        $crate::backend_abilities!(@one explain $crate::backend::Explain, $f);
+    };
+    (@ability replay $f:ident) => {
+        $crate::backend_abilities!(@one replay $crate::backend::Replay, $f);
+    };
+    (@ability retention $f:ident) => {
+        $crate::backend_abilities!(@one retention $crate::backend::Retention, $f);
+    };
+    (@ability forward $f:ident) => {
+        $crate::backend_abilities!(@one forward $crate::backend::Forward, $f);
+    };
+    (@ability catalog $f:ident) => {
+        $crate::backend_abilities!(@one catalog $crate::catalog::SubscriptionCatalog, $f);
+    };
+    (@ability capture $f:ident) => {
+        $crate::backend_abilities!(@one capture $crate::capture::Capture, $f);
+    };
+    (@ability producer $f:ident) => {
+        $crate::backend_abilities!(@one producer $crate::backend::Producer, $f);
+    };
+    (@ability delivery_ledger $f:ident) => {
+        $crate::backend_abilities!(@one delivery_ledger $crate::verify::DeliveryLedger, $f);
+    };
+    (@ability backfill $backfill:ident) => {
+        fn backfill(
+            &self,
+            subscription: &str,
+        ) -> Result<Box<dyn $crate::backfill::Backfill>, $crate::Unsupported> {
+            $backfill::new(self.pool.clone(), &self.config, subscription)
+                .map(|b| Box::new(b) as Box<dyn $crate::backfill::Backfill>)
+                .map_err(|e| $crate::Unsupported::new(self.kind(), "backfill").with_hint(e))
+        }
+    };
+    (@ability scratch self) => {
+        fn scratch(&self) -> Result<&dyn $crate::backend::Scratch, $crate::Unsupported> {
+            $crate::backend::scratch_only(self.kind(), &self.config.table, self)
+        }
+    };
+    (@one $name:ident $ability:path, self) => {
+        fn $name(&self) -> Result<&dyn $ability, $crate::Unsupported> {
+            Ok(self)
+        }
+    };
+    (@one $name:ident $ability:path, $f:ident) => {
+        fn $name(&self) -> Result<&dyn $ability, $crate::Unsupported> {
+            Ok(&self.$f)
+        }
+    };
+}
+
+/// Implements [`Source`](crate::Source) (without `wait_for_events`, which keeps its default)
+/// for a type with inherent `async fn`s of the trait's `fetch` and `settle` signatures:
+/// `forward_source!(T, fetch = claim, settle = record)`.
+#[macro_export]
+macro_rules! forward_source {
+    ($ty:ty, fetch = $fetch:ident, settle = $settle:ident) => {
+        impl $crate::Source for $ty {
+            async fn fetch(
+                &mut self,
+                limit: usize,
+                now: $crate::backend::__forward::OffsetDateTime,
+            ) -> Result<$crate::source::Fetched, $crate::SourceError> {
+                <$ty>::$fetch(self, limit, now).await
+            }
+
+            async fn settle(
+                &mut self,
+                settlements: &[$crate::source::Settlement],
+                now: $crate::backend::__forward::OffsetDateTime,
+            ) -> Result<(), $crate::SourceError> {
+                <$ty>::$settle(self, settlements, now).await
             }
         }
     };

@@ -16,10 +16,7 @@ mod status;
 use std::sync::Arc;
 
 use outbox_core::admin::{DoctorCheck, DoctorThresholds, StatusReport};
-use outbox_core::backend::{
-    Backend, BackendConfig, BoxedSource, DeadLetterStore, Explain, Forward, Pipelines, Producer,
-    Replay, Retention,
-};
+use outbox_core::backend::{Backend, BackendConfig, BoxedSource, Pipelines};
 use outbox_core::sink::BoxFuture;
 use outbox_core::source::Inspect;
 use outbox_core::{RelayConfig, SourceError};
@@ -27,6 +24,7 @@ use sqlx::PgPool;
 use std::time::Duration;
 use time::OffsetDateTime;
 
+use crate::backfill::PgBackfill;
 use crate::cdc::{PgCdcSource, setup_cdc};
 use crate::config::{Mode, PostgresConfig};
 use crate::dead::PgDeadLetters;
@@ -270,48 +268,11 @@ impl Backend for PgBackend {
     fn doctor(&self, thresholds: DoctorThresholds) -> BoxFuture<'_, Vec<DoctorCheck>> {
         Box::pin(crate::doctor::doctor(&self.pool, &self.config, thresholds))
     }
-    fn dead_letters(&self) -> Result<&dyn DeadLetterStore, outbox_core::Unsupported> {
-        Ok(&self.dead)
-    }
-    fn explain(&self) -> Result<&dyn Explain, outbox_core::Unsupported> {
-        Ok(self)
-    }
-    fn replay(&self) -> Result<&dyn Replay, outbox_core::Unsupported> {
-        Ok(&self.replay)
-    }
-    fn retention(&self) -> Result<&dyn Retention, outbox_core::Unsupported> {
-        Ok(&self.retention)
-    }
-    fn producer(&self) -> Result<&dyn Producer, outbox_core::Unsupported> {
-        Ok(&self.producer)
-    }
-    fn capture(&self) -> Result<&dyn outbox_core::capture::Capture, outbox_core::Unsupported> {
-        Ok(&self.capture)
-    }
-    fn forward(&self) -> Result<&dyn Forward, outbox_core::Unsupported> {
-        Ok(&self.producer)
-    }
-    fn backfill(
-        &self,
-        subscription: &str,
-    ) -> Result<Box<dyn outbox_core::backfill::Backfill>, outbox_core::Unsupported> {
-        crate::backfill::PgBackfill::new(self.pool.clone(), &self.config, subscription)
-            .map(|b| Box::new(b) as Box<dyn outbox_core::backfill::Backfill>)
-            .map_err(|e| outbox_core::Unsupported::new("postgres", "backfill").with_hint(e))
-    }
-    fn catalog(
-        &self,
-    ) -> Result<&dyn outbox_core::catalog::SubscriptionCatalog, outbox_core::Unsupported> {
-        Ok(&self.catalog)
-    }
-    fn delivery_ledger(
-        &self,
-    ) -> Result<&dyn outbox_core::verify::DeliveryLedger, outbox_core::Unsupported> {
-        Ok(&self.ledger)
-    }
-    fn scratch(&self) -> Result<&dyn outbox_core::backend::Scratch, outbox_core::Unsupported> {
-        outbox_core::backend::scratch_only(self.kind(), &self.config.table, self)
-    }
+    outbox_core::backend_abilities!(
+        dead_letters: dead, explain: self, replay: replay, retention: retention,
+        producer: producer, forward: producer, catalog: catalog, delivery_ledger: ledger,
+        capture: capture, backfill: PgBackfill, scratch: self,
+    );
 }
 
 /// A setup error (migration, CDC setup) as a fatal source error with its causes.
