@@ -208,6 +208,30 @@ pub struct InsertRow<'a> {
     pub last_error: Option<&'a str>,
 }
 
+/// The pending rows [`ChunkStore::hold`] held, by aggregate.
+pub type Held = HashMap<AggregateKey, Vec<PendingRow>>;
+
+impl PendingRow {
+    /// Its aggregate.
+    pub fn key(&self) -> AggregateKey {
+        aggregate_key(&self.event)
+    }
+}
+
+/// `event`'s aggregate.
+pub fn aggregate_key(event: &Event) -> AggregateKey {
+    (event.aggregate_type.clone(), event.aggregate_id.clone())
+}
+
+/// `rows` grouped by aggregate, each aggregate's in the order given.
+pub fn by_aggregate(rows: impl IntoIterator<Item = PendingRow>) -> Held {
+    let mut out = Held::new();
+    for row in rows {
+        out.entry(row.key()).or_default().push(row);
+    }
+    out
+}
+
 /// One database's side of [`apply_chunk`]: the statements of one chunk transaction on a
 /// subscription table. The hold is the database's; the decision and the order are
 /// [`plan`]'s, the same everywhere.
@@ -215,38 +239,80 @@ pub trait ChunkStore: Send + Sync {
     /// The open chunk transaction.
     type Tx: Send;
     /// Starts a chunk transaction.
-    fn begin(&self) -> BoxFuture<'_, Result<Self::Tx, SourceError>>;
+    fn begin(&self) -> impl Future<Output = Result<Self::Tx, SourceError>> + Send;
     /// Holds what it can of `keys` (sorted) against the subscription's fan-out and pipeline
     /// until the transaction ends, without waiting for a relay: returns the held aggregates,
     /// each with all its pending rows in the table's (delivery) order, none in flight. An
     /// aggregate it cannot hold now is left out (tried again later).
-    fn hold<'a>(
-        &'a self,
-        tx: &'a mut Self::Tx,
-        keys: &'a [AggregateKey],
-    ) -> BoxFuture<'a, Result<HashMap<AggregateKey, Vec<PendingRow>>, SourceError>>;
+    fn hold(
+        &self,
+        tx: &mut Self::Tx,
+        keys: &[AggregateKey],
+    ) -> impl Future<Output = Result<Held, SourceError>> + Send;
     /// What the subscription handed out of each held aggregate.
-    fn handed_out<'a>(
-        &'a self,
-        tx: &'a mut Self::Tx,
-        keys: &'a [AggregateKey],
-    ) -> BoxFuture<'a, Result<HashMap<AggregateKey, HandedOut>, SourceError>>;
+    fn handed_out(
+        &self,
+        tx: &mut Self::Tx,
+        keys: &[AggregateKey],
+    ) -> impl Future<Output = Result<HashMap<AggregateKey, HandedOut>, SourceError>> + Send;
     /// Which of these event ids the subscription table holds, in any state.
-    fn present<'a>(
-        &'a self,
-        tx: &'a mut Self::Tx,
-        ids: &'a [Uuid],
-    ) -> BoxFuture<'a, Result<HashSet<Uuid>, SourceError>>;
+    fn present(
+        &self,
+        tx: &mut Self::Tx,
+        ids: &[Uuid],
+    ) -> impl Future<Output = Result<HashSet<Uuid>, SourceError>> + Send;
     /// Takes the pending rows `taken_out` out of line and inserts `rows`, in this order
     /// (each aggregate's in outbox commit order), so the pipeline delivers them so.
-    fn put_in_line<'a>(
-        &'a self,
-        tx: &'a mut Self::Tx,
-        taken_out: &'a [Uuid],
-        rows: &'a [InsertRow<'a>],
-    ) -> BoxFuture<'a, Result<(), SourceError>>;
+    fn put_in_line(
+        &self,
+        tx: &mut Self::Tx,
+        taken_out: &[Uuid],
+        rows: &[InsertRow<'_>],
+    ) -> impl Future<Output = Result<(), SourceError>> + Send;
     /// Commits the chunk.
-    fn commit(&self, tx: Self::Tx) -> BoxFuture<'_, Result<(), SourceError>>;
+    fn commit(&self, tx: Self::Tx) -> impl Future<Output = Result<(), SourceError>> + Send;
+}
+
+/// A database's backfill (each database's backfill module): the reads of the candidates
+/// and a [`ChunkStore`]. Every `Backfiller` is a [`Backfill`], the object the command runs.
+pub trait Backfiller: ChunkStore {
+    /// [`Backfill::ids`].
+    fn ids(
+        &self,
+        since: Option<OffsetDateTime>,
+    ) -> impl Future<Output = Result<Vec<Uuid>, SourceError>> + Send;
+    /// [`Backfill::events`].
+    fn events(
+        &self,
+        ids: &[Uuid],
+    ) -> impl Future<Output = Result<Vec<Candidate>, SourceError>> + Send;
+    /// [`Backfill::apply`]: [`apply_chunk`], unless the database paces or retries it.
+    fn apply(
+        &self,
+        chunk: &[Candidate],
+    ) -> impl Future<Output = Result<ChunkOutcome, SourceError>> + Send
+    where
+        Self: Sized,
+    {
+        apply_chunk(self, chunk)
+    }
+}
+
+impl<T: Backfiller> Backfill for T {
+    fn ids(&self, since: Option<OffsetDateTime>) -> BoxFuture<'_, Result<Vec<Uuid>, SourceError>> {
+        Box::pin(Backfiller::ids(self, since))
+    }
+
+    fn events<'a>(&'a self, ids: &'a [Uuid]) -> BoxFuture<'a, Result<Vec<Candidate>, SourceError>> {
+        Box::pin(Backfiller::events(self, ids))
+    }
+
+    fn apply<'a>(
+        &'a self,
+        chunk: &'a [Candidate],
+    ) -> BoxFuture<'a, Result<ChunkOutcome, SourceError>> {
+        Box::pin(Backfiller::apply(self, chunk))
+    }
 }
 
 /// [`Backfill::apply`] over a [`ChunkStore`]: one transaction for the chunk; each aggregate
@@ -257,8 +323,10 @@ pub async fn apply_chunk<S: ChunkStore>(
 ) -> Result<ChunkOutcome, SourceError> {
     let mut by_key: BTreeMap<AggregateKey, Vec<Candidate>> = BTreeMap::new();
     for c in chunk {
-        let key = (c.event.aggregate_type.clone(), c.event.aggregate_id.clone());
-        by_key.entry(key).or_default().push(c.clone());
+        by_key
+            .entry(aggregate_key(&c.event))
+            .or_default()
+            .push(c.clone());
     }
     let keys: Vec<AggregateKey> = by_key.keys().cloned().collect();
     let mut tx = store.begin().await?;
@@ -357,118 +425,24 @@ pub fn keys_json(keys: &[AggregateKey]) -> String {
     serde_json::to_string(keys).unwrap_or_else(|_| "[]".into())
 }
 
-/// Names the macro [`impl_backfill!`](crate::impl_backfill) uses, so that callers need no `time` or `uuid` of
-/// their own in scope.
-#[doc(hidden)]
-pub mod __macro {
-    pub use std::collections::{HashMap, HashSet};
-    pub use time::OffsetDateTime;
-    pub use uuid::Uuid;
+/// Refuses to backfill from an outbox that deletes its events once fanned out
+/// (`source.on_delivered = "delete"`): there is nothing to copy.
+pub fn check_kept(keeps_delivered: bool, outbox: &str) -> Result<(), SourceError> {
+    if keeps_delivered {
+        return Ok(());
+    }
+    Err(SourceError::fatal(format!(
+        "nothing to backfill from outbox table {outbox}: it runs with source.on_delivered = \"delete\", so fanned-out events are not kept"
+    )))
 }
 
-/// Implements [`Backfill`] and [`ChunkStore`] (with `Tx = $tx`) for a type with inherent
-/// `async fn`s of the traits' signatures: `ids`, `events`, `apply` (usually
-/// [`apply_chunk`]`(self, chunk)`, maybe paced), `begin`, `hold`, `handed_out`, `present`,
-/// `put_in_line` and `commit` (each database's backfill module).
-#[macro_export]
-macro_rules! impl_backfill {
-    ($ty:ty, $tx:ty) => {
-        impl $crate::backfill::Backfill for $ty {
-            fn ids(
-                &self,
-                since: Option<$crate::backfill::__macro::OffsetDateTime>,
-            ) -> $crate::sink::BoxFuture<
-                '_,
-                Result<Vec<$crate::backfill::__macro::Uuid>, $crate::SourceError>,
-            > {
-                Box::pin(<$ty>::ids(self, since))
-            }
-            fn events<'a>(
-                &'a self,
-                ids: &'a [$crate::backfill::__macro::Uuid],
-            ) -> $crate::sink::BoxFuture<
-                'a,
-                Result<Vec<$crate::backfill::Candidate>, $crate::SourceError>,
-            > {
-                Box::pin(<$ty>::events(self, ids))
-            }
-            fn apply<'a>(
-                &'a self,
-                chunk: &'a [$crate::backfill::Candidate],
-            ) -> $crate::sink::BoxFuture<
-                'a,
-                Result<$crate::backfill::ChunkOutcome, $crate::SourceError>,
-            > {
-                Box::pin(<$ty>::apply(self, chunk))
-            }
-        }
-
-        impl $crate::backfill::ChunkStore for $ty {
-            type Tx = $tx;
-            fn begin(&self) -> $crate::sink::BoxFuture<'_, Result<$tx, $crate::SourceError>> {
-                Box::pin(<$ty>::begin(self))
-            }
-            fn hold<'a>(
-                &'a self,
-                tx: &'a mut $tx,
-                keys: &'a [$crate::backfill::AggregateKey],
-            ) -> $crate::sink::BoxFuture<
-                'a,
-                Result<
-                    $crate::backfill::__macro::HashMap<
-                        $crate::backfill::AggregateKey,
-                        Vec<$crate::backfill::PendingRow>,
-                    >,
-                    $crate::SourceError,
-                >,
-            > {
-                Box::pin(<$ty>::hold(self, tx, keys))
-            }
-            fn handed_out<'a>(
-                &'a self,
-                tx: &'a mut $tx,
-                keys: &'a [$crate::backfill::AggregateKey],
-            ) -> $crate::sink::BoxFuture<
-                'a,
-                Result<
-                    $crate::backfill::__macro::HashMap<
-                        $crate::backfill::AggregateKey,
-                        $crate::backfill::HandedOut,
-                    >,
-                    $crate::SourceError,
-                >,
-            > {
-                Box::pin(<$ty>::handed_out(self, tx, keys))
-            }
-            fn present<'a>(
-                &'a self,
-                tx: &'a mut $tx,
-                ids: &'a [$crate::backfill::__macro::Uuid],
-            ) -> $crate::sink::BoxFuture<
-                'a,
-                Result<
-                    $crate::backfill::__macro::HashSet<$crate::backfill::__macro::Uuid>,
-                    $crate::SourceError,
-                >,
-            > {
-                Box::pin(<$ty>::present(self, tx, ids))
-            }
-            fn put_in_line<'a>(
-                &'a self,
-                tx: &'a mut $tx,
-                taken_out: &'a [$crate::backfill::__macro::Uuid],
-                rows: &'a [$crate::backfill::InsertRow<'a>],
-            ) -> $crate::sink::BoxFuture<'a, Result<(), $crate::SourceError>> {
-                Box::pin(<$ty>::put_in_line(self, tx, taken_out, rows))
-            }
-            fn commit(
-                &self,
-                tx: $tx,
-            ) -> $crate::sink::BoxFuture<'_, Result<(), $crate::SourceError>> {
-                Box::pin(<$ty>::commit(self, tx))
-            }
-        }
-    };
+/// An event's headers as JSON object text (the `headers` column of MySQL and SQLite).
+pub fn headers_json(event: &Event) -> String {
+    let headers = event
+        .headers
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone().into()));
+    serde_json::Value::Object(headers.collect()).to_string()
 }
 
 #[cfg(test)]

@@ -26,8 +26,8 @@
 use std::collections::{HashMap, HashSet};
 
 use outbox_core::backfill::{
-    AggregateKey, Candidate, ChunkOutcome, HandedOut, InsertRow, PendingRow, apply_chunk, ids_json,
-    keys_json,
+    AggregateKey, Backfiller, Candidate, ChunkOutcome, ChunkStore, HandedOut, Held, InsertRow,
+    PendingRow, apply_chunk, by_aggregate, check_kept, headers_json, ids_json, keys_json,
 };
 use outbox_core::{Identifier, SourceError};
 use sqlx::mysql::MySqlDatabaseError;
@@ -127,13 +127,34 @@ impl MySqlBackfill {
         source_error(context, &self.subscription, e)
     }
 
-    async fn ids(&self, since: Option<OffsetDateTime>) -> Result<Vec<Uuid>, SourceError> {
-        if !self.keeps_delivered {
-            return Err(SourceError::fatal(format!(
-                "nothing to backfill from outbox table {}: it runs with source.on_delivered = \"delete\", so fanned-out events are not kept",
-                self.outbox
-            )));
+    /// Fills in the outbox seq of each pending row whose outbox row is still there.
+    async fn outbox_seqs(
+        &self,
+        tx: &mut Transaction<'static, MySql>,
+        pending: &mut Held,
+    ) -> Result<(), SourceError> {
+        let ids: Vec<Uuid> = pending.values().flatten().map(|r| r.event.id).collect();
+        if ids.is_empty() {
+            return Ok(());
         }
+        let seqs: HashMap<String, i64> =
+            sqlx::query_as::<_, (String, i64)>(stmt(&self.q.outbox_seqs))
+                .bind(ids_json(&ids))
+                .fetch_all(&mut **tx)
+                .await
+                .map_err(|e| source_error("reading outbox positions", &self.outbox, e))?
+                .into_iter()
+                .collect();
+        for row in pending.values_mut().flatten() {
+            row.outbox_seq = seqs.get(&row.event.id.hyphenated().to_string()).copied();
+        }
+        Ok(())
+    }
+}
+
+impl Backfiller for MySqlBackfill {
+    async fn ids(&self, since: Option<OffsetDateTime>) -> Result<Vec<Uuid>, SourceError> {
+        check_kept(self.keeps_delivered, &self.outbox)?;
         let version = crate::server::server_version(&self.pool)
             .await
             .map_err(|e| source_error("reading the server version", &self.outbox, e))?;
@@ -174,11 +195,34 @@ impl MySqlBackfill {
             .map_err(|e| source_error("reading events to backfill", &self.outbox, e))
     }
 
-    async fn hold(
-        &self,
-        tx: &mut Transaction<'static, MySql>,
-        keys: &[AggregateKey],
-    ) -> Result<HashMap<AggregateKey, Vec<PendingRow>>, SourceError> {
+    /// [`apply_chunk`], run again when the server chose the chunk as a deadlock victim.
+    async fn apply(&self, chunk: &[Candidate]) -> Result<ChunkOutcome, SourceError> {
+        let mut tries = 0;
+        loop {
+            match apply_chunk(self, chunk).await {
+                Err(e) if tries < DEADLOCK_RETRIES && is_deadlock(&e) => {
+                    tries += 1;
+                    tokio::time::sleep(std::time::Duration::from_millis(10 * u64::from(tries)))
+                        .await;
+                    tracing::debug!(error = %outbox_core::relay::ErrorChain(&e), "backfill chunk lost a deadlock; running it again");
+                }
+                result => return result,
+            }
+        }
+    }
+}
+
+impl ChunkStore for MySqlBackfill {
+    type Tx = Transaction<'static, MySql>;
+
+    async fn begin(&self) -> Result<Self::Tx, SourceError> {
+        self.pool
+            .begin()
+            .await
+            .map_err(|e| self.err("starting a backfill transaction", e))
+    }
+
+    async fn hold(&self, tx: &mut Self::Tx, keys: &[AggregateKey]) -> Result<Held, SourceError> {
         let wanted = keys_json(keys);
         sqlx::query(stmt(&self.q.heads_create))
             .bind(&wanted)
@@ -196,20 +240,17 @@ impl MySqlBackfill {
             .fetch_all(&mut **tx)
             .await
             .map_err(|e| self.err("locking pending rows", e))?;
-        let mut pending: HashMap<AggregateKey, Vec<PendingRow>> = HashMap::new();
         let mut leased: HashSet<AggregateKey> = HashSet::new();
+        let mut locked = Vec::with_capacity(rows.len());
         for r in &rows {
             let (row, lease) =
                 decode_pending(r).map_err(|e| self.err("locking pending rows", e))?;
-            let key = (
-                row.event.aggregate_type.clone(),
-                row.event.aggregate_id.clone(),
-            );
             if lease {
-                leased.insert(key.clone());
+                leased.insert(row.key());
             }
-            pending.entry(key).or_default().push(row);
+            locked.push(row);
         }
+        let mut pending = by_aggregate(locked);
         self.outbox_seqs(tx, &mut pending).await?;
         let counts: Vec<(String, String, i64)> = sqlx::query_as(stmt(&self.q.pending_count))
             .bind(&held_json)
@@ -228,33 +269,9 @@ impl MySqlBackfill {
             .collect())
     }
 
-    /// Fills in the outbox seq of each pending row whose outbox row is still there.
-    async fn outbox_seqs(
-        &self,
-        tx: &mut Transaction<'static, MySql>,
-        pending: &mut HashMap<AggregateKey, Vec<PendingRow>>,
-    ) -> Result<(), SourceError> {
-        let ids: Vec<Uuid> = pending.values().flatten().map(|r| r.event.id).collect();
-        if ids.is_empty() {
-            return Ok(());
-        }
-        let seqs: HashMap<String, i64> =
-            sqlx::query_as::<_, (String, i64)>(stmt(&self.q.outbox_seqs))
-                .bind(ids_json(&ids))
-                .fetch_all(&mut **tx)
-                .await
-                .map_err(|e| source_error("reading outbox positions", &self.outbox, e))?
-                .into_iter()
-                .collect();
-        for row in pending.values_mut().flatten() {
-            row.outbox_seq = seqs.get(&row.event.id.hyphenated().to_string()).copied();
-        }
-        Ok(())
-    }
-
     async fn handed_out(
         &self,
-        tx: &mut Transaction<'static, MySql>,
+        tx: &mut Self::Tx,
         keys: &[AggregateKey],
     ) -> Result<HashMap<AggregateKey, HandedOut>, SourceError> {
         let rows = sqlx::query(stmt(&self.q.handed_out))
@@ -273,11 +290,7 @@ impl MySqlBackfill {
             .map_err(|e| self.err("reading what the subscription delivered", e))
     }
 
-    async fn present(
-        &self,
-        tx: &mut Transaction<'static, MySql>,
-        ids: &[Uuid],
-    ) -> Result<HashSet<Uuid>, SourceError> {
+    async fn present(&self, tx: &mut Self::Tx, ids: &[Uuid]) -> Result<HashSet<Uuid>, SourceError> {
         let found: Vec<String> = sqlx::query_scalar(stmt(&self.q.present))
             .bind(ids_json(ids))
             .fetch_all(&mut **tx)
@@ -292,7 +305,7 @@ impl MySqlBackfill {
 
     async fn put_in_line(
         &self,
-        tx: &mut Transaction<'static, MySql>,
+        tx: &mut Self::Tx,
         taken_out: &[Uuid],
         rows: &[InsertRow<'_>],
     ) -> Result<(), SourceError> {
@@ -339,20 +352,10 @@ impl MySqlBackfill {
         Ok(())
     }
 
-    /// [`apply_chunk`], run again when the server chose the chunk as a deadlock victim.
-    async fn apply(&self, chunk: &[Candidate]) -> Result<ChunkOutcome, SourceError> {
-        let mut tries = 0;
-        loop {
-            match apply_chunk(self, chunk).await {
-                Err(e) if tries < DEADLOCK_RETRIES && is_deadlock(&e) => {
-                    tries += 1;
-                    tokio::time::sleep(std::time::Duration::from_millis(10 * u64::from(tries)))
-                        .await;
-                    tracing::debug!(error = %outbox_core::relay::ErrorChain(&e), "backfill chunk lost a deadlock; running it again");
-                }
-                result => return result,
-            }
-        }
+    async fn commit(&self, tx: Self::Tx) -> Result<(), SourceError> {
+        tx.commit()
+            .await
+            .map_err(|e| self.err("committing a backfill chunk", e))
     }
 }
 
@@ -378,15 +381,6 @@ fn uuid(text: &str) -> Result<Uuid, sqlx::Error> {
 /// `next_attempt_at` of a row ready at once (the column's default).
 const READY: PrimitiveDateTime = time::macros::datetime!(1970-01-01 00:00:01);
 
-fn headers_json(e: &outbox_core::Event) -> String {
-    let headers: serde_json::Map<String, serde_json::Value> = e
-        .headers
-        .iter()
-        .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
-        .collect();
-    serde_json::Value::Object(headers).to_string()
-}
-
 /// A pending row (claim layout, then next_attempt_at, last_error, leased) and whether a
 /// live lease-token claim holds it.
 fn decode_pending(r: &sqlx::mysql::MySqlRow) -> Result<(PendingRow, bool), sqlx::Error> {
@@ -403,23 +397,6 @@ fn decode_pending(r: &sqlx::mysql::MySqlRow) -> Result<(PendingRow, bool), sqlx:
         leased != 0,
     ))
 }
-
-impl MySqlBackfill {
-    async fn begin(&self) -> Result<Transaction<'static, MySql>, SourceError> {
-        self.pool
-            .begin()
-            .await
-            .map_err(|e| self.err("starting a backfill transaction", e))
-    }
-
-    async fn commit(&self, tx: Transaction<'static, MySql>) -> Result<(), SourceError> {
-        tx.commit()
-            .await
-            .map_err(|e| self.err("committing a backfill chunk", e))
-    }
-}
-
-outbox_core::impl_backfill!(MySqlBackfill, Transaction<'static, MySql>);
 
 #[cfg(test)]
 mod tests {

@@ -12,7 +12,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use bytes::Bytes;
 use outbox_core::backfill::{
-    Candidate, ChunkOutcome, HandedOut, InsertRow, PendingRow, apply_chunk,
+    Backfiller, Candidate, ChunkStore, HandedOut, Held, InsertRow, PendingRow, by_aggregate,
+    check_kept,
 };
 use outbox_core::{Event, Position, QualifiedTable, SourceError};
 use sqlx::postgres::PgRow;
@@ -105,14 +106,11 @@ impl PgBackfill {
     fn err(&self, context: &str, e: sqlx::Error) -> SourceError {
         source_error(context, &self.subscription, e)
     }
+}
 
+impl Backfiller for PgBackfill {
     async fn ids(&self, since: Option<OffsetDateTime>) -> Result<Vec<Uuid>, SourceError> {
-        if !self.keeps_delivered {
-            return Err(SourceError::fatal(format!(
-                "nothing to backfill from outbox table {}: it runs with source.on_delivered = \"delete\", so fanned-out events are not kept",
-                self.outbox
-            )));
-        }
+        check_kept(self.keeps_delivered, &self.outbox)?;
         // Rendered by `sql::render` from validated identifiers only.
         crate::sql::query_scalar(sqlx::AssertSqlSafe(self.q.ids.as_str()))
             .bind(since)
@@ -138,14 +136,21 @@ impl PgBackfill {
             .collect::<Result<_, sqlx::Error>>()
             .map_err(|e| source_error("reading events to backfill", &self.outbox, e))
     }
+}
+
+impl ChunkStore for PgBackfill {
+    type Tx = Transaction<'static, Postgres>;
+
+    async fn begin(&self) -> Result<Self::Tx, SourceError> {
+        self.db
+            .begin()
+            .await
+            .map_err(|e| self.err("starting a backfill transaction", e))
+    }
 
     /// The held aggregates of `keys` with their pending rows (see the module docs): the
     /// advisory lock taken, and every pending row locked by this transaction.
-    async fn hold(
-        &self,
-        tx: &mut Transaction<'static, Postgres>,
-        keys: &[Key],
-    ) -> Result<HashMap<Key, Vec<PendingRow>>, SourceError> {
+    async fn hold(&self, tx: &mut Self::Tx, keys: &[Key]) -> Result<Held, SourceError> {
         let held = self.try_lock_aggregates(tx, keys).await?;
         let mut pending = self.lock_pending(tx, &held).await?;
         let counts = self.pending_counts(tx, &held).await?;
@@ -159,11 +164,7 @@ impl PgBackfill {
             .collect())
     }
 
-    async fn present(
-        &self,
-        tx: &mut Transaction<'static, Postgres>,
-        ids: &[Uuid],
-    ) -> Result<HashSet<Uuid>, SourceError> {
+    async fn present(&self, tx: &mut Self::Tx, ids: &[Uuid]) -> Result<HashSet<Uuid>, SourceError> {
         Ok(
             crate::sql::query_scalar(sqlx::AssertSqlSafe(self.q.present.as_str()))
                 .bind(ids)
@@ -177,7 +178,7 @@ impl PgBackfill {
 
     async fn put_in_line(
         &self,
-        tx: &mut Transaction<'static, Postgres>,
+        tx: &mut Self::Tx,
         taken_out: &[Uuid],
         rows: &[InsertRow<'_>],
     ) -> Result<(), SourceError> {
@@ -189,6 +190,36 @@ impl PgBackfill {
         self.insert(tx, rows).await
     }
 
+    async fn handed_out(
+        &self,
+        tx: &mut Self::Tx,
+        keys: &[Key],
+    ) -> Result<HashMap<Key, HandedOut>, SourceError> {
+        let (types, ids) = split(keys);
+        let rows = crate::sql::query(sqlx::AssertSqlSafe(self.q.handed_out.as_str()))
+            .bind(&types)
+            .bind(&ids)
+            .fetch_all(&mut **tx)
+            .await
+            .map_err(|e| self.err("reading what the subscription delivered", e))?;
+        let decode = |r: &PgRow| -> Result<(Key, HandedOut), sqlx::Error> {
+            let handed = HandedOut::from_facts(r.try_get(2)?, r.try_get(3)?, r.try_get(4)?);
+            Ok(((r.try_get(0)?, r.try_get(1)?), handed))
+        };
+        rows.iter()
+            .map(decode)
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(|e| self.err("reading what the subscription delivered", e))
+    }
+
+    async fn commit(&self, tx: Self::Tx) -> Result<(), SourceError> {
+        tx.commit()
+            .await
+            .map_err(|e| self.err("committing a backfill chunk", e))
+    }
+}
+
+impl PgBackfill {
     async fn try_lock_aggregates(
         &self,
         tx: &mut Transaction<'static, Postgres>,
@@ -212,7 +243,7 @@ impl PgBackfill {
         &self,
         tx: &mut Transaction<'static, Postgres>,
         keys: &[Key],
-    ) -> Result<HashMap<Key, Vec<PendingRow>>, SourceError> {
+    ) -> Result<Held, SourceError> {
         let (types, ids) = split(keys);
         let rows = crate::sql::query(sqlx::AssertSqlSafe(self.q.pending.as_str()))
             .bind(&types)
@@ -220,16 +251,12 @@ impl PgBackfill {
             .fetch_all(&mut **tx)
             .await
             .map_err(|e| self.err("locking pending rows", e))?;
-        let mut out: HashMap<Key, Vec<PendingRow>> = HashMap::new();
-        for r in &rows {
-            let row = decode_pending(r).map_err(|e| self.err("locking pending rows", e))?;
-            let key = (
-                row.event.aggregate_type.clone(),
-                row.event.aggregate_id.clone(),
-            );
-            out.entry(key).or_default().push(row);
-        }
-        Ok(out)
+        let rows = rows
+            .iter()
+            .map(decode_pending)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| self.err("locking pending rows", e))?;
+        Ok(by_aggregate(rows))
     }
 
     async fn pending_counts(
@@ -248,28 +275,6 @@ impl PgBackfill {
             .map(|r| Ok(((r.try_get(0)?, r.try_get(1)?), r.try_get(2)?)))
             .collect::<Result<_, sqlx::Error>>()
             .map_err(|e| self.err("counting pending rows", e))
-    }
-
-    async fn handed_out(
-        &self,
-        tx: &mut Transaction<'static, Postgres>,
-        keys: &[Key],
-    ) -> Result<HashMap<Key, HandedOut>, SourceError> {
-        let (types, ids) = split(keys);
-        let rows = crate::sql::query(sqlx::AssertSqlSafe(self.q.handed_out.as_str()))
-            .bind(&types)
-            .bind(&ids)
-            .fetch_all(&mut **tx)
-            .await
-            .map_err(|e| self.err("reading what the subscription delivered", e))?;
-        let decode = |r: &PgRow| -> Result<(Key, HandedOut), sqlx::Error> {
-            let handed = HandedOut::from_facts(r.try_get(2)?, r.try_get(3)?, r.try_get(4)?);
-            Ok(((r.try_get(0)?, r.try_get(1)?), handed))
-        };
-        rows.iter()
-            .map(decode)
-            .collect::<Result<_, sqlx::Error>>()
-            .map_err(|e| self.err("reading what the subscription delivered", e))
     }
 
     async fn insert(
@@ -355,27 +360,6 @@ fn decode_pending(r: &PgRow) -> Result<PendingRow, sqlx::Error> {
         outbox_seq: r.try_get(10)?,
     })
 }
-
-impl PgBackfill {
-    async fn begin(&self) -> Result<Transaction<'static, Postgres>, SourceError> {
-        self.db
-            .begin()
-            .await
-            .map_err(|e| self.err("starting a backfill transaction", e))
-    }
-
-    async fn commit(&self, tx: Transaction<'static, Postgres>) -> Result<(), SourceError> {
-        tx.commit()
-            .await
-            .map_err(|e| self.err("committing a backfill chunk", e))
-    }
-
-    async fn apply(&self, chunk: &[Candidate]) -> Result<ChunkOutcome, SourceError> {
-        apply_chunk(self, chunk).await
-    }
-}
-
-outbox_core::impl_backfill!(PgBackfill, Transaction<'static, Postgres>);
 
 #[cfg(test)]
 mod tests {

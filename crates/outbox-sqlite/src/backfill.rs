@@ -27,8 +27,8 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 
 use bytes::Bytes;
 use outbox_core::backfill::{
-    AggregateKey, Candidate, ChunkOutcome, HandedOut, InsertRow, PendingRow, apply_chunk, ids_json,
-    keys_json,
+    AggregateKey, Backfiller, Candidate, ChunkOutcome, ChunkStore, HandedOut, Held, InsertRow,
+    PendingRow, apply_chunk, by_aggregate, check_kept, headers_json, ids_json, keys_json,
 };
 use outbox_core::{Event, Identifier, Position, SourceError};
 use sqlx::sqlite::SqliteRow;
@@ -132,13 +132,144 @@ impl SqliteBackfill {
         source_error(context, &self.subscription, e)
     }
 
-    async fn ids(&self, since: Option<OffsetDateTime>) -> Result<Vec<Uuid>, SourceError> {
-        if !self.keeps_delivered {
-            return Err(SourceError::fatal(format!(
-                "nothing to backfill from outbox table {}: it runs with source.on_delivered = \"delete\", so fanned-out events are not kept",
-                self.outbox
-            )));
+    /// Takes the lease for this backfill (see the module docs); returns whether pending rows
+    /// may still be in flight at a previous holder.
+    async fn take_lease(&self, tx: &mut Transaction<'static, Sqlite>) -> Result<bool, sqlx::Error> {
+        let now = to_micros(OffsetDateTime::now_utc());
+        let previous = sqlx::query(stmt(&self.q.lease_read))
+            .fetch_optional(&mut **tx)
+            .await?;
+        if let Some(row) = previous {
+            let holder: String = row.try_get(0)?;
+            let expires_at: i64 = row.try_get(2)?;
+            if holder != self.holder {
+                self.in_flight_until.fetch_max(
+                    expires_at.saturating_add(self.settle_margin),
+                    Ordering::SeqCst,
+                );
+            }
         }
+        sqlx::query(stmt(&self.q.lease_take))
+            .bind(&self.holder)
+            .bind(now)
+            .bind(now.saturating_add(self.lease_ttl))
+            .execute(&mut **tx)
+            .await?;
+        self.took_lease.store(true, Ordering::SeqCst);
+        Ok(now < self.in_flight_until.load(Ordering::SeqCst))
+    }
+}
+
+impl ChunkStore for SqliteBackfill {
+    type Tx = Transaction<'static, Sqlite>;
+
+    async fn begin(&self) -> Result<Self::Tx, SourceError> {
+        self.pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(|e| self.err("starting a backfill transaction", e))
+    }
+
+    async fn hold(&self, tx: &mut Self::Tx, keys: &[AggregateKey]) -> Result<Held, SourceError> {
+        let maybe_in_flight = self
+            .take_lease(tx)
+            .await
+            .map_err(|e| self.err("taking the subscription's relay lease", e))?;
+        let rows = sqlx::query(stmt(&self.q.pending))
+            .bind(keys_json(keys))
+            .fetch_all(&mut **tx)
+            .await
+            .map_err(|e| self.err("reading pending rows", e))?;
+        let rows = rows
+            .iter()
+            .map(decode_pending)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| self.err("reading pending rows", e))?;
+        // An aggregate without pending rows is held too.
+        let mut out = by_aggregate(rows);
+        for key in keys {
+            out.entry(key.clone()).or_default();
+        }
+        if maybe_in_flight {
+            // A pending row may be in a batch the previous holder is still publishing.
+            out.retain(|_, pending| pending.is_empty());
+        }
+        Ok(out)
+    }
+
+    async fn handed_out(
+        &self,
+        tx: &mut Self::Tx,
+        keys: &[AggregateKey],
+    ) -> Result<HashMap<AggregateKey, HandedOut>, SourceError> {
+        let rows = sqlx::query(stmt(&self.q.handed_out))
+            .bind(keys_json(keys))
+            .fetch_all(&mut **tx)
+            .await
+            .map_err(|e| self.err("reading what the subscription delivered", e))?;
+        rows.iter()
+            .map(|r| {
+                let handed = HandedOut::from_facts(r.try_get(2)?, r.try_get(3)?, r.try_get(4)?);
+                Ok(((r.try_get(0)?, r.try_get(1)?), handed))
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(|e| self.err("reading what the subscription delivered", e))
+    }
+
+    async fn present(&self, tx: &mut Self::Tx, ids: &[Uuid]) -> Result<HashSet<Uuid>, SourceError> {
+        let found: Vec<String> = sqlx::query_scalar(stmt(&self.q.present))
+            .bind(ids_json(ids))
+            .fetch_all(&mut **tx)
+            .await
+            .map_err(|e| self.err("reading the subscription's event ids", e))?;
+        found
+            .iter()
+            .map(|id| uuid(id))
+            .collect::<Result<_, _>>()
+            .map_err(|e| self.err("reading the subscription's event ids", e))
+    }
+
+    async fn put_in_line(
+        &self,
+        tx: &mut Self::Tx,
+        taken_out: &[Uuid],
+        rows: &[InsertRow<'_>],
+    ) -> Result<(), SourceError> {
+        sqlx::query(stmt(&self.q.delete_pending))
+            .bind(ids_json(taken_out))
+            .execute(&mut **tx)
+            .await
+            .map_err(|e| self.err("taking pending rows out of line", e))?;
+        for row in rows {
+            let e = row.event;
+            sqlx::query(stmt(&self.q.insert))
+                .bind(e.id.hyphenated().to_string())
+                .bind(&e.aggregate_type)
+                .bind(&e.aggregate_id)
+                .bind(&e.event_type)
+                .bind(&e.payload[..])
+                .bind(headers_json(e))
+                .bind(to_micros(e.created_at))
+                .bind(i64::from(e.attempts))
+                .bind(row.next_attempt_at.map_or(0, to_micros))
+                .bind(row.last_error)
+                .execute(&mut **tx)
+                .await
+                .map_err(|e| self.err("copying events into the subscription", e))?;
+        }
+        Ok(())
+    }
+
+    async fn commit(&self, tx: Self::Tx) -> Result<(), SourceError> {
+        tx.commit()
+            .await
+            .map_err(|e| self.err("committing a backfill chunk", e))
+    }
+}
+
+impl Backfiller for SqliteBackfill {
+    async fn ids(&self, since: Option<OffsetDateTime>) -> Result<Vec<Uuid>, SourceError> {
+        check_kept(self.keeps_delivered, &self.outbox)?;
         let ids: Vec<String> = sqlx::query_scalar(stmt(&self.q.ids))
             .bind(since.map(to_micros))
             .fetch_all(&self.pool)
@@ -168,133 +299,6 @@ impl SqliteBackfill {
             .map_err(|e| source_error("reading events to backfill", &self.outbox, e))
     }
 
-    /// Takes the lease for this backfill (see the module docs); returns whether pending rows
-    /// may still be in flight at a previous holder.
-    async fn take_lease(&self, tx: &mut Transaction<'static, Sqlite>) -> Result<bool, sqlx::Error> {
-        let now = to_micros(OffsetDateTime::now_utc());
-        let previous = sqlx::query(stmt(&self.q.lease_read))
-            .fetch_optional(&mut **tx)
-            .await?;
-        if let Some(row) = previous {
-            let holder: String = row.try_get(0)?;
-            let expires_at: i64 = row.try_get(2)?;
-            if holder != self.holder {
-                self.in_flight_until.fetch_max(
-                    expires_at.saturating_add(self.settle_margin),
-                    Ordering::SeqCst,
-                );
-            }
-        }
-        sqlx::query(stmt(&self.q.lease_take))
-            .bind(&self.holder)
-            .bind(now)
-            .bind(now.saturating_add(self.lease_ttl))
-            .execute(&mut **tx)
-            .await?;
-        self.took_lease.store(true, Ordering::SeqCst);
-        Ok(now < self.in_flight_until.load(Ordering::SeqCst))
-    }
-
-    async fn hold(
-        &self,
-        tx: &mut Transaction<'static, Sqlite>,
-        keys: &[AggregateKey],
-    ) -> Result<HashMap<AggregateKey, Vec<PendingRow>>, SourceError> {
-        let maybe_in_flight = self
-            .take_lease(tx)
-            .await
-            .map_err(|e| self.err("taking the subscription's relay lease", e))?;
-        let rows = sqlx::query(stmt(&self.q.pending))
-            .bind(keys_json(keys))
-            .fetch_all(&mut **tx)
-            .await
-            .map_err(|e| self.err("reading pending rows", e))?;
-        let mut out: HashMap<AggregateKey, Vec<PendingRow>> =
-            keys.iter().map(|k| (k.clone(), Vec::new())).collect();
-        for r in &rows {
-            let row = decode_pending(r).map_err(|e| self.err("reading pending rows", e))?;
-            let key = (
-                row.event.aggregate_type.clone(),
-                row.event.aggregate_id.clone(),
-            );
-            out.entry(key).or_default().push(row);
-        }
-        if maybe_in_flight {
-            // A pending row may be in a batch the previous holder is still publishing.
-            out.retain(|_, pending| pending.is_empty());
-        }
-        Ok(out)
-    }
-
-    async fn handed_out(
-        &self,
-        tx: &mut Transaction<'static, Sqlite>,
-        keys: &[AggregateKey],
-    ) -> Result<HashMap<AggregateKey, HandedOut>, SourceError> {
-        let rows = sqlx::query(stmt(&self.q.handed_out))
-            .bind(keys_json(keys))
-            .fetch_all(&mut **tx)
-            .await
-            .map_err(|e| self.err("reading what the subscription delivered", e))?;
-        rows.iter()
-            .map(|r| {
-                let handed = HandedOut::from_facts(r.try_get(2)?, r.try_get(3)?, r.try_get(4)?);
-                Ok(((r.try_get(0)?, r.try_get(1)?), handed))
-            })
-            .collect::<Result<_, sqlx::Error>>()
-            .map_err(|e| self.err("reading what the subscription delivered", e))
-    }
-
-    async fn present(
-        &self,
-        tx: &mut Transaction<'static, Sqlite>,
-        ids: &[Uuid],
-    ) -> Result<HashSet<Uuid>, SourceError> {
-        let found: Vec<String> = sqlx::query_scalar(stmt(&self.q.present))
-            .bind(ids_json(ids))
-            .fetch_all(&mut **tx)
-            .await
-            .map_err(|e| self.err("reading the subscription's event ids", e))?;
-        found
-            .iter()
-            .map(|id| uuid(id))
-            .collect::<Result<_, _>>()
-            .map_err(|e| self.err("reading the subscription's event ids", e))
-    }
-
-    async fn put_in_line(
-        &self,
-        tx: &mut Transaction<'static, Sqlite>,
-        taken_out: &[Uuid],
-        rows: &[InsertRow<'_>],
-    ) -> Result<(), SourceError> {
-        sqlx::query(stmt(&self.q.delete_pending))
-            .bind(ids_json(taken_out))
-            .execute(&mut **tx)
-            .await
-            .map_err(|e| self.err("taking pending rows out of line", e))?;
-        for row in rows {
-            let e = row.event;
-            sqlx::query(stmt(&self.q.insert))
-                .bind(e.id.hyphenated().to_string())
-                .bind(&e.aggregate_type)
-                .bind(&e.aggregate_id)
-                .bind(&e.event_type)
-                .bind(&e.payload[..])
-                .bind(headers_json(e))
-                .bind(to_micros(e.created_at))
-                .bind(i64::from(e.attempts))
-                .bind(row.next_attempt_at.map_or(0, to_micros))
-                .bind(row.last_error)
-                .execute(&mut **tx)
-                .await
-                .map_err(|e| self.err("copying events into the subscription", e))?;
-        }
-        Ok(())
-    }
-}
-
-impl SqliteBackfill {
     /// [`apply_chunk`], paced for SQLite's one write lock: once this backfill holds the
     /// lease, it waits out a previous holder's claim before a chunk (instead of deferring the
     /// aggregates with pending rows round after round), and after each chunk it leaves the
@@ -335,15 +339,6 @@ impl Drop for SqliteBackfill {
     }
 }
 
-fn headers_json(e: &Event) -> String {
-    let headers: serde_json::Map<String, serde_json::Value> = e
-        .headers
-        .iter()
-        .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
-        .collect();
-    serde_json::Value::Object(headers).to_string()
-}
-
 fn uuid(text: &str) -> Result<Uuid, sqlx::Error> {
     Uuid::parse_str(text).map_err(|e| sqlx::Error::Decode(Box::new(e)))
 }
@@ -380,23 +375,6 @@ fn decode_pending(r: &SqliteRow) -> Result<PendingRow, sqlx::Error> {
         outbox_seq: r.try_get(10)?,
     })
 }
-
-impl SqliteBackfill {
-    async fn begin(&self) -> Result<Transaction<'static, Sqlite>, SourceError> {
-        self.pool
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .map_err(|e| self.err("starting a backfill transaction", e))
-    }
-
-    async fn commit(&self, tx: Transaction<'static, Sqlite>) -> Result<(), SourceError> {
-        tx.commit()
-            .await
-            .map_err(|e| self.err("committing a backfill chunk", e))
-    }
-}
-
-outbox_core::impl_backfill!(SqliteBackfill, Transaction<'static, Sqlite>);
 
 #[cfg(test)]
 mod tests {
