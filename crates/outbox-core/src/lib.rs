@@ -10,6 +10,7 @@
 //! the event. Consumers deduplicate by [`Event::id`].
 
 pub mod admin;
+pub mod admin_rows;
 pub mod aggregate_seq;
 pub mod backend;
 pub mod backfill;

@@ -9,9 +9,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use outbox_core::admin::{
-    Blocker, DeadLetter, HeldAggregate, ReplayPlan, ReplayPreview, ReplaySelection,
-    RetentionReport, RetrySelection, StoredEventDetail,
+    Blocker, DeadLetter, HeldAggregate, ReplayPlan, ReplaySelection, RetentionReport,
+    RetrySelection, StoredEventDetail,
 };
+use outbox_core::admin_rows::{self, Columns};
 use outbox_core::source::{Backlog, Inspect};
 use outbox_core::{Identifier, SourceError};
 use sqlx::mysql::MySqlRow;
@@ -22,7 +23,7 @@ use uuid::Uuid;
 use crate::config::{MySqlConfig, OnDelivered};
 use crate::error::source_error;
 use crate::poll::utc;
-use crate::sql::{Queries, render, stmt};
+use crate::sql::{Cols, Queries, parse_id, render, stmt};
 
 /// Every admin statement, rendered once for one table.
 #[derive(Debug)]
@@ -73,10 +74,6 @@ pub struct MySqlAdmin {
     admin: Arc<AdminQueries>,
     /// CDC mode: streamed rows stay `pending`; retention follows the kept binlog position.
     cdc: Option<Arc<crate::cdc::CdcQueries>>,
-}
-
-fn parse_id(text: String) -> Result<Uuid, sqlx::Error> {
-    Uuid::parse_str(&text).map_err(|e| sqlx::Error::Decode(Box::new(e)))
 }
 
 fn at(t: PrimitiveDateTime) -> OffsetDateTime {
@@ -173,18 +170,7 @@ impl MySqlAdmin {
             .await
             .map_err(|e| self.err("listing dead letters", e))?;
         rows.iter()
-            .map(|r| {
-                Ok(DeadLetter {
-                    id: parse_id(r.try_get(0)?)?,
-                    aggregate_type: r.try_get(1)?,
-                    aggregate_id: r.try_get(2)?,
-                    event_type: r.try_get(3)?,
-                    attempts: r.try_get(4)?,
-                    reason: r.try_get(5)?,
-                    created_at: at(r.try_get(6)?),
-                    dead_lettered_at: r.try_get::<Option<PrimitiveDateTime>, _>(7)?.map(at),
-                })
-            })
+            .map(|r| admin_rows::dead_letter(&Cols(r)))
             .collect::<Result<_, sqlx::Error>>()
             .map_err(|e| self.err("listing dead letters", e))
     }
@@ -220,18 +206,9 @@ impl MySqlAdmin {
             .fetch_optional(&self.pool)
             .await
             .map_err(|e| self.err("explaining an event", e))?;
-        row.map(|r| {
-            Ok(Blocker {
-                id: parse_id(r.try_get(0)?)?,
-                state: r.try_get(1)?,
-                attempts: r.try_get(2)?,
-                last_error: r.try_get(3)?,
-                backoff_until: r.try_get::<Option<PrimitiveDateTime>, _>(4)?.map(at),
-                created_at: at(r.try_get(5)?),
-            })
-        })
-        .transpose()
-        .map_err(|e: sqlx::Error| self.err("explaining an event", e))
+        row.map(|r| admin_rows::blocker(&Cols(&r)))
+            .transpose()
+            .map_err(|e| self.err("explaining an event", e))
     }
 
     /// Aggregates held by a retrying or dead head event (`outbox status`).
@@ -242,18 +219,7 @@ impl MySqlAdmin {
             .await
             .map_err(|e| self.err("reading held aggregates", e))?;
         rows.iter()
-            .map(|r| {
-                Ok(HeldAggregate {
-                    aggregate_type: r.try_get(0)?,
-                    aggregate_id: r.try_get(1)?,
-                    head_id: parse_id(r.try_get(2)?)?,
-                    state: r.try_get(3)?,
-                    attempts: r.try_get(4)?,
-                    next_attempt_at: Some(at(r.try_get(5)?)),
-                    last_error: r.try_get(6)?,
-                    waiting: r.try_get(7)?,
-                })
-            })
+            .map(|r| admin_rows::held_aggregate(&Cols(r)))
             .collect::<Result<_, sqlx::Error>>()
             .map_err(|e| self.err("reading held aggregates", e))
     }
@@ -308,7 +274,7 @@ impl MySqlAdmin {
             .map_err(err)?;
         tx.commit().await.map_err(err)?;
         rows.into_iter()
-            .map(|(_, id)| parse_id(id))
+            .map(|(_, id)| parse_id(&id))
             .collect::<Result<_, _>>()
             .map_err(err)
     }
@@ -333,7 +299,7 @@ impl MySqlAdmin {
             .map_err(err)?;
         tx.commit().await.map_err(err)?;
         rows.into_iter()
-            .map(|(_, id)| parse_id(id))
+            .map(|(_, id)| parse_id(&id))
             .collect::<Result<_, _>>()
             .map_err(err)
     }
@@ -446,16 +412,7 @@ impl MySqlAdmin {
         let rows = self.replay_rows(selection, preview).await?;
         let preview = rows
             .iter()
-            .map(|r| {
-                Ok(ReplayPreview {
-                    id: parse_id(r.try_get(0)?)?,
-                    aggregate_type: r.try_get(1)?,
-                    aggregate_id: r.try_get(2)?,
-                    event_type: r.try_get(3)?,
-                    created_at: at(r.try_get(4)?),
-                    delivered_at: r.try_get::<Option<PrimitiveDateTime>, _>(5)?.map(at),
-                })
-            })
+            .map(|r| admin_rows::replay_preview(&Cols(r)))
             .collect::<Result<_, sqlx::Error>>()
             .map_err(err)?;
         Ok(ReplayPlan {
@@ -470,7 +427,7 @@ impl MySqlAdmin {
         self.refuse_without_history()?;
         let rows = self.replay_rows(selection, usize::MAX).await?;
         rows.iter()
-            .map(|r| parse_id(r.try_get(0)?))
+            .map(|r| Cols(r).id(0))
             .collect::<Result<_, sqlx::Error>>()
             .map_err(|e| self.err("selecting events to replay", e))
     }
@@ -508,29 +465,17 @@ impl MySqlAdmin {
     }
 }
 
-/// A `outbox_dead_show.sql` row.
+/// A `outbox_dead_show.sql` row: the headers as JSON text, no attempt history, the next
+/// attempt (column 13) a backoff while it is after `now`.
 fn detail(r: &MySqlRow, now: OffsetDateTime) -> Result<StoredEventDetail, sqlx::Error> {
     let headers: String = r.try_get(5)?;
     let next_attempt_at = at(r.try_get(13)?);
-    Ok(StoredEventDetail {
-        summary: DeadLetter {
-            id: parse_id(r.try_get(0)?)?,
-            aggregate_type: r.try_get(1)?,
-            aggregate_id: r.try_get(2)?,
-            event_type: r.try_get(3)?,
-            attempts: r.try_get(8)?,
-            reason: r.try_get(9)?,
-            created_at: at(r.try_get(6)?),
-            dead_lettered_at: r.try_get::<Option<PrimitiveDateTime>, _>(11)?.map(at),
-        },
-        state: r.try_get(7)?,
-        payload: r.try_get(4)?,
-        headers: serde_json::from_str(&headers).unwrap_or(serde_json::Value::String(headers)),
-        delivered_at: r.try_get::<Option<PrimitiveDateTime>, _>(10)?.map(at),
-        seq: r.try_get(12)?,
-        attempt_errors: Vec::new(),
-        backoff_until: (next_attempt_at > now).then_some(next_attempt_at),
-    })
+    admin_rows::stored_event(
+        &Cols(r),
+        serde_json::from_str(&headers).unwrap_or(serde_json::Value::String(headers)),
+        Vec::new(),
+        (next_attempt_at > now).then_some(next_attempt_at),
+    )
 }
 
 impl Inspect for MySqlAdmin {

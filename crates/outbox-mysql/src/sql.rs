@@ -5,10 +5,17 @@
 //! only) and written backquoted, MySQL's identifier quote. The bundled files contain no
 //! double quote of their own, so every `"` of the shared renderer's output is an identifier
 //! quote and becomes a backquote.
+//!
+//! [`Cols`] reads the rows of the operator queries for `outbox_core::admin_rows`.
 
 use std::sync::Arc;
 
 use outbox_core::Identifier;
+use outbox_core::admin_rows::Columns;
+use sqlx::Row;
+use sqlx::mysql::MySqlRow;
+use time::{OffsetDateTime, PrimitiveDateTime};
+use uuid::Uuid;
 
 /// Fills the placeholders of `template` for `table`.
 ///
@@ -84,6 +91,34 @@ impl Queries {
 /// quoted identifiers inserted by [`render`].
 pub(crate) fn stmt(sql: &Arc<str>) -> sqlx::AssertSqlSafe<Arc<str>> {
     sqlx::AssertSqlSafe(Arc::clone(sql))
+}
+
+/// A row of an operator query, for `outbox_core::admin_rows`: ids are hyphenated text, times
+/// `DATETIME(6)` in UTC.
+pub(crate) struct Cols<'r>(pub(crate) &'r MySqlRow);
+
+impl Columns for Cols<'_> {
+    type Error = sqlx::Error;
+
+    outbox_core::forward_plain_columns!();
+
+    fn id(&self, i: usize) -> Result<Uuid, sqlx::Error> {
+        parse_id(&self.0.try_get::<String, _>(i)?)
+    }
+
+    fn time(&self, i: usize) -> Result<OffsetDateTime, sqlx::Error> {
+        Ok(self.0.try_get::<PrimitiveDateTime, _>(i)?.assume_utc())
+    }
+
+    fn time_opt(&self, i: usize) -> Result<Option<OffsetDateTime>, sqlx::Error> {
+        let at: Option<PrimitiveDateTime> = self.0.try_get(i)?;
+        Ok(at.map(PrimitiveDateTime::assume_utc))
+    }
+}
+
+/// An event id stored as text.
+pub(crate) fn parse_id(text: &str) -> Result<Uuid, sqlx::Error> {
+    Uuid::parse_str(text).map_err(|e| sqlx::Error::Decode(Box::new(e)))
 }
 
 #[cfg(test)]

@@ -13,18 +13,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use outbox_core::SourceError;
+use outbox_core::admin_rows;
 use outbox_core::sink::BoxFuture;
-use outbox_core::verify::{
-    Basis, DeliveryLedger, Ledger, LedgerEvent, RowState, StoredRow, Window,
-};
-use sqlx::{MySqlPool, Row};
-use time::PrimitiveDateTime;
+use outbox_core::verify::{Basis, DeliveryLedger, Ledger, RowState, StoredRow, Window};
+use sqlx::MySqlPool;
 use uuid::Uuid;
 
 use crate::config::{Mode, MySqlConfig, OnDelivered};
 use crate::error::source_error;
 use crate::poll::utc;
-use crate::sql::{render, stmt};
+use crate::sql::{Cols, render, stmt};
 
 /// CDC mode: how long before the kept position last moved a row must have been written to
 /// count as delivered.
@@ -119,20 +117,7 @@ impl MySqlLedger {
             .map_err(|e| self.err("reading delivered events", e))?;
         let delivered = rows
             .iter()
-            .map(|r| {
-                let id: String = r.try_get(0)?;
-                Ok(LedgerEvent {
-                    id: parse_id(&id)?,
-                    aggregate_type: r.try_get(1)?,
-                    aggregate_id: r.try_get(2)?,
-                    event_type: r.try_get(3)?,
-                    position: r.try_get(4)?,
-                    created_at: r.try_get::<PrimitiveDateTime, _>(5)?.assume_utc(),
-                    delivered_at: r
-                        .try_get::<Option<PrimitiveDateTime>, _>(6)?
-                        .map(PrimitiveDateTime::assume_utc),
-                })
-            })
+            .map(|r| admin_rows::ledger_event(&Cols(r)))
             .collect::<Result<Vec<_>, sqlx::Error>>()
             .map_err(|e| self.err("reading delivered events", e))?;
         let (mut undelivered, dead): (i64, i64) = sqlx::query_as(stmt(&self.undelivered))
@@ -167,26 +152,19 @@ impl MySqlLedger {
         let cdc = self.cdc.is_some();
         rows.iter()
             .map(|r| {
-                let id: String = r.try_get(0)?;
-                let state: String = r.try_get(1)?;
+                let row = admin_rows::stored_row(&Cols(r))?;
                 Ok(StoredRow {
-                    id: parse_id(&id)?,
-                    state: match RowState::from_column(&state) {
+                    state: match row.state {
                         // CDC: rows stay pending once streamed.
                         RowState::Undelivered if cdc => RowState::Delivered,
                         other => other,
                     },
-                    position: r.try_get(2)?,
-                    created_at: r.try_get::<PrimitiveDateTime, _>(3)?.assume_utc(),
+                    ..row
                 })
             })
             .collect::<Result<Vec<_>, sqlx::Error>>()
             .map_err(|e| self.err("looking up events by id", e))
     }
-}
-
-fn parse_id(text: &str) -> Result<Uuid, sqlx::Error> {
-    Uuid::parse_str(text).map_err(|e| sqlx::Error::Decode(Box::new(e)))
 }
 
 impl DeliveryLedger for MySqlLedger {

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use outbox_core::SourceError;
 use outbox_core::admin::{AttemptError, DeadLetter, RetrySelection, StoredEventDetail};
+use outbox_core::admin_rows;
 use sqlx::types::Json;
 use sqlx::{PgPool, Row};
 use time::OffsetDateTime;
@@ -11,7 +12,7 @@ use uuid::Uuid;
 
 use crate::config::PostgresConfig;
 use crate::error::source_error;
-use crate::sql::{Queries, stmt};
+use crate::sql::{Cols, Queries, stmt};
 
 /// Dead-letter operations on one outbox table.
 #[derive(Debug, Clone)]
@@ -53,18 +54,7 @@ impl PgDeadLetters {
             .await
             .map_err(|e| self.err("listing dead letters", e))?;
         rows.iter()
-            .map(|r| {
-                Ok(DeadLetter {
-                    id: r.try_get(0)?,
-                    aggregate_type: r.try_get(1)?,
-                    aggregate_id: r.try_get(2)?,
-                    event_type: r.try_get(3)?,
-                    attempts: r.try_get(4)?,
-                    reason: r.try_get(5)?,
-                    created_at: r.try_get(6)?,
-                    dead_lettered_at: r.try_get(7)?,
-                })
-            })
+            .map(|r| admin_rows::dead_letter(&Cols(r)))
             .collect::<Result<_, sqlx::Error>>()
             .map_err(|e| self.err("listing dead letters", e))
     }
@@ -87,28 +77,12 @@ impl PgDeadLetters {
             .await
             .map_err(|e| self.err("reading an event", e))?;
         let Some(r) = row else { return Ok(None) };
+        // The headers as `jsonb`, the attempt history (column 13), the backoff (14) as the
+        // query computed it at `now`.
         let detail = (|| -> Result<StoredEventDetail, sqlx::Error> {
             let headers: Json<serde_json::Value> = r.try_get(5)?;
             let history: Json<Vec<AttemptError>> = r.try_get(13)?;
-            Ok(StoredEventDetail {
-                summary: DeadLetter {
-                    id: r.try_get(0)?,
-                    aggregate_type: r.try_get(1)?,
-                    aggregate_id: r.try_get(2)?,
-                    event_type: r.try_get(3)?,
-                    attempts: r.try_get(8)?,
-                    reason: r.try_get(9)?,
-                    created_at: r.try_get(6)?,
-                    dead_lettered_at: r.try_get(11)?,
-                },
-                payload: r.try_get(4)?,
-                headers: headers.0,
-                state: r.try_get(7)?,
-                delivered_at: r.try_get(10)?,
-                seq: r.try_get(12)?,
-                attempt_errors: history.0,
-                backoff_until: r.try_get(14)?,
-            })
+            admin_rows::stored_event(&Cols(&r), headers.0, history.0, r.try_get(14)?)
         })()
         .map_err(|e| self.err("reading an event", e))?;
         Ok(Some(detail))

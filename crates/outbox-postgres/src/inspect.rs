@@ -5,9 +5,8 @@
 use std::sync::Arc;
 
 use outbox_core::SourceError;
-use outbox_core::admin::{
-    Blocker, DeliveryModel, EventStory, HeldAggregate, StoredEventDetail, Verdict,
-};
+use outbox_core::admin::{DeliveryModel, EventStory, HeldAggregate, StoredEventDetail, Verdict};
+use outbox_core::admin_rows;
 use outbox_core::source::{Backlog, Inspect};
 use sqlx::{PgPool, Row};
 use time::OffsetDateTime;
@@ -16,7 +15,7 @@ use uuid::Uuid;
 use crate::config::PostgresConfig;
 use crate::dead::PgDeadLetters;
 use crate::error::source_error;
-use crate::sql::{Queries, render, stmt};
+use crate::sql::{Cols, Queries, render, stmt};
 
 /// A producer transaction holding an aggregate's ordering lock while others wait for it.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -259,17 +258,7 @@ impl PgInspector {
             .await
             .map_err(e)?;
         if let Some(r) = blocker {
-            let blocker = (|| -> Result<Blocker, sqlx::Error> {
-                Ok(Blocker {
-                    id: r.try_get(0)?,
-                    state: r.try_get(1)?,
-                    attempts: r.try_get(2)?,
-                    last_error: r.try_get(3)?,
-                    backoff_until: r.try_get(4)?,
-                    created_at: r.try_get(5)?,
-                })
-            })()
-            .map_err(e)?;
+            let blocker = admin_rows::blocker(&Cols(&r)).map_err(e)?;
             return Ok(Verdict::BlockedByEarlier { blocker });
         }
         let mut tx = self.pool.begin().await.map_err(e)?;
@@ -335,18 +324,7 @@ impl PgInspector {
             .await
             .map_err(|e| self.err("reading held aggregates", e))?;
         rows.iter()
-            .map(|r| {
-                Ok(HeldAggregate {
-                    aggregate_type: r.try_get(0)?,
-                    aggregate_id: r.try_get(1)?,
-                    head_id: r.try_get(2)?,
-                    state: r.try_get(3)?,
-                    attempts: r.try_get(4)?,
-                    next_attempt_at: r.try_get(5)?,
-                    last_error: r.try_get(6)?,
-                    waiting: r.try_get(7)?,
-                })
-            })
+            .map(|r| admin_rows::held_aggregate(&Cols(r)))
             .collect::<Result<_, sqlx::Error>>()
             .map_err(|e| self.err("reading held aggregates", e))
     }

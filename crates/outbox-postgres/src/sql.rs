@@ -4,15 +4,21 @@
 //! `{{name:_suffix}}`, `{{qname:_suffix}}`, `{{regclass:_suffix}}`). [`render`] fills them
 //! from a [`QualifiedTable`], whose parts are validated identifiers, always double-quoted.
 //! Suffixes come from the `.sql` files shipped with this crate, never from input.
+//!
+//! [`Cols`] reads the rows of the operator queries for `outbox_core::admin_rows`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use outbox_core::admin_rows::Columns;
 use outbox_core::migration::render_sql;
 use outbox_core::{Identifier, QualifiedTable};
+use sqlx::Row;
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::{Query, QueryAs, QueryScalar};
 use sqlx::{FromRow, Postgres, SqlSafeStr};
+use time::OffsetDateTime;
+use uuid::Uuid;
 
 /// Fills the placeholders of `template` for `table`.
 ///
@@ -140,6 +146,28 @@ where
 /// quoted identifiers inserted by [`render`].
 pub(crate) fn stmt(sql: &Arc<str>) -> sqlx::AssertSqlSafe<Arc<str>> {
     sqlx::AssertSqlSafe(Arc::clone(sql))
+}
+
+/// A row of an operator query, for `outbox_core::admin_rows`: ids are `uuid`, times
+/// `timestamptz`.
+pub(crate) struct Cols<'r>(pub(crate) &'r PgRow);
+
+impl Columns for Cols<'_> {
+    type Error = sqlx::Error;
+
+    outbox_core::forward_plain_columns!();
+
+    fn id(&self, i: usize) -> Result<Uuid, sqlx::Error> {
+        self.0.try_get(i)
+    }
+
+    fn time(&self, i: usize) -> Result<OffsetDateTime, sqlx::Error> {
+        self.0.try_get(i)
+    }
+
+    fn time_opt(&self, i: usize) -> Result<Option<OffsetDateTime>, sqlx::Error> {
+        self.0.try_get(i)
+    }
 }
 
 #[cfg(test)]

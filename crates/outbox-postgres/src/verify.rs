@@ -13,17 +13,18 @@
 use std::time::{Duration, Instant};
 
 use outbox_core::SourceError;
+use outbox_core::admin_rows;
 use outbox_core::sink::BoxFuture;
 use outbox_core::verify::{
     Basis, DeliveryLedger, Ledger, LedgerEvent, RowState, StoredRow, Window,
 };
-use sqlx::{PgPool, Row};
+use sqlx::PgPool;
 use time::OffsetDateTime;
 use uuid::Uuid;
 
 use crate::config::{Mode, OnDelivered, PostgresConfig};
 use crate::error::source_error;
-use crate::sql::render;
+use crate::sql::{Cols, render};
 
 /// How long the CDC ledger waits for the slot to confirm what was committed when it began.
 pub const CDC_CONFIRM_WAIT: Duration = Duration::from_secs(30);
@@ -98,17 +99,7 @@ impl PgLedger {
             .map_err(|e| self.err("reading delivered events", e))?;
         let delivered = rows
             .iter()
-            .map(|r| {
-                Ok(LedgerEvent {
-                    id: r.try_get(0)?,
-                    aggregate_type: r.try_get(1)?,
-                    aggregate_id: r.try_get(2)?,
-                    event_type: r.try_get(3)?,
-                    position: r.try_get(4)?,
-                    created_at: r.try_get(5)?,
-                    delivered_at: r.try_get(6)?,
-                })
-            })
+            .map(|r| admin_rows::ledger_event(&Cols(r)))
             .collect::<Result<Vec<_>, sqlx::Error>>()
             .map_err(|e| self.err("reading delivered events", e))?;
         let (undelivered, dead): (i64, i64) =

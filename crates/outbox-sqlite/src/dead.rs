@@ -5,13 +5,14 @@
 //! keeps only the latest error per event (`last_error`), not a per-attempt history.
 
 use outbox_core::admin::{Blocker, DeadLetter, RetrySelection, StoredEventDetail};
+use outbox_core::admin_rows;
 use outbox_core::{Identifier, SourceError};
 use sqlx::{Row, SqlitePool};
 use time::OffsetDateTime;
 use uuid::Uuid;
 
 use crate::error::source_error;
-use crate::sql::render;
+use crate::sql::{Cols, render};
 use crate::timestamp::{from_micros, to_micros};
 
 /// Dead-letter operations on one SQLite outbox table.
@@ -60,18 +61,7 @@ impl SqliteDeadLetters {
             .await
             .map_err(|e| self.err("listing dead letters", e))?;
         rows.iter()
-            .map(|r| {
-                Ok(DeadLetter {
-                    id: parse_id(r.try_get(0)?)?,
-                    aggregate_type: r.try_get(1)?,
-                    aggregate_id: r.try_get(2)?,
-                    event_type: r.try_get(3)?,
-                    attempts: r.try_get(4)?,
-                    reason: r.try_get(5)?,
-                    created_at: from_micros(r.try_get(6)?),
-                    dead_lettered_at: r.try_get::<Option<i64>, _>(7)?.map(from_micros),
-                })
-            })
+            .map(|r| admin_rows::dead_letter(&Cols(r)))
             .collect::<Result<_, sqlx::Error>>()
             .map_err(|e| self.err("listing dead letters", e))
     }
@@ -89,30 +79,17 @@ impl SqliteDeadLetters {
             .await
             .map_err(|e| self.err("reading an event", e))?;
         let Some(r) = row else { return Ok(None) };
+        // The headers as JSON text, no attempt history, the next attempt (column 13) a backoff
+        // while it is after `now`.
         let detail = (|| -> Result<StoredEventDetail, sqlx::Error> {
             let headers: String = r.try_get(5)?;
             let next_attempt_at: i64 = r.try_get(13)?;
-            Ok(StoredEventDetail {
-                summary: DeadLetter {
-                    id: parse_id(r.try_get(0)?)?,
-                    aggregate_type: r.try_get(1)?,
-                    aggregate_id: r.try_get(2)?,
-                    event_type: r.try_get(3)?,
-                    attempts: r.try_get(8)?,
-                    reason: r.try_get(9)?,
-                    created_at: from_micros(r.try_get(6)?),
-                    dead_lettered_at: r.try_get::<Option<i64>, _>(11)?.map(from_micros),
-                },
-                state: r.try_get(7)?,
-                payload: r.try_get(4)?,
-                headers: serde_json::from_str(&headers)
-                    .unwrap_or(serde_json::Value::String(headers)),
-                delivered_at: r.try_get::<Option<i64>, _>(10)?.map(from_micros),
-                seq: r.try_get(12)?,
-                attempt_errors: Vec::new(),
-                backoff_until: (next_attempt_at > to_micros(now))
-                    .then(|| from_micros(next_attempt_at)),
-            })
+            admin_rows::stored_event(
+                &Cols(&r),
+                serde_json::from_str(&headers).unwrap_or(serde_json::Value::String(headers)),
+                Vec::new(),
+                (next_attempt_at > to_micros(now)).then(|| from_micros(next_attempt_at)),
+            )
         })()
         .map_err(|e| self.err("reading an event", e))?;
         Ok(Some(detail))
@@ -133,18 +110,9 @@ impl SqliteDeadLetters {
             .fetch_optional(&self.pool)
             .await
             .map_err(|e| self.err("explaining an event", e))?;
-        row.map(|r| {
-            Ok(Blocker {
-                id: parse_id(r.try_get(0)?)?,
-                state: r.try_get(1)?,
-                attempts: r.try_get(2)?,
-                last_error: r.try_get(3)?,
-                backoff_until: r.try_get::<Option<i64>, _>(4)?.map(from_micros),
-                created_at: from_micros(r.try_get(5)?),
-            })
-        })
-        .transpose()
-        .map_err(|e: sqlx::Error| self.err("explaining an event", e))
+        row.map(|r| admin_rows::blocker(&Cols(&r)))
+            .transpose()
+            .map_err(|e| self.err("explaining an event", e))
     }
 
     /// Puts the selected dead letters back in line; returns the ids put back.

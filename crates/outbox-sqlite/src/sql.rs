@@ -4,10 +4,19 @@
 //! `{{name:_suffix}}`). [`render`] fills them from an [`Identifier`], which is validated and
 //! always double-quoted. Suffixes come from the `.sql` files shipped with this crate, never
 //! from input. SQLite has no schemas, so unlike PostgreSQL there is no schema part.
+//!
+//! [`Cols`] reads the rows of the operator queries for `outbox_core::admin_rows`.
 
 use std::sync::Arc;
 
 use outbox_core::Identifier;
+use outbox_core::admin_rows::Columns;
+use sqlx::Row;
+use sqlx::sqlite::SqliteRow;
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+use crate::timestamp::from_micros;
 
 /// Fills the placeholders of `template` for `table`.
 ///
@@ -69,6 +78,28 @@ impl Queries {
 /// quoted identifiers inserted by [`render`].
 pub(crate) fn stmt(sql: &Arc<str>) -> sqlx::AssertSqlSafe<Arc<str>> {
     sqlx::AssertSqlSafe(Arc::clone(sql))
+}
+
+/// A row of an operator query, for `outbox_core::admin_rows`: ids are hyphenated text, times
+/// Unix microseconds.
+pub(crate) struct Cols<'r>(pub(crate) &'r SqliteRow);
+
+impl Columns for Cols<'_> {
+    type Error = sqlx::Error;
+
+    outbox_core::forward_plain_columns!();
+
+    fn id(&self, i: usize) -> Result<Uuid, sqlx::Error> {
+        crate::dead::parse_id(self.0.try_get(i)?)
+    }
+
+    fn time(&self, i: usize) -> Result<OffsetDateTime, sqlx::Error> {
+        Ok(from_micros(self.0.try_get(i)?))
+    }
+
+    fn time_opt(&self, i: usize) -> Result<Option<OffsetDateTime>, sqlx::Error> {
+        Ok(self.0.try_get::<Option<i64>, _>(i)?.map(from_micros))
+    }
 }
 
 #[cfg(test)]

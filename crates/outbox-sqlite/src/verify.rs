@@ -4,18 +4,17 @@
 use std::sync::Arc;
 
 use outbox_core::SourceError;
+use outbox_core::admin_rows;
 use outbox_core::backend::OnDelivered;
 use outbox_core::sink::BoxFuture;
-use outbox_core::verify::{
-    Basis, DeliveryLedger, Ledger, LedgerEvent, RowState, StoredRow, Window,
-};
-use sqlx::{Row, SqlitePool};
+use outbox_core::verify::{Basis, DeliveryLedger, Ledger, StoredRow, Window};
+use sqlx::SqlitePool;
 use uuid::Uuid;
 
 use crate::config::SqliteConfig;
 use crate::error::source_error;
-use crate::sql::{render, stmt};
-use crate::timestamp::{from_micros, to_micros};
+use crate::sql::{Cols, render, stmt};
+use crate::timestamp::to_micros;
 
 /// The delivery ledger of one SQLite outbox table.
 #[derive(Debug, Clone)]
@@ -59,18 +58,7 @@ impl SqliteLedger {
             .map_err(|e| self.err("reading delivered events", e))?;
         let delivered = rows
             .iter()
-            .map(|r| {
-                let id: String = r.try_get(0)?;
-                Ok(LedgerEvent {
-                    id: parse_id(&id)?,
-                    aggregate_type: r.try_get(1)?,
-                    aggregate_id: r.try_get(2)?,
-                    event_type: r.try_get(3)?,
-                    position: r.try_get(4)?,
-                    created_at: from_micros(r.try_get(5)?),
-                    delivered_at: r.try_get::<Option<i64>, _>(6)?.map(from_micros),
-                })
-            })
+            .map(|r| admin_rows::ledger_event(&Cols(r)))
             .collect::<Result<Vec<_>, sqlx::Error>>()
             .map_err(|e| self.err("reading delivered events", e))?;
         let (undelivered, dead): (i64, i64) = sqlx::query_as(stmt(&self.undelivered))
@@ -100,23 +88,10 @@ impl SqliteLedger {
             .await
             .map_err(|e| self.err("looking up events by id", e))?;
         rows.iter()
-            .map(|r| {
-                let id: String = r.try_get(0)?;
-                let state: String = r.try_get(1)?;
-                Ok(StoredRow {
-                    id: parse_id(&id)?,
-                    state: RowState::from_column(&state),
-                    position: r.try_get(2)?,
-                    created_at: from_micros(r.try_get(3)?),
-                })
-            })
+            .map(|r| admin_rows::stored_row(&Cols(r)))
             .collect::<Result<Vec<_>, sqlx::Error>>()
             .map_err(|e| self.err("looking up events by id", e))
     }
-}
-
-fn parse_id(text: &str) -> Result<Uuid, sqlx::Error> {
-    Uuid::parse_str(text).map_err(|e| sqlx::Error::Decode(Box::new(e)))
 }
 
 impl DeliveryLedger for SqliteLedger {
