@@ -5,6 +5,7 @@
 //! [`SCRATCH_PREFIX`](outbox_core::backend::SCRATCH_PREFIX), and the name reaches SQL as a validated, quoted identifier.
 
 use outbox_core::backend::{SCRATCH_CLAIM_TIMEOUT, Scratch};
+use outbox_core::scratch::write_and_roll_back;
 use outbox_core::sink::BoxFuture;
 use outbox_core::{Identifier, NewEvent, SourceError};
 use sqlx::Executor;
@@ -18,33 +19,23 @@ pub(crate) fn scratch_config(
     config: &MySqlConfig,
     tag: &Identifier,
 ) -> Result<MySqlConfig, String> {
-    outbox_core::backend::check_scratch_tag(tag)?;
-    let scratch = MySqlConfig {
-        table: tag.clone(),
-        claim_timeout: SCRATCH_CLAIM_TIMEOUT,
-        ..config.clone()
-    };
-    scratch.validate()?;
-    Ok(scratch)
+    outbox_core::scratch::scratch_config(tag, MySqlConfig::validate, |table| {
+        Ok(MySqlConfig {
+            table,
+            claim_timeout: SCRATCH_CLAIM_TIMEOUT,
+            ..config.clone()
+        })
+    })
 }
 
 impl Scratch for MySqlBackend {
     fn roll_back<'a>(&'a self, events: &'a [NewEvent]) -> BoxFuture<'a, Result<(), SourceError>> {
-        Box::pin(async move {
-            let outbox = crate::MySqlOutbox::new(self.config().table.clone());
-            let mut tx = self
-                .pool()
-                .begin()
-                .await
-                .map_err(|e| unavailable("beginning a transaction", &e))?;
-            outbox
-                .enqueue_batch(&mut tx, events)
-                .await
-                .map_err(|e| unavailable("writing events", &e))?;
-            tx.rollback()
-                .await
-                .map_err(|e| unavailable("rolling back", &e))
-        })
+        let outbox = crate::MySqlOutbox::new(self.config().table.clone());
+        Box::pin(write_and_roll_back(
+            self.pool().begin(),
+            async move |tx| outbox.enqueue_batch(tx, events).await,
+            async |tx| tx.rollback().await,
+        ))
     }
 
     fn remove(&self) -> BoxFuture<'_, Result<Vec<String>, SourceError>> {
@@ -65,8 +56,4 @@ impl Scratch for MySqlBackend {
             Ok(vec![format!("table {table} (with its bookkeeping tables)")])
         })
     }
-}
-
-fn unavailable(what: &str, e: &(dyn std::error::Error + 'static)) -> SourceError {
-    SourceError::unavailable(format!("{what}: {}", outbox_core::relay::ErrorChain(e)))
 }

@@ -7,6 +7,7 @@
 use std::time::{Duration, Instant};
 
 use outbox_core::backend::{SCRATCH_CLAIM_TIMEOUT, Scratch};
+use outbox_core::scratch::write_and_roll_back;
 use outbox_core::sink::BoxFuture;
 use outbox_core::{Identifier, NewEvent, SourceError};
 use sqlx::Executor;
@@ -86,21 +87,12 @@ impl PgBackend {
 
 impl Scratch for PgBackend {
     fn roll_back<'a>(&'a self, events: &'a [NewEvent]) -> BoxFuture<'a, Result<(), SourceError>> {
-        Box::pin(async move {
-            let outbox = crate::PgOutbox::new(self.config().qualified_table());
-            let mut tx = self
-                .pool()
-                .begin()
-                .await
-                .map_err(|e| unavailable("beginning a transaction", &e))?;
-            outbox
-                .enqueue_batch(&mut *tx, events)
-                .await
-                .map_err(|e| unavailable("writing events", &e))?;
-            tx.rollback()
-                .await
-                .map_err(|e| unavailable("rolling back", &e))
-        })
+        let outbox = crate::PgOutbox::new(self.config().qualified_table());
+        Box::pin(write_and_roll_back(
+            self.pool().begin(),
+            async move |tx| outbox.enqueue_batch(&mut **tx, events).await,
+            async |tx| tx.rollback().await,
+        ))
     }
 
     fn remove(&self) -> BoxFuture<'_, Result<Vec<String>, SourceError>> {
@@ -136,8 +128,4 @@ impl Scratch for PgBackend {
 
 fn fatal(what: &str, e: &(dyn std::error::Error + 'static)) -> SourceError {
     SourceError::fatal(format!("{what}: {}", outbox_core::relay::ErrorChain(e)))
-}
-
-fn unavailable(what: &str, e: &(dyn std::error::Error + 'static)) -> SourceError {
-    SourceError::unavailable(format!("{what}: {}", outbox_core::relay::ErrorChain(e)))
 }

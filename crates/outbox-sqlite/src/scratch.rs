@@ -5,6 +5,7 @@
 //! [`SCRATCH_PREFIX`](outbox_core::backend::SCRATCH_PREFIX), and the name reaches SQL as a validated, quoted identifier.
 
 use outbox_core::backend::{SCRATCH_CLAIM_TIMEOUT, Scratch};
+use outbox_core::scratch::write_and_roll_back;
 use outbox_core::sink::BoxFuture;
 use outbox_core::{Identifier, NewEvent, SourceError};
 use sqlx::Executor;
@@ -18,33 +19,23 @@ pub(crate) fn scratch_config(
     config: &SqliteConfig,
     tag: &Identifier,
 ) -> Result<SqliteConfig, String> {
-    outbox_core::backend::check_scratch_tag(tag)?;
-    let scratch = SqliteConfig {
-        table: tag.clone(),
-        lease_ttl: SCRATCH_CLAIM_TIMEOUT,
-        ..config.clone()
-    };
-    scratch.validate()?;
-    Ok(scratch)
+    outbox_core::scratch::scratch_config(tag, SqliteConfig::validate, |table| {
+        Ok(SqliteConfig {
+            table,
+            lease_ttl: SCRATCH_CLAIM_TIMEOUT,
+            ..config.clone()
+        })
+    })
 }
 
 impl Scratch for SqliteBackend {
     fn roll_back<'a>(&'a self, events: &'a [NewEvent]) -> BoxFuture<'a, Result<(), SourceError>> {
-        Box::pin(async move {
-            let outbox = crate::SqliteOutbox::new(self.config().table.clone());
-            let mut tx = self
-                .pool()
-                .begin()
-                .await
-                .map_err(|e| unavailable("beginning a transaction", &e))?;
-            outbox
-                .enqueue_batch(&mut *tx, events)
-                .await
-                .map_err(|e| unavailable("writing events", &e))?;
-            tx.rollback()
-                .await
-                .map_err(|e| unavailable("rolling back", &e))
-        })
+        let outbox = crate::SqliteOutbox::new(self.config().table.clone());
+        Box::pin(write_and_roll_back(
+            self.pool().begin(),
+            async move |tx| outbox.enqueue_batch(&mut **tx, events).await,
+            async |tx| tx.rollback().await,
+        ))
     }
 
     fn remove(&self) -> BoxFuture<'_, Result<Vec<String>, SourceError>> {
@@ -66,8 +57,4 @@ impl Scratch for SqliteBackend {
             )])
         })
     }
-}
-
-fn unavailable(what: &str, e: &(dyn std::error::Error + 'static)) -> SourceError {
-    SourceError::unavailable(format!("{what}: {}", outbox_core::relay::ErrorChain(e)))
 }
