@@ -194,3 +194,147 @@ impl<S: CatalogSql> SubscriptionCatalog for S {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::sync::Mutex;
+
+    use super::*;
+
+    /// A catalog in memory; `missing` makes every call fail as on a database without the table.
+    #[derive(Default)]
+    struct Memory {
+        rows: Mutex<BTreeMap<String, (String, String, SubscriptionState)>>,
+        missing: bool,
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("no such table")]
+    struct NoTable;
+
+    impl CatalogSql for Memory {
+        type Error = NoTable;
+        type Tx = ();
+
+        fn table(&self) -> &str {
+            "outbox_subscriptions"
+        }
+
+        fn is_missing(_: &NoTable) -> bool {
+            true
+        }
+
+        async fn begin(&self) -> Result<(), NoTable> {
+            if self.missing { Err(NoTable) } else { Ok(()) }
+        }
+
+        async fn upsert(
+            &self,
+            (): &mut (),
+            r: &CatalogRecord,
+        ) -> Result<Option<(String, String)>, NoTable> {
+            let mut rows = self.rows.lock().expect("lock");
+            let before = rows.get(&r.name).map(|(f, s, _)| (f.clone(), s.clone()));
+            let state = rows.get(&r.name).map_or(r.state, |(_, _, state)| *state);
+            rows.insert(r.name.clone(), (r.filter.clone(), r.sink.clone(), state));
+            Ok(before)
+        }
+
+        async fn commit((): ()) -> Result<(), NoTable> {
+            Ok(())
+        }
+
+        async fn rows(&self) -> Result<Vec<CatalogRow>, NoTable> {
+            if self.missing {
+                return Err(NoTable);
+            }
+            let rows = self.rows.lock().expect("lock");
+            Ok(rows
+                .iter()
+                .map(|(name, (filter, sink, state))| {
+                    let at = OffsetDateTime::UNIX_EPOCH;
+                    (
+                        name.clone(),
+                        filter.clone(),
+                        sink.clone(),
+                        state.as_str().into(),
+                        at,
+                    )
+                })
+                .collect())
+        }
+
+        async fn set_state(&self, name: &str, state: SubscriptionState) -> Result<u64, NoTable> {
+            let mut rows = self.rows.lock().expect("lock");
+            Ok(rows.get_mut(name).map_or(0, |row| {
+                row.2 = state;
+                1
+            }))
+        }
+
+        async fn remove(&self, name: &str) -> Result<u64, NoTable> {
+            Ok(self
+                .rows
+                .lock()
+                .expect("lock")
+                .remove(name)
+                .map_or(0, |_| 1))
+        }
+    }
+
+    fn record(name: &str, sink: &str) -> CatalogRecord {
+        CatalogRecord {
+            name: name.into(),
+            filter: "{}".into(),
+            sink: sink.into(),
+            state: SubscriptionState::Paused,
+        }
+    }
+
+    #[tokio::test]
+    async fn record_list_pause_and_remove_through_the_shared_flow() {
+        let catalog = Memory::default();
+        let done = catalog.record(&[record("a", "k")]).await.expect("record");
+        assert_eq!(done, vec![("a".to_owned(), Recorded::Added)]);
+        let done = catalog
+            .record(&[record("a", "j"), record("b", "k")])
+            .await
+            .expect("record");
+        assert_eq!(
+            done,
+            vec![
+                ("a".to_owned(), Recorded::Updated),
+                ("b".to_owned(), Recorded::Added)
+            ]
+        );
+        let c: &dyn SubscriptionCatalog = &catalog;
+        assert!(
+            c.set_state("a", SubscriptionState::Active)
+                .await
+                .expect("set")
+        );
+        assert!(
+            !c.set_state("z", SubscriptionState::Active)
+                .await
+                .expect("set")
+        );
+        let listed = c.list().await.expect("list");
+        assert_eq!(listed.len(), 2);
+        assert_eq!(listed[0].state, SubscriptionState::Active);
+        assert_eq!(listed[1].state, SubscriptionState::Paused);
+        assert!(c.remove("b").await.expect("remove"));
+        assert!(!c.remove("b").await.expect("remove"));
+    }
+
+    #[tokio::test]
+    async fn a_missing_table_says_to_run_migrate() {
+        let catalog = Memory {
+            missing: true,
+            ..Memory::default()
+        };
+        let e = catalog.list().await.expect_err("no table");
+        assert!(e.to_string().contains("run `outbox migrate`"), "{e}");
+        assert!(catalog.record(&[record("a", "k")]).await.is_err());
+    }
+}
