@@ -30,9 +30,11 @@ use crate::sink::BoxFuture;
 use crate::source::{Backlog, Fetched, Inspect, Settlement, Source, SourceError};
 use crate::{NewEvent, RelayConfig};
 
+mod checks;
 mod forward;
 mod settle;
 
+pub use checks::{SchemaFixes, backlog_or_red, schema_check};
 pub use settle::SettledBatch;
 
 /// What the forwarding macros ([`forward_dead_letter_store!`](crate::forward_dead_letter_store)

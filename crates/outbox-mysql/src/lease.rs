@@ -20,27 +20,21 @@
 //! power of two so a few prepared statements serve every batch size.
 
 use std::collections::HashSet;
-use std::sync::Arc;
 
+use outbox_core::backend::SettledBatch;
 use outbox_core::source::{Fetched, Outcome, Settlement};
-use outbox_core::{DeadLetterPolicy, Ordering, Source, SourceError};
+use outbox_core::{DeadLetterPolicy, Ordering, SourceError};
 use sqlx::MySqlPool;
 use time::OffsetDateTime;
 use uuid::Uuid;
 
 use crate::config::{MySqlConfig, OnDelivered};
-use crate::error::source_error;
-use crate::poll::{decode, first_seqs, keep_runs, order_by_seq, utc};
-use crate::sql::{Queries, stmt};
+use crate::poll::{Claims, decode, first_seqs, keep_runs, order_by_seq, utc};
+use crate::sql::stmt;
 
 /// Reads the outbox by polling with the lease-token claim. One instance per relay worker.
 pub struct MySqlLeaseSource {
-    pool: MySqlPool,
-    queries: Arc<Queries>,
-    table: String,
-    ordering: Ordering,
-    hold_dead: bool,
-    on_delivered: OnDelivered,
+    claims: Claims,
     lease: std::time::Duration,
     /// The token and the row positions of the claim being published, until it settles.
     token: Option<(String, Vec<i64>)>,
@@ -48,11 +42,8 @@ pub struct MySqlLeaseSource {
 
 impl std::fmt::Debug for MySqlLeaseSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MySqlLeaseSource")
-            .field("table", &self.table)
-            .field("ordering", &self.ordering)
-            .field("claim_open", &self.token.is_some())
-            .finish_non_exhaustive()
+        self.claims
+            .debug(f, "MySqlLeaseSource", self.token.is_some())
     }
 }
 
@@ -91,26 +82,17 @@ impl MySqlLeaseSource {
         dead_letter: DeadLetterPolicy,
     ) -> Self {
         Self {
-            pool,
-            queries: Arc::new(Queries::new(&config.table)),
-            table: config.table.to_string(),
-            ordering,
-            hold_dead: dead_letter == DeadLetterPolicy::HoldAggregate,
-            on_delivered: config.on_delivered,
+            claims: Claims::new(pool, config, ordering, dead_letter),
             lease: config.claim_timeout,
             token: None,
         }
-    }
-
-    fn err(&self, context: &str, e: sqlx::Error) -> SourceError {
-        source_error(context, &self.table, e)
     }
 
     /// Clears `token` from the claimed rows at `positions` that it still marks (by primary
     /// key: no index scan to take locks in another order than the claim's).
     fn release_statement(&self, positions: &[i64]) -> (String, usize) {
         let (list, len) = in_list(positions.len());
-        let table = &self.queries.table;
+        let table = &self.claims.queries.table;
         (
             format!(
                 "UPDATE {table} SET claimed_by = NULL, claimed_until = NULL \
@@ -131,9 +113,9 @@ impl MySqlLeaseSource {
             q = q.bind(p);
         }
         q.bind(token)
-            .execute(&self.pool)
+            .execute(&self.claims.pool)
             .await
-            .map_err(|e| self.err("giving back a claim", e))
+            .map_err(|e| self.claims.err("giving back a claim", e))
             .map(drop)
     }
 
@@ -143,7 +125,7 @@ impl MySqlLeaseSource {
         &self,
         firsts: &[(&str, &str, i64)],
     ) -> Result<HashSet<(String, String)>, SourceError> {
-        let table = &self.queries.table;
+        let table = &self.claims.queries.table;
         let one = format!(
             "SELECT ? AS t, ? AS i FROM DUAL WHERE COALESCE((SELECT e.seq FROM {table} AS e \
              WHERE e.aggregate_type = ? AND e.aggregate_id = ? AND e.state = 'pending' \
@@ -163,27 +145,32 @@ impl MySqlLeaseSource {
                 .bind(*i)
                 .bind(*seq)
                 .bind(*seq)
-                .bind(self.hold_dead)
+                .bind(self.claims.hold_dead)
                 .bind(*t)
                 .bind(*i)
                 .bind(*seq)
                 .bind(*seq);
         }
-        let rows = q
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|e| self.err("checking the claimed aggregates' earlier events", e))?;
+        let rows = q.fetch_all(&self.claims.pool).await.map_err(|e| {
+            self.claims
+                .err("checking the claimed aggregates' earlier events", e)
+        })?;
         Ok(rows.into_iter().collect())
     }
 
+    /// Claims the next batch ([`Source::fetch`](outbox_core::Source::fetch)).
     async fn claim(&mut self, limit: usize, now: OffsetDateTime) -> Result<Fetched, SourceError> {
+        if let Some((stale, positions)) = self.token.take() {
+            // A fetch without settle: give the previous claim back untouched.
+            self.release(&stale, &positions).await?;
+        }
         // The lease runs on the server's clock from the claim statement; measured from
         // before it here, so the deadline errs early.
         let valid_until = tokio::time::Instant::now() + self.lease;
         let token = Uuid::now_v7().hyphenated().to_string();
         let now_db = utc(now);
         let lease_us = i64::try_from(self.lease.as_micros()).unwrap_or(i64::MAX);
-        let hold = self.hold_dead && self.ordering != Ordering::None;
+        let hold = self.claims.hold_dead && self.claims.ordering != Ordering::None;
         let far = time::PrimitiveDateTime::new(
             time::Date::from_calendar_date(9999, time::Month::December, 31)
                 .unwrap_or(time::Date::MAX),
@@ -191,10 +178,10 @@ impl MySqlLeaseSource {
         );
         let mut attempt = 0;
         let taken = loop {
-            let result = sqlx::query(stmt(&self.queries.lease_claim))
+            let result = sqlx::query(stmt(&self.claims.queries.lease_claim))
                 .bind(now_db)
                 // With ordering off nothing waits behind a retrying event: no time is later.
-                .bind(if self.ordering == Ordering::None {
+                .bind(if self.claims.ordering == Ordering::None {
                     far
                 } else {
                     now_db
@@ -203,13 +190,13 @@ impl MySqlLeaseSource {
                 .bind(u64::try_from(limit).unwrap_or(u64::MAX))
                 .bind(&token)
                 .bind(lease_us)
-                .execute(&self.pool)
+                .execute(&self.claims.pool)
                 .await;
             match result {
                 Err(e) if is_deadlock(&e) && attempt < DEADLOCK_RETRIES => attempt += 1,
                 other => {
                     break other
-                        .map_err(|e| self.err("claiming a batch", e))?
+                        .map_err(|e| self.claims.err("claiming a batch", e))?
                         .rows_affected();
                 }
             }
@@ -217,17 +204,17 @@ impl MySqlLeaseSource {
         if taken == 0 {
             return Ok(Fetched::default());
         }
-        let rows = sqlx::query(stmt(&self.queries.lease_claimed))
+        let rows = sqlx::query(stmt(&self.claims.queries.lease_claimed))
             .bind(&token)
-            .fetch_all(&self.pool)
+            .fetch_all(&self.claims.pool)
             .await
-            .map_err(|e| self.err("reading a claimed batch", e))?;
+            .map_err(|e| self.claims.err("reading a claimed batch", e))?;
         let mut decoded = Vec::with_capacity(rows.len());
         for row in &rows {
-            decoded.push(decode(row).map_err(|e| self.err("reading a claimed event", e))?);
+            decoded.push(decode(row).map_err(|e| self.claims.err("reading a claimed event", e))?);
         }
         let positions: Vec<i64> = decoded.iter().map(|(e, _)| e.position.0).collect();
-        let events = if self.ordering == Ordering::None {
+        let events = if self.claims.ordering == Ordering::None {
             decoded.into_iter().map(|(e, _)| e).collect()
         } else {
             order_by_seq(&mut decoded);
@@ -248,6 +235,7 @@ impl MySqlLeaseSource {
         })
     }
 
+    /// Records a claimed batch's outcomes and gives its rows back ([`Source::settle`](outbox_core::Source::settle)).
     async fn record(
         &mut self,
         settlements: &[Settlement],
@@ -262,7 +250,7 @@ impl MySqlLeaseSource {
         loop {
             match self.record_once(settlements, now, &token, &positions).await {
                 Err(e) if is_deadlock(&e) && attempt < DEADLOCK_RETRIES => attempt += 1,
-                other => return other.map_err(|e| self.err("recording batch outcomes", e)),
+                other => return other.map_err(|e| self.claims.err("recording batch outcomes", e)),
             }
         }
     }
@@ -275,17 +263,13 @@ impl MySqlLeaseSource {
         positions: &[i64],
     ) -> Result<(), sqlx::Error> {
         let now_db = utc(now);
-        let delivered: Vec<i64> = settlements
-            .iter()
-            .filter(|s| matches!(s.outcome, Outcome::Delivered))
-            .map(|s| s.position.0)
-            .collect();
-        let mut tx = self.pool.begin().await?;
+        let delivered = SettledBatch::sort(settlements).delivered;
+        let mut tx = self.claims.pool.begin().await?;
         if !delivered.is_empty() {
             let (list, len) = in_list(delivered.len());
-            let table = &self.queries.table;
+            let table = &self.claims.queries.table;
             // Only the number of placeholders varies; every value is bound.
-            let sql = match self.on_delivered {
+            let sql = match self.claims.on_delivered {
                 OnDelivered::Mark => format!(
                     "UPDATE {table} SET state = 'delivered', delivered_at = ?, \
                      claimed_by = NULL, claimed_until = NULL \
@@ -296,7 +280,7 @@ impl MySqlLeaseSource {
                 }
             };
             let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
-            if self.on_delivered == OnDelivered::Mark {
+            if self.claims.on_delivered == OnDelivered::Mark {
                 q = q.bind(now_db);
             }
             for p in padded(&delivered, len) {
@@ -308,7 +292,7 @@ impl MySqlLeaseSource {
         for s in settlements {
             match &s.outcome {
                 Outcome::Retry { not_before, error } => {
-                    sqlx::query(stmt(&self.queries.lease_retry))
+                    sqlx::query(stmt(&self.claims.queries.lease_retry))
                         .bind(utc(*not_before))
                         .bind(error)
                         .bind(s.position.0)
@@ -317,7 +301,7 @@ impl MySqlLeaseSource {
                         .await?;
                 }
                 Outcome::DeadLetter { reason } => {
-                    sqlx::query(stmt(&self.queries.lease_dead_letter))
+                    sqlx::query(stmt(&self.claims.queries.lease_dead_letter))
                         .bind(reason)
                         .bind(now_db)
                         .bind(s.position.0)
@@ -338,23 +322,7 @@ impl MySqlLeaseSource {
     }
 }
 
-impl Source for MySqlLeaseSource {
-    async fn fetch(&mut self, limit: usize, now: OffsetDateTime) -> Result<Fetched, SourceError> {
-        if let Some((stale, positions)) = self.token.take() {
-            // A fetch without settle: give the previous claim back untouched.
-            self.release(&stale, &positions).await?;
-        }
-        self.claim(limit, now).await
-    }
-
-    async fn settle(
-        &mut self,
-        settlements: &[Settlement],
-        now: OffsetDateTime,
-    ) -> Result<(), SourceError> {
-        self.record(settlements, now).await
-    }
-}
+outbox_core::forward_source!(MySqlLeaseSource, fetch = claim, settle = record);
 
 #[cfg(test)]
 mod tests {

@@ -33,9 +33,10 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use bytes::Bytes;
+use outbox_core::backend::SettledBatch;
 use outbox_core::message::header;
-use outbox_core::source::{Fetched, Outcome, Settlement};
-use outbox_core::{DeadLetterPolicy, Event, Ordering, Position, Source, SourceError};
+use outbox_core::source::{Fetched, Settlement};
+use outbox_core::{DeadLetterPolicy, Event, Ordering, Position, SourceError};
 use sqlx::mysql::MySqlRow;
 use sqlx::{MySql, MySqlPool, Row, Transaction};
 use time::{OffsetDateTime, PrimitiveDateTime, UtcOffset};
@@ -48,22 +49,64 @@ use crate::sql::{Queries, stmt};
 /// Reads the outbox by polling. One instance per relay worker; each holds at most one claim
 /// transaction (one pooled connection) at a time.
 pub struct MySqlPollSource {
-    pool: MySqlPool,
-    queries: Arc<Queries>,
-    table: String,
-    ordering: Ordering,
-    hold_dead: bool,
-    on_delivered: OnDelivered,
+    claims: Claims,
     claim: Option<Transaction<'static, MySql>>,
     claim_timeout: std::time::Duration,
 }
 
 impl std::fmt::Debug for MySqlPollSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MySqlPollSource")
+        self.claims
+            .debug(f, "MySqlPollSource", self.claim.is_some())
+    }
+}
+
+/// What both claims of a MySQL outbox (the row locks here, the lease tokens of
+/// [`crate::lease`]) work with: the pool, the table's statements and the relay's order,
+/// dead-letter and delivery settings.
+pub(crate) struct Claims {
+    pub(crate) pool: MySqlPool,
+    pub(crate) queries: Arc<Queries>,
+    pub(crate) table: String,
+    pub(crate) ordering: Ordering,
+    pub(crate) hold_dead: bool,
+    pub(crate) on_delivered: OnDelivered,
+}
+
+impl Claims {
+    /// The claims of `config`'s table on `pool`.
+    pub(crate) fn new(
+        pool: MySqlPool,
+        config: &MySqlConfig,
+        ordering: Ordering,
+        dead_letter: DeadLetterPolicy,
+    ) -> Self {
+        Self {
+            pool,
+            queries: Arc::new(Queries::new(&config.table)),
+            table: config.table.to_string(),
+            ordering,
+            hold_dead: dead_letter == DeadLetterPolicy::HoldAggregate,
+            on_delivered: config.on_delivered,
+        }
+    }
+
+    /// A database error while `context`, naming the table.
+    pub(crate) fn err(&self, context: &str, e: sqlx::Error) -> SourceError {
+        source_error(context, &self.table, e)
+    }
+
+    /// A source's `Debug`: its name, table and ordering, and whether a claim is open.
+    pub(crate) fn debug(
+        &self,
+        f: &mut std::fmt::Formatter<'_>,
+        name: &str,
+        claim_open: bool,
+    ) -> std::fmt::Result {
+        f.debug_struct(name)
             .field("table", &self.table)
             .field("ordering", &self.ordering)
-            .field("claim_open", &self.claim.is_some())
+            .field("claim_open", &claim_open)
             .finish_non_exhaustive()
     }
 }
@@ -99,57 +142,52 @@ impl MySqlPollSource {
         dead_letter: DeadLetterPolicy,
     ) -> Self {
         Self {
-            pool,
-            queries: Arc::new(Queries::new(&config.table)),
-            table: config.table.to_string(),
-            ordering,
-            hold_dead: dead_letter == DeadLetterPolicy::HoldAggregate,
-            on_delivered: config.on_delivered,
+            claims: Claims::new(pool, config, ordering, dead_letter),
             claim: None,
             claim_timeout: config.claim_timeout,
         }
     }
 
-    fn err(&self, context: &str, e: sqlx::Error) -> SourceError {
-        source_error(context, &self.table, e)
-    }
-
+    /// Claims the next batch ([`Source::fetch`](outbox_core::Source::fetch)).
     async fn claim(&mut self, limit: usize, now: OffsetDateTime) -> Result<Fetched, SourceError> {
+        if let Some(stale) = self.claim.take() {
+            // A fetch without settle: release the previous claim untouched.
+            let _ = stale.rollback().await;
+        }
         // The server ends a claim transaction idle for `claim_timeout`, freeing its rows for
         // other replicas: from before the claim started, so the deadline errs early.
         let valid_until = tokio::time::Instant::now() + self.claim_timeout;
-        let mut tx = self
-            .pool
+        let mut tx = (self.claims.pool)
             .begin()
             .await
-            .map_err(|e| self.err("starting a claim transaction", e))?;
+            .map_err(|e| self.claims.err("starting a claim transaction", e))?;
         let limit_u64 = u64::try_from(limit).unwrap_or(u64::MAX);
         let now_db = utc(now);
-        let ordered = self.ordering != Ordering::None;
+        let ordered = self.claims.ordering != Ordering::None;
         let rows = if ordered {
-            sqlx::query(stmt(&self.queries.claim_batch))
+            sqlx::query(stmt(&self.claims.queries.claim_batch))
                 .bind(now_db)
                 .bind(now_db)
-                .bind(self.hold_dead)
+                .bind(self.claims.hold_dead)
                 .bind(limit_u64)
                 .fetch_all(&mut *tx)
                 .await
         } else {
-            sqlx::query(stmt(&self.queries.claim_batch_unordered))
+            sqlx::query(stmt(&self.claims.queries.claim_batch_unordered))
                 .bind(now_db)
                 .bind(limit_u64)
                 .fetch_all(&mut *tx)
                 .await
         }
-        .map_err(|e| self.err("claiming a batch", e))?;
+        .map_err(|e| self.claims.err("claiming a batch", e))?;
         let claimed = rows.len();
         let mut decoded = Vec::with_capacity(claimed);
         let mut firsts: Heads = HashMap::new();
         for row in &rows {
-            let event = decode(row).map_err(|e| self.err("reading a claimed event", e))?;
+            let event = decode(row).map_err(|e| self.claims.err("reading a claimed event", e))?;
             if ordered {
                 let heads = (|| Ok::<_, sqlx::Error>((row.try_get(10)?, row.try_get(11)?)))()
-                    .map_err(|e| self.err("reading a claimed event", e))?;
+                    .map_err(|e| self.claims.err("reading a claimed event", e))?;
                 firsts
                     .entry((event.0.aggregate_type.clone(), event.0.aggregate_id.clone()))
                     .or_insert(heads);
@@ -158,7 +196,7 @@ impl MySqlPollSource {
         }
         let events = if ordered && !decoded.is_empty() {
             order_by_seq(&mut decoded);
-            let blocked = blocked(&first_seqs(&decoded), &firsts, self.hold_dead);
+            let blocked = blocked(&first_seqs(&decoded), &firsts, self.claims.hold_dead);
             keep_runs(decoded, &blocked).0
         } else {
             decoded.into_iter().map(|(event, _)| event).collect()
@@ -167,7 +205,7 @@ impl MySqlPollSource {
             // Nothing may go out: end the claim at once so the rows are free again.
             tx.rollback()
                 .await
-                .map_err(|e| self.err("ending an empty claim", e))?;
+                .map_err(|e| self.claims.err("ending an empty claim", e))?;
             return Ok(Fetched::default());
         }
         self.claim = Some(tx);
@@ -178,6 +216,7 @@ impl MySqlPollSource {
         })
     }
 
+    /// Records a claimed batch's outcomes and ends the claim ([`Source::settle`](outbox_core::Source::settle)).
     async fn record(
         &mut self,
         settlements: &[Settlement],
@@ -186,56 +225,44 @@ impl MySqlPollSource {
         let Some(mut tx) = self.claim.take() else {
             return Ok(());
         };
-        let mut delivered = Vec::new();
-        let mut retries = Vec::new();
-        let mut dead = Vec::new();
-        for s in settlements {
-            match &s.outcome {
-                Outcome::Delivered => delivered.push(s.position.0),
-                Outcome::Retry { not_before, error } => retries.push(serde_json::json!([
-                    s.position.0,
-                    utc_text(*not_before),
-                    error
-                ])),
-                Outcome::DeadLetter { reason } => {
-                    dead.push(serde_json::json!([s.position.0, reason]));
-                }
-                Outcome::Released => {}
-            }
-        }
+        let batch = SettledBatch::sort(settlements);
         let now_db = utc(now);
-        if !delivered.is_empty() {
-            let positions = serde_json::Value::from(delivered).to_string();
-            let q = match self.on_delivered {
-                OnDelivered::Mark => sqlx::query(stmt(&self.queries.mark_delivered))
+        if !batch.delivered.is_empty() {
+            let positions = serde_json::Value::from(batch.delivered).to_string();
+            let q = match self.claims.on_delivered {
+                OnDelivered::Mark => sqlx::query(stmt(&self.claims.queries.mark_delivered))
                     .bind(positions)
                     .bind(now_db),
                 OnDelivered::Delete => {
-                    sqlx::query(stmt(&self.queries.delete_delivered)).bind(positions)
+                    sqlx::query(stmt(&self.claims.queries.delete_delivered)).bind(positions)
                 }
             };
             q.execute(&mut *tx)
                 .await
-                .map_err(|e| self.err("recording delivered events", e))?;
+                .map_err(|e| self.claims.err("recording delivered events", e))?;
         }
-        if !retries.is_empty() {
-            sqlx::query(stmt(&self.queries.schedule_retry))
-                .bind(serde_json::Value::from(retries).to_string())
+        if !batch.retries.is_empty() {
+            let retries = (batch.retries.iter())
+                .map(|(position, at, error)| serde_json::json!([position, utc_text(*at), error]));
+            sqlx::query(stmt(&self.claims.queries.schedule_retry))
+                .bind(serde_json::Value::from_iter(retries).to_string())
                 .execute(&mut *tx)
                 .await
-                .map_err(|e| self.err("scheduling retries", e))?;
+                .map_err(|e| self.claims.err("scheduling retries", e))?;
         }
-        if !dead.is_empty() {
-            sqlx::query(stmt(&self.queries.dead_letter))
-                .bind(serde_json::Value::from(dead).to_string())
+        if !batch.dead.is_empty() {
+            let dead =
+                (batch.dead.iter()).map(|(position, reason)| serde_json::json!([position, reason]));
+            sqlx::query(stmt(&self.claims.queries.dead_letter))
+                .bind(serde_json::Value::from_iter(dead).to_string())
                 .bind(now_db)
                 .execute(&mut *tx)
                 .await
-                .map_err(|e| self.err("dead-lettering events", e))?;
+                .map_err(|e| self.claims.err("dead-lettering events", e))?;
         }
         tx.commit()
             .await
-            .map_err(|e| self.err("committing batch outcomes", e))
+            .map_err(|e| self.claims.err("committing batch outcomes", e))
     }
 }
 
@@ -366,23 +393,7 @@ pub(crate) fn decode(row: &MySqlRow) -> Result<(Event, i64), sqlx::Error> {
     Ok((event, row.try_get(9)?))
 }
 
-impl Source for MySqlPollSource {
-    async fn fetch(&mut self, limit: usize, now: OffsetDateTime) -> Result<Fetched, SourceError> {
-        if let Some(stale) = self.claim.take() {
-            // A fetch without settle: release the previous claim untouched.
-            let _ = stale.rollback().await;
-        }
-        self.claim(limit, now).await
-    }
-
-    async fn settle(
-        &mut self,
-        settlements: &[Settlement],
-        now: OffsetDateTime,
-    ) -> Result<(), SourceError> {
-        self.record(settlements, now).await
-    }
-}
+outbox_core::forward_source!(MySqlPollSource, fetch = claim, settle = record);
 
 #[cfg(test)]
 mod tests {

@@ -3,12 +3,19 @@
 //! relay's privileges on the outbox table and the backlog.
 
 use outbox_core::admin::{DoctorCheck, DoctorThresholds};
+use outbox_core::backend::{SchemaFixes, schema_check};
 use time::OffsetDateTime;
 
 use super::MySqlBackend;
 use crate::cdc::{MySqlCdcInspector, binlog_problems, replication_check};
 use crate::migrate::{SCHEMA_VERSION, schema_version};
 use crate::server::{server_version, session_tls};
+
+/// What `outbox doctor` says to do about the outbox table's schema.
+const SCHEMA_FIXES: SchemaFixes = SchemaFixes {
+    migrate: "run `outbox migrate`",
+    unreadable: "check the privileges of source.url's user (SELECT on the outbox tables)",
+};
 
 impl MySqlBackend {
     pub(super) async fn checks(&self, thresholds: DoctorThresholds) -> Vec<DoctorCheck> {
@@ -37,53 +44,23 @@ impl MySqlBackend {
         if self.cdc() {
             out.push(self.binlog_check().await);
         }
-        match schema_version(&self.pool, table).await {
-            Ok(Some(v)) if v >= SCHEMA_VERSION => {
-                out.push(DoctorCheck::ok("schema", format!("version {v}")));
-            }
-            Ok(found) => {
-                out.push(DoctorCheck::red(
-                    "schema",
-                    format!(
-                        "outbox table {table} has schema version {}, this build expects {SCHEMA_VERSION}",
-                        found.map_or("none".to_owned(), |v| v.to_string()),
-                    ),
-                    "run `outbox migrate`",
-                ));
-                return out;
-            }
-            Err(e) => {
-                out.push(DoctorCheck::red(
-                    "schema",
-                    format!(
-                        "cannot read the schema version: {}",
-                        outbox_core::relay::ErrorChain(&e)
-                    ),
-                    "check the privileges of source.url's user (SELECT on the outbox tables)",
-                ));
-                return out;
-            }
+        let found = schema_version(&self.pool, table)
+            .await
+            .map_err(|e| outbox_core::relay::ErrorChain(&e).to_string());
+        if !schema_check(&mut out, table, found, SCHEMA_VERSION, SCHEMA_FIXES) {
+            return out;
         }
         out.push(self.privileges().await);
         if self.cdc() {
             self.cdc_checks(&mut out).await;
             return out;
         }
-        match self.admin.backlog_at(OffsetDateTime::now_utc()).await {
-            Ok(b) => out.extend(outbox_core::admin::backlog_checks(
-                &b,
-                thresholds.stuck_after,
-                "is a relay running and reaching the broker? `outbox status` shows held aggregates; `outbox why ID` explains one event",
-            )),
-            Err(e) => out.push(DoctorCheck::red(
-                "oldest_pending",
-                format!(
-                    "cannot read the backlog: {}",
-                    outbox_core::relay::ErrorChain(&e)
-                ),
-                "run `outbox migrate`",
-            )),
-        }
+        out.extend(outbox_core::backend::backlog_or_red(
+            self.admin.backlog_at(OffsetDateTime::now_utc()).await,
+            thresholds.stuck_after,
+            "is a relay running and reaching the broker? `outbox status` shows held aggregates; `outbox why ID` explains one event",
+            "run `outbox migrate`",
+        ));
         out
     }
 

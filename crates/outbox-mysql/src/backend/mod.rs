@@ -14,15 +14,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use outbox_core::admin::{DoctorCheck, DoctorThresholds, StatusReport};
-use outbox_core::backend::{
-    Backend, BackendConfig, BoxedSource, DeadLetterStore, Explain, Pipelines, Producer, Retention,
-};
+use outbox_core::backend::{Backend, BackendConfig, BoxedSource, Pipelines};
 use outbox_core::sink::BoxFuture;
 use outbox_core::{RelayConfig, SourceError, Unsupported};
 use sqlx::MySqlPool;
 use time::OffsetDateTime;
 
 use crate::admin::MySqlAdmin;
+use crate::backfill::MySqlBackfill;
 use crate::cdc::{MySqlCdcInspector, MySqlCdcSource, binlog_problems, setup_cdc};
 use crate::config::{ClaimMode, Mode, MySqlConfig};
 use crate::lease::MySqlLeaseSource;
@@ -259,12 +258,11 @@ impl Backend for MySqlBackend {
     fn doctor(&self, thresholds: DoctorThresholds) -> BoxFuture<'_, Vec<DoctorCheck>> {
         Box::pin(self.checks(thresholds))
     }
-    fn dead_letters(&self) -> Result<&dyn DeadLetterStore, Unsupported> {
-        Ok(&self.admin)
-    }
-    fn explain(&self) -> Result<&dyn Explain, Unsupported> {
-        Ok(self)
-    }
+    outbox_core::backend_abilities!(
+        dead_letters: admin, explain: self, retention: admin, producer: producer,
+        forward: producer, catalog: catalog, delivery_ledger: ledger, capture: capture,
+        backfill: MySqlBackfill, scratch: self,
+    );
     fn replay(&self) -> Result<&dyn outbox_core::backend::Replay, Unsupported> {
         if self.cdc() {
             // Streamed rows are never marked delivered: nothing tells a replay which to pick.
@@ -273,34 +271,5 @@ impl Backend for MySqlBackend {
             ));
         }
         Ok(&self.admin)
-    }
-    fn retention(&self) -> Result<&dyn Retention, Unsupported> {
-        Ok(&self.admin)
-    }
-    fn producer(&self) -> Result<&dyn Producer, Unsupported> {
-        Ok(&self.producer)
-    }
-    fn forward(&self) -> Result<&dyn outbox_core::backend::Forward, Unsupported> {
-        Ok(&self.producer)
-    }
-    fn catalog(&self) -> Result<&dyn outbox_core::catalog::SubscriptionCatalog, Unsupported> {
-        Ok(&self.catalog)
-    }
-    fn backfill(
-        &self,
-        subscription: &str,
-    ) -> Result<Box<dyn outbox_core::backfill::Backfill>, Unsupported> {
-        crate::backfill::MySqlBackfill::new(self.pool.clone(), &self.config, subscription)
-            .map(|b| Box::new(b) as Box<dyn outbox_core::backfill::Backfill>)
-            .map_err(|e| Unsupported::new("mysql", "backfill").with_hint(e))
-    }
-    fn delivery_ledger(&self) -> Result<&dyn outbox_core::verify::DeliveryLedger, Unsupported> {
-        Ok(&self.ledger)
-    }
-    fn capture(&self) -> Result<&dyn outbox_core::capture::Capture, Unsupported> {
-        Ok(&self.capture)
-    }
-    fn scratch(&self) -> Result<&dyn outbox_core::backend::Scratch, Unsupported> {
-        outbox_core::backend::scratch_only(self.kind(), &self.config.table, self)
     }
 }
