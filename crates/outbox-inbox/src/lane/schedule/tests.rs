@@ -47,15 +47,46 @@ fn one_lane() -> LanePolicy {
     }
 }
 
-/// Lanes without an order gate, settling into a fresh log.
-fn ungated(
-    policy: &LanePolicy,
-    handler: impl MessageHandler,
-) -> (Arc<Log>, CancellationToken, Lanes<Log>) {
+/// Lanes without an order gate, settling into a log.
+struct Ungated {
+    log: Arc<Log>,
+    shutdown: CancellationToken,
+    lanes: Lanes<Log>,
+}
+
+/// [`Ungated`] lanes calling `handler`, with a fresh log.
+fn ungated(policy: &LanePolicy, handler: impl MessageHandler) -> Ungated {
     let log = Arc::new(Log::default());
     let shutdown = CancellationToken::new();
     let lanes = Lanes::start(policy, None, Arc::clone(&log), handler, &shutdown);
-    (log, shutdown, lanes)
+    Ungated {
+        log,
+        shutdown,
+        lanes,
+    }
+}
+
+impl Ungated {
+    /// Dispatches `deliveries` in order, each taken in.
+    async fn dispatch<const N: usize>(&self, deliveries: [Incoming<u32>; N]) {
+        dispatch_all(&self.lanes, &self.shutdown, deliveries).await;
+    }
+
+    /// Finishes the lanes: their report, and what they did with each delivery.
+    async fn finish(self) -> (ConsumerReport, Vec<String>) {
+        (self.lanes.finish().await, self.log.lines())
+    }
+}
+
+/// Dispatches `deliveries` in order, each taken in.
+async fn dispatch_all<const N: usize>(
+    lanes: &Lanes<Log>,
+    shutdown: &CancellationToken,
+    deliveries: [Incoming<u32>; N],
+) {
+    for delivery in deliveries {
+        assert!(lanes.dispatch(delivery, shutdown).await);
+    }
 }
 
 /// Applied positions in memory (the inbox's table in the real loops).
@@ -125,6 +156,25 @@ struct Gated {
     lanes: Lanes<Log>,
 }
 
+impl Gated {
+    /// Dispatches `deliveries` in order, each taken in.
+    async fn dispatch<const N: usize>(&self, deliveries: [Incoming<u32>; N]) {
+        dispatch_all(&self.lanes, &self.shutdown, deliveries).await;
+    }
+
+    /// The positions applied so far, in order.
+    fn applied(&self) -> Vec<u64> {
+        self.applied.lock().expect("lock").clone()
+    }
+
+    /// Finishes the lanes: their report, and every position applied.
+    async fn finish(self) -> (ConsumerReport, Vec<u64>) {
+        let report = self.lanes.finish().await;
+        let applied = self.applied.lock().expect("lock").clone();
+        (report, applied)
+    }
+}
+
 /// [`Gated`] lanes, the gate configured by `order`.
 fn gated(order: impl FnOnce(ConsumerOrder) -> ConsumerOrder) -> Gated {
     let positions = Arc::new(Positions::default());
@@ -147,26 +197,18 @@ fn gated(order: impl FnOnce(ConsumerOrder) -> ConsumerOrder) -> Gated {
 
 #[tokio::test(start_paused = true)]
 async fn the_order_gate_holds_later_positions_until_the_missing_one_arrives() {
-    let Gated {
-        positions,
-        applied,
-        shutdown,
-        lanes,
-    } = gated(|order| order);
-    assert!(lanes.dispatch(numbered(3, "k", 3), &shutdown).await);
-    assert!(lanes.dispatch(numbered(2, "k", 2), &shutdown).await);
+    let gated = gated(|order| order);
+    gated
+        .dispatch([numbered(3, "k", 3), numbered(2, "k", 2)])
+        .await;
     tokio::time::sleep(Duration::from_secs(5)).await;
-    assert!(
-        applied.lock().expect("lock").is_empty(),
-        "2 and 3 wait for 1"
-    );
-    assert!(lanes.dispatch(numbered(1, "k", 1), &shutdown).await);
+    assert!(gated.applied().is_empty(), "2 and 3 wait for 1");
+    gated.dispatch([numbered(1, "k", 1)]).await;
     // Another instance applied 4 meanwhile; its redelivery here is still handed over (the
     // inbox makes it a duplicate), and 5 follows without waiting.
-    positions.advance("A", "j", 4);
-    assert!(lanes.dispatch(numbered(5, "j", 5), &shutdown).await);
-    let report = lanes.finish().await;
-    let applied = applied.lock().expect("lock").clone();
+    gated.positions.advance("A", "j", 4);
+    gated.dispatch([numbered(5, "j", 5)]).await;
+    let (report, applied) = gated.finish().await;
     let of_k: Vec<u64> = applied.iter().copied().filter(|s| *s != 5).collect();
     assert_eq!(of_k, vec![1, 2, 3], "key k in position order: {applied:?}");
     assert!(applied.contains(&5), "j's next position flows: {applied:?}");
@@ -176,22 +218,15 @@ async fn the_order_gate_holds_later_positions_until_the_missing_one_arrives() {
 
 #[tokio::test(start_paused = true)]
 async fn a_missing_position_is_given_up_on_after_the_gap_timeout() {
-    let Gated {
-        applied,
-        shutdown,
-        lanes,
-        ..
-    } = gated(|order| order.gap_timeout(Duration::from_secs(30)));
-    assert!(lanes.dispatch(numbered(2, "k", 2), &shutdown).await);
-    assert!(lanes.dispatch(numbered(3, "k", 3), &shutdown).await);
+    let gated = gated(|order| order.gap_timeout(Duration::from_secs(30)));
+    gated
+        .dispatch([numbered(2, "k", 2), numbered(3, "k", 3)])
+        .await;
     tokio::time::sleep(Duration::from_secs(29)).await;
-    assert!(
-        applied.lock().expect("lock").is_empty(),
-        "still waiting for 1"
-    );
+    assert!(gated.applied().is_empty(), "still waiting for 1");
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(*applied.lock().expect("lock"), vec![2, 3]);
-    let report = lanes.finish().await;
+    assert_eq!(gated.applied(), vec![2, 3]);
+    let (report, _) = gated.finish().await;
     assert_eq!((report.acked, report.gaps), (2, 1));
 }
 
@@ -214,7 +249,7 @@ fn incoming(h: u32, key: &str, earlier_attempts: u32) -> Incoming<u32> {
 #[tokio::test(start_paused = true)]
 async fn a_failing_message_is_retried_in_place_before_later_ones_of_its_key() {
     let fails = Arc::new(AtomicU64::new(2));
-    let (log, shutdown, lanes) = ungated(&one_lane(), move |m: InboxMessage| {
+    let lanes = ungated(&one_lane(), move |m: InboxMessage| {
         let fails = Arc::clone(&fails);
         async move {
             let first_fails = m.id.as_u128() == 1 && fails.fetch_sub(1, Ordering::SeqCst) > 0;
@@ -224,18 +259,11 @@ async fn a_failing_message_is_retried_in_place_before_later_ones_of_its_key() {
             Ok(())
         }
     });
-    assert!(lanes.dispatch(incoming(1, "k", 0), &shutdown).await);
-    assert!(lanes.dispatch(incoming(2, "k", 0), &shutdown).await);
-    assert!(lanes.dispatch(incoming(3, "k", 9), &shutdown).await);
-    let report = lanes.finish().await;
-    assert_eq!(
-        log.lines(),
-        vec![
-            "ack 1".to_owned(),
-            "ack 2".to_owned(),
-            "dead 3: handler failed 10 times; last error: boom".to_owned()
-        ]
-    );
+    let deliveries = [(1, 0), (2, 0), (3, 9)].map(|(h, earlier)| incoming(h, "k", earlier));
+    lanes.dispatch(deliveries).await;
+    let (report, log) = lanes.finish().await;
+    let dead = "dead 3: handler failed 10 times; last error: boom";
+    assert_eq!(log, ["ack 1", "ack 2", dead]);
     assert_eq!(report.retried, 2);
     assert_eq!(report.acked, 2);
 }
@@ -253,19 +281,17 @@ async fn a_key_waiting_for_a_retry_does_not_hold_up_other_keys() {
             Ok(())
         }
     };
-    let (log, shutdown, lanes) = ungated(&policy, poison);
-    assert!(lanes.dispatch(incoming(1, "p", 0), &shutdown).await);
-    assert!(lanes.dispatch(incoming(2, "p", 0), &shutdown).await);
-    assert!(lanes.dispatch(incoming(3, "k", 0), &shutdown).await);
-    assert!(lanes.dispatch(incoming(4, "k", 0), &shutdown).await);
-    let report = lanes.finish().await;
+    let lanes = ungated(&policy, poison);
+    lanes.dispatch([1, 2].map(|h| incoming(h, "p", 0))).await;
+    lanes.dispatch([3, 4].map(|h| incoming(h, "k", 0))).await;
+    let (report, log) = lanes.finish().await;
     assert_eq!(
-        log.lines(),
-        vec![
-            "ack 3".to_owned(),
-            "ack 4".to_owned(),
-            "dead 1: handler failed 3 times; last error: poison".to_owned(),
-            "dead 2: handler failed 3 times; last error: poison".to_owned(),
+        log,
+        [
+            "ack 3",
+            "ack 4",
+            "dead 1: handler failed 3 times; last error: poison",
+            "dead 2: handler failed 3 times; last error: poison",
         ],
         "k flows while p waits; p keeps its order"
     );
@@ -278,13 +304,13 @@ async fn a_key_waiting_for_a_retry_does_not_hold_up_other_keys() {
 #[tokio::test(start_paused = true)]
 async fn shutdown_releases_queued_and_waiting_messages() {
     let failing = |_m: InboxMessage| async { Err::<(), _>("down") };
-    let (log, shutdown, lanes) = ungated(&one_lane(), failing);
-    assert!(lanes.dispatch(incoming(1, "k", 0), &shutdown).await);
-    assert!(lanes.dispatch(incoming(2, "k", 0), &shutdown).await);
+    let lanes = ungated(&one_lane(), failing);
+    lanes.dispatch([1, 2].map(|h| incoming(h, "k", 0))).await;
     tokio::time::sleep(Duration::from_millis(1500)).await; // 1 failed twice, now waiting
-    shutdown.cancel();
-    assert!(!lanes.dispatch(incoming(3, "j", 0), &shutdown).await);
-    let report = lanes.finish().await;
-    assert_eq!(log.lines(), vec!["release 3", "release 1", "release 2"]);
+    lanes.shutdown.cancel();
+    let late = incoming(3, "j", 0);
+    assert!(!lanes.lanes.dispatch(late, &lanes.shutdown).await);
+    let (report, log) = lanes.finish().await;
+    assert_eq!(log, ["release 3", "release 1", "release 2"]);
     assert_eq!((report.acked, report.released, report.retried), (0, 3, 2));
 }
