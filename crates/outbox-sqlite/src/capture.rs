@@ -18,9 +18,9 @@
 use outbox_core::Identifier;
 use outbox_core::capture::rows::{self, RowCatalog};
 use outbox_core::capture::{
-    CaptureEntry, CaptureError, CaptureOp, CaptureRecord, Dialect, InstalledCapture, OpTrigger,
-    TableColumn, TableKind, check_columns, check_entries, check_table, op_trigger_name,
-    payload_type_error, recorded, row_object, trigger_identifiers,
+    CaptureEntry, CaptureError, CaptureRecord, Dialect, InstalledCapture, OpTrigger, TableColumn,
+    TableKind, check_columns, check_entries, check_table, op_trigger_name, payload_type_error,
+    row_object, trigger_identifiers,
 };
 use sqlx::{Executor, Sqlite, SqliteConnection, SqlitePool, Transaction};
 
@@ -227,9 +227,7 @@ impl SqliteCapture {
         let context = format!("installing capture `{name}` on {table}");
         let mut catalog = self.catalog(tx, &context);
         let before = rows::recorded_row(&mut catalog, &name).await?;
-        for op in [CaptureOp::Insert, CaptureOp::Update] {
-            catalog.drop_trigger(&name, op).await?;
-        }
+        rows::drop_triggers(&mut catalog, &name).await?;
         let named = trigger_identifiers(
             config,
             [("captured_table", table), ("outbox_table", &self.outbox)],
@@ -302,38 +300,30 @@ impl RowCatalog for Catalog<'_> {
         &mut self,
         name: &Identifier,
     ) -> Result<Option<(String, String)>, CaptureError> {
-        sqlx::query_as(self.capture.record_sql(RECORD_READ))
-            .bind(name.as_str())
-            .fetch_optional(&mut *self.conn)
+        let read = sqlx::query_as(self.capture.record_sql(RECORD_READ)).bind(name.as_str());
+        read.fetch_optional(&mut *self.conn)
             .await
             .map_err(db(self.context))
     }
 
     async fn records(&mut self) -> Result<Vec<(String, String)>, CaptureError> {
-        let sql = self.capture.record_sql(RECORD_LIST);
-        let all = sqlx::query_as(sql).fetch_all(&mut *self.conn).await;
-        all.map_err(db(self.context))
-    }
-
-    async fn trigger_table(&mut self, trigger: &str) -> Result<Option<String>, CaptureError> {
-        let query = sqlx::query_scalar(TRIGGER_OF).bind(trigger);
-        query
-            .fetch_optional(&mut *self.conn)
+        let all = sqlx::query_as(self.capture.record_sql(RECORD_LIST));
+        all.fetch_all(&mut *self.conn)
             .await
             .map_err(db(self.context))
     }
 
-    async fn drop_trigger(&mut self, name: &Identifier, op: CaptureOp) -> Result<(), CaptureError> {
-        let sql = recorded::drop_trigger(name, op);
-        let context = format!(
-            "{}: dropping trigger {}",
-            self.context,
-            op_trigger_name(name, op)
-        );
-        self.conn
-            .execute(sqlx::AssertSqlSafe(sql))
+    async fn trigger_table(&mut self, trigger: &str) -> Result<Option<String>, CaptureError> {
+        let on = sqlx::query_scalar(TRIGGER_OF).bind(trigger);
+        on.fetch_optional(&mut *self.conn)
             .await
-            .map_err(db(context))?;
+            .map_err(db(self.context))
+    }
+
+    async fn execute(&mut self, sql: String, what: &str) -> Result<(), CaptureError> {
+        let what = format!("{}: {what}", self.context);
+        let sql = sqlx::AssertSqlSafe(sql);
+        self.conn.execute(sql).await.map_err(db(what))?;
         Ok(())
     }
 

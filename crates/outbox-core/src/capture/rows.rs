@@ -29,11 +29,12 @@ pub trait RowCatalog: Send {
         &mut self,
         trigger: &str,
     ) -> impl Future<Output = Result<Option<String>, CaptureError>> + Send;
-    /// Drops the trigger of capture `name` for `op`, if it exists.
-    fn drop_trigger(
+    /// Runs one statement of bundled SQL (identifiers double-quoted: MySQL backquotes
+    /// them); `what` says what it does, for its error.
+    fn execute(
         &mut self,
-        name: &Identifier,
-        op: CaptureOp,
+        sql: String,
+        what: &str,
     ) -> impl Future<Output = Result<(), CaptureError>> + Send;
     /// Deletes the record of capture `name`.
     fn delete_record(
@@ -83,13 +84,25 @@ pub async fn remove(
             lines.push(recorded::removed_line(name, None, catalog.outbox()));
             continue;
         };
-        for op in [CaptureOp::Insert, CaptureOp::Update] {
-            catalog.drop_trigger(name, op).await?;
-        }
+        drop_triggers(catalog, name).await?;
         catalog.delete_record(name).await?;
         lines.push(recorded::removed_line(name, Some(&table), catalog.outbox()));
     }
     Ok(lines)
+}
+
+/// Drops both possible triggers of capture `name`.
+pub async fn drop_triggers(
+    catalog: &mut impl RowCatalog,
+    name: &Identifier,
+) -> Result<(), CaptureError> {
+    for op in [CaptureOp::Insert, CaptureOp::Update] {
+        let what = format!("dropping trigger {}", op_trigger_name(name, op));
+        catalog
+            .execute(recorded::drop_trigger(name, op), &what)
+            .await?;
+    }
+    Ok(())
 }
 
 /// The captures recorded for the outbox table, by name, with the triggers present.

@@ -3,7 +3,7 @@
 
 use outbox_core::Identifier;
 use outbox_core::capture::rows::{self, RowCatalog};
-use outbox_core::capture::{CaptureError, CaptureOp, CaptureRecord, op_trigger_name, recorded};
+use outbox_core::capture::{CaptureError, CaptureRecord};
 use sqlx::pool::PoolConnection;
 use sqlx::{Executor, MySql, MySqlConnection};
 
@@ -78,17 +78,10 @@ impl RowCatalog for Catalog<'_> {
             .map_err(db(self.context))
     }
 
-    async fn drop_trigger(&mut self, name: &Identifier, op: CaptureOp) -> Result<(), CaptureError> {
-        let sql = backquote(recorded::drop_trigger(name, op));
-        let what = format!(
-            "{}: dropping trigger {}",
-            self.context,
-            op_trigger_name(name, op)
-        );
-        self.conn
-            .execute(sqlx::AssertSqlSafe(sql))
-            .await
-            .map_err(lock_or_db(what))?;
+    async fn execute(&mut self, sql: String, what: &str) -> Result<(), CaptureError> {
+        let what = format!("{}: {what}", self.context);
+        let sql = sqlx::AssertSqlSafe(backquote(sql));
+        self.conn.execute(sql).await.map_err(lock_or_db(what))?;
         Ok(())
     }
 
