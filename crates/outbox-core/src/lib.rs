@@ -30,6 +30,7 @@ pub mod migration;
 pub mod policy;
 pub mod redact;
 pub mod relay;
+pub mod retention_batches;
 pub mod scratch;
 pub mod sink;
 pub mod source;

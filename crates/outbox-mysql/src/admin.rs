@@ -13,6 +13,7 @@ use outbox_core::admin::{
     RetrySelection, StoredEventDetail,
 };
 use outbox_core::admin_rows::{self, Columns};
+use outbox_core::retention_batches::delete_in_batches;
 use outbox_core::source::{Backlog, Inspect};
 use outbox_core::{Identifier, SourceError};
 use sqlx::mysql::MySqlRow;
@@ -351,30 +352,21 @@ impl MySqlAdmin {
         pause: Duration,
         progress: &mut (dyn FnMut(u64) -> ControlFlow<()> + Send),
     ) -> Result<RetentionReport, SourceError> {
-        let batch = batch.max(1);
         let mut report = RetentionReport::default();
         let Some((cutoff, _, delete)) = self.retention_plan(now, keep).await? else {
             return Ok(report);
         };
-        loop {
-            let n = sqlx::query(stmt(delete))
+        delete_in_batches(batch, pause, progress, &mut report, |batch| async move {
+            let done = sqlx::query(stmt(delete))
                 .bind(cutoff)
                 .bind(batch)
                 .execute(&self.pool)
                 .await
-                .map_err(|e| self.err("deleting a batch of delivered rows", e))?
-                .rows_affected();
-            report.batches += 1;
-            report.deleted += n;
-            if n < u64::from(batch) {
-                return Ok(report);
-            }
-            if progress(report.deleted).is_break() {
-                report.stopped = true;
-                return Ok(report);
-            }
-            tokio::time::sleep(pause).await;
-        }
+                .map_err(|e| self.err("deleting a batch of delivered rows", e))?;
+            Ok(done.rows_affected())
+        })
+        .await?;
+        Ok(report)
     }
 }
 

@@ -26,6 +26,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use outbox_core::admin::{KeptPartition, RetentionPreview, RetentionReport, RetentionSettings};
+use outbox_core::retention_batches::delete_in_batches;
 use outbox_core::{Identifier, QualifiedTable};
 use sqlx::PgPool;
 use time::OffsetDateTime;
@@ -227,32 +228,28 @@ impl PgRetention {
         progress: &mut (dyn FnMut(u64) -> ControlFlow<()> + Send),
         report: &mut RetentionReport,
     ) -> Result<(), RetentionError> {
-        let batch = settings.batch.max(1);
-        loop {
-            let mut q = crate::sql::query_scalar::<i64>(crate::sql::stmt(sql))
-                .bind(cutoff)
-                .bind(i64::from(batch));
-            if let Some(xmin) = xmin {
-                q = q.bind(xmin);
-            }
-            let n = q
-                .fetch_one(&self.pool)
-                .await
-                .map_err(self.err("deleting a batch of delivered rows"))?;
-            let n = u64::try_from(n).unwrap_or(0);
-            report.batches += 1;
-            report.deleted += n;
-            if n < u64::from(batch) {
-                // A short batch: nothing eligible is left (rows locked by someone else are
-                // skipped and picked up by the next run).
-                return Ok(());
-            }
-            if progress(report.deleted).is_break() {
-                report.stopped = true;
-                return Ok(());
-            }
-            tokio::time::sleep(settings.pause).await;
-        }
+        // A short batch ends the run: nothing eligible is left (rows locked by someone else
+        // are skipped and picked up by the next run).
+        delete_in_batches(
+            settings.batch,
+            settings.pause,
+            progress,
+            report,
+            |batch| async move {
+                let mut q = crate::sql::query_scalar::<i64>(crate::sql::stmt(sql))
+                    .bind(cutoff)
+                    .bind(i64::from(batch));
+                if let Some(xmin) = xmin {
+                    q = q.bind(xmin);
+                }
+                let n = q
+                    .fetch_one(&self.pool)
+                    .await
+                    .map_err(self.err("deleting a batch of delivered rows"))?;
+                Ok(u64::try_from(n).unwrap_or(0))
+            },
+        )
+        .await
     }
 
     /// Step 1 of CDC retention: (oldest running xid as 32 bits, WAL insert position).

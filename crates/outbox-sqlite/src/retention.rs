@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use outbox_core::Identifier;
 use outbox_core::admin::RetentionReport;
+use outbox_core::retention_batches::delete_in_batches;
 use sqlx::SqlitePool;
 use time::OffsetDateTime;
 
@@ -81,26 +82,17 @@ impl SqliteRetention {
         progress: &mut (dyn FnMut(u64) -> ControlFlow<()> + Send),
     ) -> Result<RetentionReport, SqliteRetentionError> {
         let cutoff = to_micros(now - keep);
-        let batch = batch.max(1);
         let mut report = RetentionReport::default();
-        loop {
-            let n = sqlx::query(stmt(&self.delete_batch))
+        delete_in_batches(batch, pause, progress, &mut report, |batch| async move {
+            let done = sqlx::query(stmt(&self.delete_batch))
                 .bind(cutoff)
                 .bind(i64::from(batch))
                 .execute(&self.pool)
                 .await
-                .map_err(self.err("deleting a batch of delivered rows"))?
-                .rows_affected();
-            report.batches += 1;
-            report.deleted += n;
-            if n < u64::from(batch) {
-                return Ok(report);
-            }
-            if progress(report.deleted).is_break() {
-                report.stopped = true;
-                return Ok(report);
-            }
-            tokio::time::sleep(pause).await;
-        }
+                .map_err(self.err("deleting a batch of delivered rows"))?;
+            Ok(done.rows_affected())
+        })
+        .await?;
+        Ok(report)
     }
 }
