@@ -49,6 +49,17 @@ pub(crate) fn assert_refusals<C: serde::de::DeserializeOwned>(
     errors
 }
 
+/// Test support: asserts that `text` does not parse as a `C` and that the error says
+/// `expected` (an unknown key, say).
+#[cfg(test)]
+pub(crate) fn assert_unparsable<C: serde::de::DeserializeOwned + std::fmt::Debug>(
+    text: &str,
+    expected: &str,
+) {
+    let err = toml::from_str::<C>(text).expect_err(text).to_string();
+    assert!(err.contains(expected), "{text}: {err}");
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -90,15 +90,7 @@ macro_rules! build_sink {
                 }
             )?
             $(
-                fn read_back(
-                    &self,
-                ) -> outbox_core::sink::BoxFuture<
-                    '_,
-                    Result<
-                        Box<dyn outbox_core::verify::ReadBack>,
-                        outbox_core::verify::ReadBackError,
-                    >,
-                > {
+                fn read_back(&self) -> crate::read_back::ReadBackFuture<'_> {
                     Box::pin(async move {
                         $read_back(self)
                             .await
@@ -107,15 +99,7 @@ macro_rules! build_sink {
                 }
             )?
             $(
-                fn read_back(
-                    &self,
-                ) -> outbox_core::sink::BoxFuture<
-                    '_,
-                    Result<
-                        Box<dyn outbox_core::verify::ReadBack>,
-                        outbox_core::verify::ReadBackError,
-                    >,
-                > {
+                fn read_back(&self) -> crate::read_back::ReadBackFuture<'_> {
                     Box::pin(async move {
                         Err(outbox_core::verify::ReadBackError::unsupported($why))
                     })
@@ -139,6 +123,16 @@ pub(crate) use build_sink;
 // `aws` is the feature that `sqs`, `sns` and `kinesis` each enable.
 #[cfg(feature = "aws")]
 mod aws;
+#[cfg(any(
+    feature = "nats",
+    feature = "http",
+    feature = "redis",
+    feature = "rabbitmq",
+    feature = "kafka",
+    feature = "aws",
+    feature = "pubsub"
+))]
+mod broker;
 #[cfg(any(feature = "aws", feature = "pubsub"))]
 mod cloud;
 mod cloudevents;
@@ -163,117 +157,28 @@ mod secret;
 ))]
 mod tls;
 
-#[cfg(feature = "http")]
-pub mod http;
-#[cfg(feature = "kafka")]
-pub mod kafka;
-#[cfg(feature = "kinesis")]
-pub mod kinesis;
-#[cfg(feature = "nats")]
-pub mod nats;
-#[cfg(feature = "pubsub")]
-pub mod pubsub;
-#[cfg(feature = "rabbitmq")]
-pub mod rabbitmq;
-#[cfg(feature = "redis")]
-pub mod redis;
-#[cfg(feature = "sns")]
-pub mod sns;
-#[cfg(feature = "sqs")]
-pub mod sqs;
-#[cfg(feature = "stdout")]
-pub mod stdout;
+/// Declares each sink's module behind its feature, and re-exports its config and sink types.
+macro_rules! sink_modules {
+    ($($feature:literal => $module:ident { $($export:ident),+ })*) => {$(
+        #[cfg(feature = $feature)]
+        pub mod $module;
+        #[cfg(feature = $feature)]
+        pub use $module::{$($export),+};
+    )*};
+}
+
+sink_modules! {
+    "http" => http { HttpConfig, HttpSink }
+    "kafka" => kafka { KafkaConfig, KafkaSink }
+    "kinesis" => kinesis { KinesisConfig, KinesisSink }
+    "nats" => nats { NatsConfig, NatsSink }
+    "pubsub" => pubsub { PubSubConfig, PubSubSink }
+    "rabbitmq" => rabbitmq { RabbitMqConfig, RabbitMqSink }
+    "redis" => redis { RedisConfig, RedisSink }
+    "sns" => sns { SnsConfig, SnsSink }
+    "sqs" => sqs { SqsConfig, SqsSink }
+    "stdout" => stdout { FileConfig, FileSink, StdoutConfig, StdoutSink }
+}
 
 pub use error::ConfigError;
 pub use secret::Secret;
-
-#[cfg(feature = "http")]
-pub use http::{HttpConfig, HttpSink};
-#[cfg(feature = "kafka")]
-pub use kafka::{KafkaConfig, KafkaSink};
-#[cfg(feature = "kinesis")]
-pub use kinesis::{KinesisConfig, KinesisSink};
-#[cfg(feature = "nats")]
-pub use nats::{NatsConfig, NatsSink};
-#[cfg(feature = "pubsub")]
-pub use pubsub::{PubSubConfig, PubSubSink};
-#[cfg(feature = "rabbitmq")]
-pub use rabbitmq::{RabbitMqConfig, RabbitMqSink};
-#[cfg(feature = "redis")]
-pub use redis::{RedisConfig, RedisSink};
-#[cfg(feature = "sns")]
-pub use sns::{SnsConfig, SnsSink};
-#[cfg(feature = "sqs")]
-pub use sqs::{SqsConfig, SqsSink};
-#[cfg(feature = "stdout")]
-pub use stdout::{FileConfig, FileSink, StdoutConfig, StdoutSink};
-
-/// Collapses per-event deliveries into one batch error when every event failed because the
-/// broker was unreachable: then nothing of the batch was published, which is exactly what the
-/// whole-batch `Err` of the [`outbox_core::Sink`] contract says.
-#[cfg(any(
-    feature = "nats",
-    feature = "http",
-    feature = "redis",
-    feature = "rabbitmq",
-    feature = "kafka",
-    feature = "sqs",
-    feature = "sns",
-    feature = "kinesis",
-    feature = "pubsub"
-))]
-fn collapse_unavailable(
-    deliveries: Vec<outbox_core::sink::Delivery>,
-) -> Result<Vec<outbox_core::sink::Delivery>, outbox_core::SinkError> {
-    use outbox_core::SinkErrorKind;
-    let all_unavailable = !deliveries.is_empty()
-        && deliveries
-            .iter()
-            .all(|d| matches!(d, Err(e) if e.kind() == SinkErrorKind::Unavailable));
-    if all_unavailable && let Some(Err(first)) = deliveries.first() {
-        return Err(first.clone());
-    }
-    Ok(deliveries)
-}
-
-/// The deliveries of a batch whose events were decided one by one (`None`: never attempted,
-/// which fails `Transient` with `unattempted`), collapsed as [`collapse_unavailable`] does.
-#[cfg(any(feature = "redis", feature = "aws", feature = "pubsub"))]
-fn collapse_decided(
-    deliveries: Vec<Option<outbox_core::sink::Delivery>>,
-    unattempted: &'static str,
-) -> Result<Vec<outbox_core::sink::Delivery>, outbox_core::SinkError> {
-    collapse_unavailable(
-        deliveries
-            .into_iter()
-            .map(|d| d.unwrap_or_else(|| Err(outbox_core::SinkError::transient(unattempted))))
-            .collect(),
-    )
-}
-
-/// An event used by `validate()` to render a destination template without a database: it
-/// checks what the literal parts of the template make of an ordinary event.
-#[cfg(any(
-    feature = "nats",
-    feature = "http",
-    feature = "redis",
-    feature = "rabbitmq",
-    feature = "kafka",
-    feature = "sqs",
-    feature = "sns",
-    feature = "kinesis",
-    feature = "pubsub"
-))]
-fn sample_event(aggregate_type: &str, aggregate_id: &str, event_type: &str) -> outbox_core::Event {
-    outbox_core::Event {
-        id: uuid::Uuid::nil(),
-        position: outbox_core::Position(0),
-        aggregate_type: aggregate_type.to_owned(),
-        aggregate_id: aggregate_id.to_owned(),
-        event_type: event_type.to_owned(),
-        payload: bytes::Bytes::new(),
-        headers: Vec::new(),
-        created_at: time::OffsetDateTime::UNIX_EPOCH,
-        attempts: 0,
-    }
-}

@@ -6,6 +6,12 @@
 use outbox_core::verify::{LedgerEvent, ReadProgress};
 use time::OffsetDateTime;
 
+/// What [`outbox_core::BuildSink::read_back`] returns (see the crate's `build_sink!`).
+pub(crate) type ReadBackFuture<'a> = outbox_core::sink::BoxFuture<
+    'a,
+    Result<Box<dyn outbox_core::verify::ReadBack>, outbox_core::verify::ReadBackError>,
+>;
+
 /// The arguments of one [`outbox_core::verify::ReadBack::read`], as a reader's `read_all`
 /// takes them.
 pub(crate) struct Read<'a> {

@@ -479,7 +479,7 @@ where
     for (index, delivery) in answers.into_iter().flatten() {
         deliveries[index] = Some(delivery);
     }
-    crate::collapse_decided(deliveries, "message not sent")
+    crate::broker::collapse_decided(deliveries, "message not sent")
 }
 
 /// One call's messages, failed entries sent again alone; `(batch index, delivery)` each.

@@ -184,8 +184,8 @@ mod tests {
 
     #[test]
     fn a_request_id_is_the_event_id_alone_and_a_stable_hash_for_many() {
-        let a = crate::sample_event("Order", "o_1", "order.placed");
-        let mut b = crate::sample_event("Order", "o_2", "order.placed");
+        let a = crate::broker::sample_event("Order", "o_1", "order.placed");
+        let mut b = crate::broker::sample_event("Order", "o_2", "order.placed");
         b.id = uuid::Uuid::from_u128(2);
         assert_eq!(request_id([&a].into_iter()), a.id.to_string());
         let both = request_id([&a, &b].into_iter());

@@ -154,11 +154,16 @@ impl HttpConfig {
         }
         let url =
             Destination::parse(&self.url).map_err(|e| ConfigError::new("url", e.to_string()))?;
-        let first = super::render_url(&url, &crate::sample_event("Order", "o_1", "order.placed"))
-            .map_err(|e| ConfigError::new("url", e))?;
-        let second =
-            super::render_url(&url, &crate::sample_event("Invoice", "i_2", "invoice.paid"))
-                .map_err(|e| ConfigError::new("url", e))?;
+        let first = super::render_url(
+            &url,
+            &crate::broker::sample_event("Order", "o_1", "order.placed"),
+        )
+        .map_err(|e| ConfigError::new("url", e))?;
+        let second = super::render_url(
+            &url,
+            &crate::broker::sample_event("Invoice", "i_2", "invoice.paid"),
+        )
+        .map_err(|e| ConfigError::new("url", e))?;
         let origin = first.origin();
         if origin != second.origin() {
             return Err(ConfigError::new(
@@ -330,10 +335,9 @@ mod tests {
 
     #[test]
     fn unknown_keys_are_rejected() {
-        let err = parse("url = \"http://x\"\ndestination = \"y\"").expect_err("unknown key");
-        assert!(
-            err.to_string().contains("unknown field `destination`"),
-            "{err}"
+        crate::error::assert_unparsable::<HttpConfig>(
+            "url = \"http://x\"\ndestination = \"y\"",
+            "unknown field `destination`",
         );
     }
 

@@ -335,7 +335,7 @@ impl Sink for HttpSink {
 
     async fn publish(&self, batch: &[Event]) -> Result<Vec<Delivery>, SinkError> {
         if self.events_per_request > 1 {
-            return crate::collapse_unavailable(self.publish_batched(batch).await);
+            return crate::broker::collapse_unavailable(self.publish_batched(batch).await);
         }
         // Futures are lazy: collecting them starts nothing; `buffered` runs at most
         // `max_concurrency` at a time and yields results in input order.
@@ -344,7 +344,7 @@ impl Sink for HttpSink {
             .buffered(self.max_concurrency)
             .collect()
             .await;
-        crate::collapse_unavailable(deliveries)
+        crate::broker::collapse_unavailable(deliveries)
     }
 
     /// Reachable means the endpoint's host answers HTTP at all: any status counts, only a
@@ -383,7 +383,7 @@ mod tests {
     use super::*;
 
     fn event(aggregate_id: &str) -> Event {
-        crate::sample_event("Order", aggregate_id, "order.placed")
+        crate::broker::sample_event("Order", aggregate_id, "order.placed")
     }
 
     #[test]

@@ -183,9 +183,9 @@ impl KafkaConfig {
     pub(super) fn client_config(&self) -> Result<ClientConfig, ConfigError> {
         let brokers = self.broker_list()?;
 
-        let sample = self
-            .destination
-            .render(&crate::sample_event("Order", "o_1", "order.placed"));
+        let sample =
+            self.destination
+                .render(&crate::broker::sample_event("Order", "o_1", "order.placed"));
         if let Some(problem) = topic::name_problem(&sample) {
             return Err(ConfigError::new(
                 "destination",
@@ -425,8 +425,10 @@ mod tests {
 
     #[test]
     fn unknown_keys_are_rejected() {
-        let err = parse("broker = \"x:1\"").expect_err("unknown key");
-        assert!(err.to_string().contains("unknown field `broker`"), "{err}");
+        crate::error::assert_unparsable::<KafkaConfig>(
+            "broker = \"x:1\"",
+            "unknown field `broker`",
+        );
         let err = parse("format = \"cloudevents\"").expect_err("unknown format");
         assert!(
             err.to_string().contains(

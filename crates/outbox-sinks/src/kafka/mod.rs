@@ -576,7 +576,7 @@ impl Sink for KafkaSink {
             }
             deliveries.push(delivery);
         }
-        crate::collapse_unavailable(deliveries)
+        crate::broker::collapse_unavailable(deliveries)
     }
 
     async fn healthcheck(&self) -> Result<(), SinkError> {

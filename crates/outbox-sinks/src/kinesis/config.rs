@@ -41,7 +41,7 @@ impl KinesisConfig {
                 "is required (the name of the Kinesis data stream)",
             ));
         };
-        let sample = stream.render(&crate::sample_event("Order", "o_1", "order.placed"));
+        let sample = stream.render(&crate::broker::sample_event("Order", "o_1", "order.placed"));
         stream_name(&sample).map_err(|e| ConfigError::new("stream", e))?;
         crate::cloudevents::refuse_binary(self.format, "Kinesis records have none")?;
         self.validate_shared()

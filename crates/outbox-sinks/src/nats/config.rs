@@ -160,9 +160,9 @@ impl NatsConfig {
             }
         }
 
-        let sample = self
-            .destination
-            .render(&crate::sample_event("Order", "o_1", "order.placed"));
+        let sample =
+            self.destination
+                .render(&crate::broker::sample_event("Order", "o_1", "order.placed"));
         if let Some(problem) = subject::publish_subject_problem(&sample) {
             return Err(ConfigError::new(
                 "destination",
@@ -357,8 +357,10 @@ mod tests {
 
     #[test]
     fn unknown_keys_are_rejected() {
-        let err = parse("urll = \"nats://x\"").expect_err("unknown key");
-        assert!(err.to_string().contains("unknown field `urll`"), "{err}");
+        crate::error::assert_unparsable::<NatsConfig>(
+            "urll = \"nats://x\"",
+            "unknown field `urll`",
+        );
     }
 
     #[test]

@@ -474,7 +474,7 @@ impl Sink for NatsSink {
             }
         }))
         .await;
-        crate::collapse_unavailable(deliveries)
+        crate::broker::collapse_unavailable(deliveries)
     }
 
     async fn healthcheck(&self) -> Result<(), SinkError> {

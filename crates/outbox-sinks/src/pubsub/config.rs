@@ -161,7 +161,7 @@ impl PubSubConfig {
             ("Order", "o_1", "order.placed"),
             ("Invoice", "i_2", "invoice.paid"),
         ] {
-            let sample = crate::sample_event(aggregate_type, aggregate_id, event_type);
+            let sample = crate::broker::sample_event(aggregate_type, aggregate_id, event_type);
             let rendered = self.topic.render(&sample);
             if let Some(problem) = topic_name_problem(&rendered) {
                 let hint = if rendered.contains('/') {
@@ -365,10 +365,9 @@ mod tests {
 
     #[test]
     fn unknown_keys_are_rejected() {
-        let err = parse("project = \"p-1\"\ndestination = \"x\"").expect_err("unknown");
-        assert!(
-            err.to_string().contains("unknown field `destination`"),
-            "{err}"
+        crate::error::assert_unparsable::<PubSubConfig>(
+            "project = \"p-1\"\ndestination = \"x\"",
+            "unknown field `destination`",
         );
     }
 

@@ -266,7 +266,7 @@ impl Sink for PubSubSink {
         for (index, delivery) in results.into_iter().flatten() {
             deliveries[index] = Some(delivery);
         }
-        crate::collapse_decided(deliveries, "event was not attempted")
+        crate::broker::collapse_decided(deliveries, "event was not attempted")
     }
 
     /// Reads the topic (a fixed `topic`) or lists one topic of the project (a template).

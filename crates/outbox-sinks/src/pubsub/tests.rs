@@ -6,7 +6,7 @@ use super::*;
 use outbox_core::SinkErrorKind::*;
 
 fn event(aggregate_id: &str) -> Event {
-    crate::sample_event("Order", aggregate_id, "order.placed")
+    crate::broker::sample_event("Order", aggregate_id, "order.placed")
 }
 
 /// The attributes of the plain message.

@@ -168,9 +168,9 @@ impl RabbitMqConfig {
                  declare_exchange = false",
             ));
         }
-        let sample = self
-            .destination
-            .render(&crate::sample_event("Order", "o_1", "order.placed"));
+        let sample =
+            self.destination
+                .render(&crate::broker::sample_event("Order", "o_1", "order.placed"));
         if sample.len() > MAX_SHORT_STRING {
             return Err(ConfigError::new(
                 "destination",
@@ -312,10 +312,9 @@ mod tests {
 
     #[test]
     fn unknown_keys_are_rejected() {
-        let err = parse("routing_key = \"x\"").expect_err("unknown key");
-        assert!(
-            err.to_string().contains("unknown field `routing_key`"),
-            "{err}"
+        crate::error::assert_unparsable::<RabbitMqConfig>(
+            "routing_key = \"x\"",
+            "unknown field `routing_key`",
         );
     }
 

@@ -351,7 +351,7 @@ impl Sink for RabbitMqSink {
             }
         }))
         .await;
-        crate::collapse_unavailable(deliveries)
+        crate::broker::collapse_unavailable(deliveries)
     }
 
     /// Reachable and usable: connected (reconnecting if needed) and, unless publishing to the

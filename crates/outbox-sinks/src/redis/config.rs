@@ -163,9 +163,9 @@ impl RedisConfig {
                 return Err(ConfigError::new(key, "must be greater than 0"));
             }
         }
-        let sample = self
-            .destination
-            .render(&crate::sample_event("Order", "o_1", "order.placed"));
+        let sample =
+            self.destination
+                .render(&crate::broker::sample_event("Order", "o_1", "order.placed"));
         if sample.is_empty() {
             return Err(ConfigError::new(
                 "destination",
@@ -272,8 +272,7 @@ mod tests {
 
     #[test]
     fn unknown_keys_are_rejected() {
-        let err = parse("stream = \"x\"").expect_err("unknown key");
-        assert!(err.to_string().contains("unknown field `stream`"), "{err}");
+        crate::error::assert_unparsable::<RedisConfig>("stream = \"x\"", "unknown field `stream`");
     }
 
     #[test]

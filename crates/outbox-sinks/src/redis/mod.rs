@@ -342,7 +342,7 @@ impl Sink for RedisSink {
                 }
             }
         }
-        crate::collapse_decided(deliveries, "event was not attempted")
+        crate::broker::collapse_decided(deliveries, "event was not attempted")
     }
 
     async fn healthcheck(&self) -> Result<(), SinkError> {

@@ -46,7 +46,7 @@ impl SnsConfig {
         };
         // Placeholders may render to anything: check what the literal parts make of a
         // sample that is legal in a topic name.
-        let sample = topic_arn.render(&crate::sample_event("Order", "o_1", "order_placed"));
+        let sample = topic_arn.render(&crate::broker::sample_event("Order", "o_1", "order_placed"));
         topic_name(&sample).map_err(|e| ConfigError::new("topic_arn", e))?;
         self.validate_shared()
     }

@@ -50,7 +50,7 @@ impl SqsConfig {
         };
         // Placeholders may render to anything: check what the literal parts make of a
         // sample that is legal in a queue name.
-        let sample = queue_url.render(&crate::sample_event("Order", "o_1", "order_placed"));
+        let sample = queue_url.render(&crate::broker::sample_event("Order", "o_1", "order_placed"));
         queue_name(&sample).map_err(|e| ConfigError::new("queue_url", e))?;
         self.validate_shared()
     }
