@@ -195,21 +195,13 @@ impl ChunkStore for PgBackfill {
         tx: &mut Self::Tx,
         keys: &[Key],
     ) -> Result<HashMap<Key, HandedOut>, SourceError> {
-        let (types, ids) = split(keys);
-        let rows = crate::sql::query(sqlx::AssertSqlSafe(self.q.handed_out.as_str()))
-            .bind(&types)
-            .bind(&ids)
-            .fetch_all(&mut **tx)
-            .await
-            .map_err(|e| self.err("reading what the subscription delivered", e))?;
         let decode = |r: &PgRow| -> Result<(Key, HandedOut), sqlx::Error> {
             let handed = HandedOut::from_facts(r.try_get(2)?, r.try_get(3)?, r.try_get(4)?);
             Ok(((r.try_get(0)?, r.try_get(1)?), handed))
         };
-        rows.iter()
-            .map(decode)
-            .collect::<Result<_, sqlx::Error>>()
-            .map_err(|e| self.err("reading what the subscription delivered", e))
+        let what = "reading what the subscription delivered";
+        self.read_keys(tx, &self.q.handed_out, keys, None, what, decode)
+            .await
     }
 
     async fn commit(&self, tx: Self::Tx) -> Result<(), SourceError> {
@@ -220,23 +212,50 @@ impl ChunkStore for PgBackfill {
 }
 
 impl PgBackfill {
+    /// Runs `sql` for the aggregates `keys` (bound as an array of types and one of ids, then
+    /// `lock_name` when given) and decodes each row; `context` words the errors.
+    async fn read_keys<T, C: FromIterator<T>>(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        sql: &str,
+        keys: &[Key],
+        lock_name: Option<&str>,
+        context: &str,
+        decode: impl Fn(&PgRow) -> Result<T, sqlx::Error>,
+    ) -> Result<C, SourceError> {
+        let (types, ids) = split(keys);
+        let mut query = crate::sql::query(sqlx::AssertSqlSafe(sql))
+            .bind(&types)
+            .bind(&ids);
+        if let Some(lock_name) = lock_name {
+            query = query.bind(lock_name);
+        }
+        let rows = query
+            .fetch_all(&mut **tx)
+            .await
+            .map_err(|e| self.err(context, e))?;
+        rows.iter()
+            .map(decode)
+            .collect::<Result<_, _>>()
+            .map_err(|e| self.err(context, e))
+    }
+
     async fn try_lock_aggregates(
         &self,
         tx: &mut Transaction<'static, Postgres>,
         keys: &[Key],
     ) -> Result<Vec<Key>, SourceError> {
-        let (types, ids) = split(keys);
-        let rows = crate::sql::query(sqlx::AssertSqlSafe(self.q.hold.as_str()))
-            .bind(&types)
-            .bind(&ids)
-            .bind(&self.lock_name)
-            .fetch_all(&mut **tx)
-            .await
-            .map_err(|e| self.err("holding aggregates", e))?;
-        rows.iter()
-            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
-            .collect::<Result<_, sqlx::Error>>()
-            .map_err(|e| self.err("holding aggregates", e))
+        let decode = |r: &PgRow| Ok((r.try_get(0)?, r.try_get(1)?));
+        let lock_name = Some(self.lock_name.as_str());
+        self.read_keys(
+            tx,
+            &self.q.hold,
+            keys,
+            lock_name,
+            "holding aggregates",
+            decode,
+        )
+        .await
     }
 
     async fn lock_pending(
@@ -244,18 +263,10 @@ impl PgBackfill {
         tx: &mut Transaction<'static, Postgres>,
         keys: &[Key],
     ) -> Result<Held, SourceError> {
-        let (types, ids) = split(keys);
-        let rows = crate::sql::query(sqlx::AssertSqlSafe(self.q.pending.as_str()))
-            .bind(&types)
-            .bind(&ids)
-            .fetch_all(&mut **tx)
-            .await
-            .map_err(|e| self.err("locking pending rows", e))?;
-        let rows = rows
-            .iter()
-            .map(decode_pending)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| self.err("locking pending rows", e))?;
+        let what = "locking pending rows";
+        let rows: Vec<PendingRow> = self
+            .read_keys(tx, &self.q.pending, keys, None, what, decode_pending)
+            .await?;
         Ok(by_aggregate(rows))
     }
 
@@ -264,17 +275,10 @@ impl PgBackfill {
         tx: &mut Transaction<'static, Postgres>,
         keys: &[Key],
     ) -> Result<HashMap<Key, i64>, SourceError> {
-        let (types, ids) = split(keys);
-        let rows = crate::sql::query(sqlx::AssertSqlSafe(self.q.pending_count.as_str()))
-            .bind(&types)
-            .bind(&ids)
-            .fetch_all(&mut **tx)
+        let decode = |r: &PgRow| Ok(((r.try_get(0)?, r.try_get(1)?), r.try_get(2)?));
+        let what = "counting pending rows";
+        self.read_keys(tx, &self.q.pending_count, keys, None, what, decode)
             .await
-            .map_err(|e| self.err("counting pending rows", e))?;
-        rows.iter()
-            .map(|r| Ok(((r.try_get(0)?, r.try_get(1)?), r.try_get(2)?)))
-            .collect::<Result<_, sqlx::Error>>()
-            .map_err(|e| self.err("counting pending rows", e))
     }
 
     async fn insert(
