@@ -1,5 +1,6 @@
 //! What the claim-check store (S3) and the KMS keys share: checking `region` and
-//! `endpoint_url`, and loading the SDK configuration as the AWS sinks do (the standard
+//! `endpoint_url` (and refusing them where no AWS client is made), showing the config with
+//! `endpoint_url` masked, and loading the SDK configuration as the AWS sinks do (the standard
 //! credential chain, two attempts per request, short connect timeout).
 
 /// Checks `region` and `endpoint_url` without the network; the error names the key.
@@ -36,6 +37,47 @@ pub(crate) fn validate(
     }
     Ok(())
 }
+
+/// Refuses `region` and `endpoint_url` where the config makes no AWS client: the error names
+/// the first one set, followed by `why`.
+pub(crate) fn refuse_unused(
+    region: Option<&str>,
+    endpoint_url: Option<&str>,
+    why: &str,
+) -> Result<(), String> {
+    for (key, set) in [
+        ("region", region.is_some()),
+        ("endpoint_url", endpoint_url.is_some()),
+    ] {
+        if set {
+            return Err(format!("{key}: {why}"));
+        }
+    }
+    Ok(())
+}
+
+/// `Debug` for a config with AWS client settings: the listed fields as they are, then
+/// `endpoint_url` with its credentials masked. A macro because `Debug` is a foreign trait: no
+/// blanket impl can give it to both configs.
+macro_rules! debug_masking_endpoint {
+    ($config:ident { $($field:ident),* $(,)? }) => {
+        impl std::fmt::Debug for $config {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_struct(stringify!($config))
+                    $(.field(stringify!($field), &self.$field))*
+                    .field(
+                        "endpoint_url",
+                        &self
+                            .endpoint_url
+                            .as_deref()
+                            .map(outbox_core::redact::redact_url),
+                    )
+                    .finish()
+            }
+        }
+    };
+}
+pub(crate) use debug_masking_endpoint;
 
 /// The SDK configuration: the standard chain, `region` and `endpoint_url` when set, two
 /// attempts per request (an outage surfaces quickly; the relay backs off itself).

@@ -65,23 +65,12 @@ fn keep_days(keep: Duration) -> u64 {
     (keep.as_secs() + u64::from(keep.subsec_nanos() > 0)).div_ceil(DAY)
 }
 
-impl std::fmt::Debug for ClaimCheckConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ClaimCheckConfig")
-            .field("store", &self.store)
-            .field("above", &self.above)
-            .field("keep", &self.keep)
-            .field("region", &self.region)
-            .field(
-                "endpoint_url",
-                &self
-                    .endpoint_url
-                    .as_deref()
-                    .map(outbox_core::redact::redact_url),
-            )
-            .finish()
-    }
-}
+crate::aws::debug_masking_endpoint!(ClaimCheckConfig {
+    store,
+    above,
+    keep,
+    region
+});
 
 impl ClaimCheckConfig {
     /// Checks the values without the network; the error names the key (`store`, `above`,
@@ -134,14 +123,11 @@ impl ClaimCheckConfig {
                 return Err(format!("keep: {keep} is too long"));
             }
         } else {
-            for (key, set) in [
-                ("region", self.region.is_some()),
-                ("endpoint_url", self.endpoint_url.is_some()),
-            ] {
-                if set {
-                    return Err(format!("{key}: only an s3:// store uses it"));
-                }
-            }
+            crate::aws::refuse_unused(
+                self.region.as_deref(),
+                self.endpoint_url.as_deref(),
+                "only an s3:// store uses it",
+            )?;
         }
         crate::aws::validate(self.region.as_deref(), self.endpoint_url.as_deref(), "AWS")
     }

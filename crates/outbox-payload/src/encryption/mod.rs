@@ -80,25 +80,14 @@ fn default_rotate() -> Duration {
     Duration::from_secs(3600)
 }
 
-/// The key (a reference, never key material), the rest as is; credentials in `endpoint_url`
-/// masked.
-impl std::fmt::Debug for EncryptionConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EncryptionConfig")
-            .field("key", &self.key)
-            .field("rotate", &self.rotate)
-            .field("fields", &self.fields)
-            .field("region", &self.region)
-            .field(
-                "endpoint_url",
-                &self
-                    .endpoint_url
-                    .as_deref()
-                    .map(outbox_core::redact::redact_url),
-            )
-            .finish()
-    }
-}
+// The key (a reference, never key material), the rest as is; credentials in `endpoint_url`
+// masked.
+crate::aws::debug_masking_endpoint!(EncryptionConfig {
+    key,
+    rotate,
+    fields,
+    region
+});
 
 /// Where `key` points.
 enum KeyRef<'a> {
@@ -113,16 +102,11 @@ impl EncryptionConfig {
         match self.key_ref()? {
             KeyRef::File(path) => {
                 FileKey::read(path).map_err(|e| format!("key: {e}"))?;
-                for (name, set) in [
-                    ("region", self.region.is_some()),
-                    ("endpoint_url", self.endpoint_url.is_some()),
-                ] {
-                    if set {
-                        return Err(format!(
-                            "{name}: is only used with `aws-kms:` keys, and the key is a file"
-                        ));
-                    }
-                }
+                crate::aws::refuse_unused(
+                    self.region.as_deref(),
+                    self.endpoint_url.as_deref(),
+                    "is only used with `aws-kms:` keys, and the key is a file",
+                )?;
             }
             KeyRef::Kms(_) => self.validate_aws()?,
         }
