@@ -153,26 +153,19 @@ impl DynamoDbConfig {
 
 /// DynamoDB's rule for table names: 3 to 255 of `a-z A-Z 0-9 _ - .`.
 fn table_name(key: &'static str, name: &str) -> Result<(), ConfigError> {
-    let ok = (3..=255).contains(&name.len())
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
-    if ok {
-        Ok(())
-    } else {
-        Err(ConfigError::new(
-            key,
-            format!(
-                "`{name}` is not a DynamoDB table name (3 to 255 of a-z, A-Z, 0-9, `_`, `-`, `.`)"
-            ),
-        ))
-    }
+    checked_name(key, name, 3, "a DynamoDB table name")
 }
 
 /// An attribute name: 1 to 255 bytes, printable, no `#` or `:` (the expression placeholders
 /// this crate uses never need them).
 fn attribute_name(key: &'static str, name: &str) -> Result<(), ConfigError> {
-    let ok = (1..=255).contains(&name.len())
+    checked_name(key, name, 1, "an attribute name this relay accepts")
+}
+
+/// The one check behind [`table_name`] and [`attribute_name`]: `min` to 255 of
+/// `a-z A-Z 0-9 _ - .`; the error says `name` is not `what`.
+fn checked_name(key: &'static str, name: &str, min: usize, what: &str) -> Result<(), ConfigError> {
+    let ok = (min..=255).contains(&name.len())
         && name
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
@@ -181,9 +174,7 @@ fn attribute_name(key: &'static str, name: &str) -> Result<(), ConfigError> {
     } else {
         Err(ConfigError::new(
             key,
-            format!(
-                "`{name}` is not an attribute name this relay accepts (1 to 255 of a-z, A-Z, 0-9, `_`, `-`, `.`)"
-            ),
+            format!("`{name}` is not {what} ({min} to 255 of a-z, A-Z, 0-9, `_`, `-`, `.`)"),
         ))
     }
 }
