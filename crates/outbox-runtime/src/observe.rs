@@ -109,23 +109,9 @@ fn router(handle: PrometheusHandle, readiness: Arc<Readiness>) -> Router {
 ///
 /// `watchdog`: the backend's own extra checks (PostgreSQL: stuck events and the oldest open
 /// transaction). `console`: gets a chart sample and the healthcheck's verdict each round.
-pub async fn watch(
-    inspector: Arc<dyn DynInspect>,
-    watchdog: Option<Arc<dyn Watchdog>>,
-    sink: Arc<Box<dyn DynSink>>,
-    config: MetricsConfig,
-    readiness: Arc<Readiness>,
-    console: Option<Arc<Console>>,
-    shutdown: CancellationToken,
-) {
-    watch_labeled(
-        inspector, watchdog, sink, config, readiness, console, None, shutdown,
-    )
-    .await;
-}
-
-/// [`watch`] for one pipeline of a fan-out: the gauges carry `subscription="<name>"`, logs
-/// name it, and its sink's verdict counts for `/readyz` under its name.
+/// `subscription`: `None` for the one pipeline of a plain relay; for one pipeline of a
+/// fan-out, its name: the gauges carry `subscription="<name>"`, logs name it, and its sink's
+/// verdict counts for `/readyz` under its name.
 #[allow(clippy::too_many_arguments)]
 pub async fn watch_labeled(
     inspector: Arc<dyn DynInspect>,

@@ -105,19 +105,12 @@ fn secrets_come_from_files() {
     std::fs::write(&url, "postgres://app:Pw-From-File@127.0.0.1:5432/app\n").expect("write");
     let token = dir.path().join("token");
     std::fs::write(&token, "Tok-From-File\n").expect("write");
-    let text = format!(
-        "[source]\nkind = \"postgres\"\nurl_file = \"{}\"\n[sink]\nkind = \"http\"\nurl = \"http://127.0.0.1:1/in\"\nsecret_file = \"{}\"\n",
-        url.display(),
-        token.display()
-    );
-    let config = Config::from_toml(&text).expect("valid");
-    let printed = config.to_redacted_toml().expect("printable");
+    let text = with_secret_files("[sink]", &url, &token);
+    let (config, printed) = read_redacted(&text);
     assert!(
         printed.contains("url = \"postgres://app:***@127.0.0.1:5432/app\""),
         "{printed}"
     );
-    assert!(printed.contains("secret = \"***\""), "{printed}");
-    assert!(!printed.contains("From-File"), "{printed}");
     let crate::SourceConfig::Postgres(pg) = &config.source else {
         panic!("not postgres")
     };
@@ -132,36 +125,48 @@ fn secrets_come_from_files() {
         e.contains("source.url_file") && e.contains("not both"),
         "{e}"
     );
-    let missing = text.replace(&token.display().to_string(), "/no/such/secret");
-    let e = Config::from_toml(&missing)
-        .expect_err("missing")
-        .to_string();
-    assert!(
-        e.contains("sink.secret_file") && e.contains("/no/such/secret"),
-        "{e}"
-    );
+    refused_without(&text, &token, "sink.secret_file");
     // A named sink (`[sinks.NAME]`) reads its secrets from files the same way.
     let named = format!(
-        "[source]\nkind = \"postgres\"\nurl_file = \"{}\"\n[sinks.hook]\nkind = \"http\"\nurl = \"http://127.0.0.1:1/in\"\nsecret_file = \"{}\"\n[[subscription]]\nname = \"partner\"\nsink = \"hook\"\n",
-        url.display(),
-        token.display()
+        "{}[[subscription]]\nname = \"partner\"\nsink = \"hook\"\n",
+        with_secret_files("[sinks.hook]", &url, &token)
     );
-    let config = Config::from_toml(&named).expect("valid");
-    let printed = config.to_redacted_toml().expect("printable");
+    let (config, printed) = read_redacted(&named);
     assert!(printed.contains("[sinks.hook]"), "{printed}");
-    assert!(printed.contains("secret = \"***\""), "{printed}");
-    assert!(!printed.contains("From-File"), "{printed}");
     assert!(!format!("{config:?}").contains("From-File"));
-    let e = Config::from_toml(&named.replace(&token.display().to_string(), "/no/such/secret"))
-        .expect_err("missing")
-        .to_string();
-    assert!(
-        e.contains("sinks.hook.secret_file") && e.contains("/no/such/secret"),
-        "{e}"
-    );
+    refused_without(&named, &token, "sinks.hook.secret_file");
     let unknown = text.replace("secret_file", "headers_file");
     let e = Config::from_toml(&unknown)
         .expect_err("unknown")
         .to_string();
     assert!(e.contains("sink.headers_file"), "{e}");
+}
+
+/// A config whose `[source]` reads its URL from file `url`, and whose sink (the table
+/// `sink_table` opens: `[sink]`, or a named sink's) reads its secret from file `token`.
+fn with_secret_files(sink_table: &str, url: &std::path::Path, token: &std::path::Path) -> String {
+    format!(
+        "[source]\nkind = \"postgres\"\nurl_file = \"{}\"\n{sink_table}\nkind = \"http\"\nurl = \"http://127.0.0.1:1/in\"\nsecret_file = \"{}\"\n",
+        url.display(),
+        token.display()
+    )
+}
+
+/// Reads `text` and prints it back: the secret shows as `***`, the files' contents nowhere.
+fn read_redacted(text: &str) -> (Config, String) {
+    let config = Config::from_toml(text).expect("valid");
+    let printed = config.to_redacted_toml().expect("printable");
+    assert!(printed.contains("secret = \"***\""), "{printed}");
+    assert!(!printed.contains("From-File"), "{printed}");
+    (config, printed)
+}
+
+/// `text` with the secret file `token` replaced by a missing one is refused, and the error
+/// names `key` and the missing path.
+fn refused_without(text: &str, token: &std::path::Path, key: &str) {
+    let missing = text.replace(&token.display().to_string(), "/no/such/secret");
+    let e = Config::from_toml(&missing)
+        .expect_err("missing")
+        .to_string();
+    assert!(e.contains(key) && e.contains("/no/such/secret"), "{e}");
 }
