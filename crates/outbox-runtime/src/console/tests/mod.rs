@@ -158,7 +158,7 @@ impl Fixture {
 
     /// The headers of an action sent by the console's own page: its `Origin`, the CSRF
     /// cookie (`cookie`: the page's, maybe with a session's) and the matching token.
-    fn from_page<'a>(&'a self, cookie: &'a str) -> [(&'a str, &'a str); 3] {
+    fn page_headers<'a>(&'a self, cookie: &'a str) -> [(&'a str, &'a str); 3] {
         [
             ("Origin", &self.origin),
             ("Cookie", cookie),
@@ -192,7 +192,7 @@ impl Fixture {
 
     /// Asks to purge dead letters (`body`) as the console's page does.
     async fn purge(&self, body: &str) -> Answer {
-        let headers = self.from_page(&self.cookie);
+        let headers = self.page_headers(&self.cookie);
         self.post("/ui/api/dead/purge", "application/json", &headers, body)
             .await
     }
@@ -332,7 +332,7 @@ async fn the_page_carries_the_csrf_token_and_strict_headers() {
 #[tokio::test]
 async fn actions_are_refused_when_they_are_off() {
     let f = Fixture::start("allow_actions = false").await;
-    let refused = f.retry(&f.from_page(&f.cookie)).await;
+    let refused = f.retry(&f.page_headers(&f.cookie)).await;
     assert_eq!(refused.status, 403, "{refused:?}");
     assert!(
         refused.json()["error"]
@@ -354,39 +354,39 @@ async fn actions_need_the_sites_origin_and_the_csrf_token_twice() {
     let attempts: [(&str, Vec<(&str, &str)>); 6] = [
         (
             "no CSRF token",
-            vec![("Origin", &origin), ("Cookie", &cookie)],
+            vec![("Origin", origin), ("Cookie", cookie)],
         ),
         (
             "a wrong CSRF token",
             vec![
-                ("Origin", &origin),
-                ("Cookie", &cookie),
+                ("Origin", origin),
+                ("Cookie", cookie),
                 ("X-Outbox-Csrf", "0000"),
             ],
         ),
         (
             "no CSRF cookie",
-            vec![("Origin", &origin), ("X-Outbox-Csrf", &csrf)],
+            vec![("Origin", origin), ("X-Outbox-Csrf", csrf)],
         ),
         (
             "a wrong CSRF cookie",
             vec![
-                ("Origin", &origin),
+                ("Origin", origin),
                 ("Cookie", &wrong_cookie),
-                ("X-Outbox-Csrf", &csrf),
+                ("X-Outbox-Csrf", csrf),
             ],
         ),
         (
             "another site's Origin",
             vec![
                 ("Origin", "http://evil.example"),
-                ("Cookie", &cookie),
-                ("X-Outbox-Csrf", &csrf),
+                ("Cookie", cookie),
+                ("X-Outbox-Csrf", csrf),
             ],
         ),
         (
             "no Origin",
-            vec![("Cookie", &cookie), ("X-Outbox-Csrf", &csrf)],
+            vec![("Cookie", cookie), ("X-Outbox-Csrf", csrf)],
         ),
     ];
     for (what, headers) in &attempts {
@@ -394,10 +394,10 @@ async fn actions_need_the_sites_origin_and_the_csrf_token_twice() {
         assert_eq!(refused.status, 403, "{what}: {refused:?}");
         assert_eq!(f.state().await, "dead", "{what} changed the dead letter");
     }
-    let plain = f.retry_as("text/plain", &f.from_page(cookie)).await;
+    let plain = f.retry_as("text/plain", &f.page_headers(cookie)).await;
     assert_eq!(plain.status, 415, "a form-encodable body: {plain:?}");
     assert_eq!(f.state().await, "dead");
-    let done = f.retry(&f.from_page(cookie)).await;
+    let done = f.retry(&f.page_headers(cookie)).await;
     assert_eq!(done.status, 200, "{done:?}");
     assert_eq!(done.json()["retried"][0], f.dead_id.as_str());
     assert_eq!(f.state().await, "pending", "put back in line");
@@ -474,7 +474,7 @@ async fn with_a_token_every_page_and_endpoint_needs_it() {
         200
     );
     // An action with a right CSRF token but no credentials stops at the token.
-    let refused = f.retry(&f.from_page(&f.cookie)).await;
+    let refused = f.retry(&f.page_headers(&f.cookie)).await;
     assert_eq!(refused.status, 401, "{refused:?}");
     assert_eq!(f.state().await, "dead");
 
@@ -503,7 +503,7 @@ async fn with_a_token_every_page_and_endpoint_needs_it() {
     let page = send(f.addr, "GET", "/ui", &[("Cookie", &session)], "").await;
     assert_eq!(page.status, 200, "{page:?}");
     let both = format!("{session}; {}", f.cookie);
-    let done = f.retry(&f.from_page(&both)).await;
+    let done = f.retry(&f.page_headers(&both)).await;
     assert_eq!(done.status, 200, "{done:?}");
 }
 
