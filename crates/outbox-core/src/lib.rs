@@ -38,6 +38,7 @@ pub mod spill;
 pub mod sql_catalog;
 pub mod stream_ledger;
 pub mod table_error;
+pub mod table_ledger;
 pub mod trace;
 pub mod verify;
 

@@ -15,6 +15,7 @@ use std::time::Duration;
 use outbox_core::SourceError;
 use outbox_core::admin_rows;
 use outbox_core::sink::BoxFuture;
+use outbox_core::table_ledger::table_ledger;
 use outbox_core::verify::{Basis, DeliveryLedger, Ledger, RowState, StoredRow, Window};
 use sqlx::MySqlPool;
 use uuid::Uuid;
@@ -130,16 +131,13 @@ impl MySqlLedger {
             // Pending rows are the streamed ones too: those not counted as delivered.
             undelivered = (undelivered - i64::try_from(delivered.len()).unwrap_or(0)).max(0);
         }
-        if basis == Basis::Deleted {
-            notes.push(outbox_core::verify::deleted_on_delivery_note(&self.table));
-        }
-        Ok(Ledger {
+        Ok(table_ledger(
+            &self.table,
             basis,
             delivered,
-            undelivered: u64::try_from(undelivered).unwrap_or(0),
-            dead: u64::try_from(dead).unwrap_or(0),
+            (undelivered, dead),
             notes,
-        })
+        ))
     }
 
     async fn find(&self, ids: &[Uuid]) -> Result<Vec<StoredRow>, SourceError> {

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use outbox_core::SourceError;
 use outbox_core::admin_rows;
 use outbox_core::sink::BoxFuture;
+use outbox_core::table_ledger::table_ledger;
 use outbox_core::verify::{
     Basis, DeliveryLedger, Ledger, LedgerEvent, RowState, StoredRow, Window,
 };
@@ -102,24 +103,20 @@ impl PgLedger {
             .map(|r| admin_rows::ledger_event(&Cols(r)))
             .collect::<Result<Vec<_>, sqlx::Error>>()
             .map_err(|e| self.err("reading delivered events", e))?;
-        let (undelivered, dead): (i64, i64) =
-            crate::sql::query_as(sqlx::AssertSqlSafe(self.undelivered.as_str()))
-                .bind(window.since)
-                .bind(window.until)
-                .fetch_one(&self.pool)
-                .await
-                .map_err(|e| self.err("counting undelivered events", e))?;
-        let mut notes = Vec::new();
-        if self.basis == Basis::Deleted {
-            notes.push(outbox_core::verify::deleted_on_delivery_note(&self.table));
-        }
-        Ok(Ledger {
-            basis: self.basis.clone(),
+        let counts = crate::sql::query_as(sqlx::AssertSqlSafe(self.undelivered.as_str()))
+            .bind(window.since)
+            .bind(window.until)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| self.err("counting undelivered events", e))?;
+        let basis = self.basis.clone();
+        Ok(table_ledger(
+            &self.table,
+            basis,
             delivered,
-            undelivered: count(undelivered),
-            dead: count(dead),
-            notes,
-        })
+            counts,
+            Vec::new(),
+        ))
     }
 
     /// Observes the horizon, waits until the slot confirmed it, then reads the rows older
@@ -182,27 +179,22 @@ impl PgLedger {
                 },
             )
             .collect();
-        let (undelivered, dead): (i64, i64) =
-            crate::sql::query_as(sqlx::AssertSqlSafe(self.undelivered.as_str()))
-                .bind(window.since)
-                .bind(window.until)
-                .bind(&horizon)
-                .fetch_one(&self.pool)
-                .await
-                .map_err(|e| self.err("counting unconfirmed events", e))?;
-        Ok(Ledger {
-            basis: Basis::Stream {
-                detail: format!(
-                    "CDC: rows whose transaction replication slot `{slot}` confirmed, up to {confirmed}"
-                ),
-            },
-            delivered,
-            undelivered: count(undelivered),
-            dead: count(dead),
-            notes: vec![
-                "CDC: table-less events (pg_logical_emit_message) have no row, so verify counts them as phantoms; it proves delivery of table rows only".to_owned(),
-            ],
-        })
+        let counts = crate::sql::query_as(sqlx::AssertSqlSafe(self.undelivered.as_str()))
+            .bind(window.since)
+            .bind(window.until)
+            .bind(&horizon)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| self.err("counting unconfirmed events", e))?;
+        let basis = Basis::Stream {
+            detail: format!(
+                "CDC: rows whose transaction replication slot `{slot}` confirmed, up to {confirmed}"
+            ),
+        };
+        let notes = vec![
+            "CDC: table-less events (pg_logical_emit_message) have no row, so verify counts them as phantoms; it proves delivery of table rows only".to_owned(),
+        ];
+        Ok(table_ledger(&self.table, basis, delivered, counts, notes))
     }
 
     async fn find(&self, ids: &[Uuid]) -> Result<Vec<StoredRow>, SourceError> {
@@ -222,10 +214,6 @@ impl PgLedger {
             })
             .collect())
     }
-}
-
-fn count(n: i64) -> u64 {
-    u64::try_from(n).unwrap_or(0)
 }
 
 impl DeliveryLedger for PgLedger {

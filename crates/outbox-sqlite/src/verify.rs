@@ -7,6 +7,7 @@ use outbox_core::SourceError;
 use outbox_core::admin_rows;
 use outbox_core::backend::OnDelivered;
 use outbox_core::sink::BoxFuture;
+use outbox_core::table_ledger::table_ledger;
 use outbox_core::verify::{Basis, DeliveryLedger, Ledger, StoredRow, Window};
 use sqlx::SqlitePool;
 use uuid::Uuid;
@@ -61,23 +62,20 @@ impl SqliteLedger {
             .map(|r| admin_rows::ledger_event(&Cols(r)))
             .collect::<Result<Vec<_>, sqlx::Error>>()
             .map_err(|e| self.err("reading delivered events", e))?;
-        let (undelivered, dead): (i64, i64) = sqlx::query_as(stmt(&self.undelivered))
+        let counts = sqlx::query_as(stmt(&self.undelivered))
             .bind(since)
             .bind(until)
             .fetch_one(&self.pool)
             .await
             .map_err(|e| self.err("counting undelivered events", e))?;
-        let mut notes = Vec::new();
-        if self.basis == Basis::Deleted {
-            notes.push(outbox_core::verify::deleted_on_delivery_note(&self.table));
-        }
-        Ok(Ledger {
-            basis: self.basis.clone(),
+        let basis = self.basis.clone();
+        Ok(table_ledger(
+            &self.table,
+            basis,
             delivered,
-            undelivered: u64::try_from(undelivered).unwrap_or(0),
-            dead: u64::try_from(dead).unwrap_or(0),
-            notes,
-        })
+            counts,
+            Vec::new(),
+        ))
     }
 
     async fn find(&self, ids: &[Uuid]) -> Result<Vec<StoredRow>, SourceError> {
