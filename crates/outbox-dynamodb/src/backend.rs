@@ -316,6 +316,240 @@ struct LeaseRow {
     lease_until_ms: u64,
 }
 
+impl DynamoBackend {
+    /// `outbox migrate`: turns the table's stream on and creates the lease table; what it
+    /// did, one line each.
+    async fn migrate_lines(&self) -> Result<Vec<String>, SourceError> {
+        let report = migrate(&self.client, &self.config)
+            .await
+            .map_err(|e| match e {
+                crate::DynamoError::Call { .. } => SourceError::unavailable(e.to_string()),
+                _ => SourceError::fatal(e.to_string()),
+            })?;
+        let mut lines = vec![if report.stream_enabled {
+            format!(
+                "turned the stream of `{}` on (NEW_IMAGE)",
+                self.config.table
+            )
+        } else {
+            format!(
+                "the stream of `{}` is on ({})",
+                self.config.table, report.stream_view
+            )
+        }];
+        lines.push(if report.lease_table_created {
+            format!("created the lease table `{}`", report.lease_table)
+        } else {
+            format!("the lease table `{}` is in place", report.lease_table)
+        });
+        Ok(lines)
+    }
+
+    /// Checks the lease table, then builds the relay's single pipeline (replicas share the
+    /// shards through leases).
+    async fn pipelines(&self, relay: &RelayConfig) -> Result<Pipelines, SourceError> {
+        let table = self.config.lease_table();
+        match describe(&self.client, &table).await {
+            Ok(Some(_)) => {}
+            Ok(None) => {
+                return Err(SourceError::fatal(format!(
+                    "the lease table `{table}` does not exist: run `outbox migrate`"
+                )));
+            }
+            Err(e) => return Err(SourceError::unavailable(e.to_string())),
+        }
+        let owner = format!(
+            "{}-{}-{}",
+            std::env::var("HOSTNAME").unwrap_or_else(|_| "relay".into()),
+            std::process::id(),
+            uuid::Uuid::new_v4().simple()
+        );
+        let source =
+            DynamoStreamSource::new(&self.config, owner, relay.ordering, relay.dead_letter).await?;
+        let inspector: Arc<dyn DynInspect> = Arc::new(StreamInspector(source.stats()));
+        let closed = source.closed();
+        Ok(Pipelines {
+            sources: vec![BoxedSource::new(source)],
+            inspector,
+            watchdog: None,
+            closed: Some(Box::pin(closed)),
+        })
+    }
+
+    /// `outbox status` at `now`: shards, leases, checkpoints and dead letters.
+    async fn status_report(
+        &self,
+        now: OffsetDateTime,
+        _stuck_after: Duration,
+    ) -> Result<StatusReport, SourceError> {
+        let (leases, dead) = self.leases().await?;
+        let known: HashMap<String, (Option<String>, bool)> = leases
+            .iter()
+            .map(|l| (l.shard.clone(), (l.checkpoint.clone(), l.finished)))
+            .collect();
+        let shards = crate::stream::unread(&self.config, &self.client, &known).await?;
+        let oldest = shards
+            .iter()
+            .flatten()
+            .filter_map(|s| s.oldest_unread)
+            .min();
+        let age = |at: OffsetDateTime| (now - at).as_seconds_f64().max(0.0);
+        let backlog = Backlog {
+            dead,
+            oldest_pending_age_seconds: oldest.map_or(0.0, age),
+            ..Backlog::default()
+        };
+        let mut status = StatusReport::new(self.database(), self.table(), backlog);
+        let now_ms = (now.unix_timestamp_nanos() / 1_000_000) as u64;
+        let Some(shards) = shards else {
+            status
+                .head_lines
+                .push("stream: off (run `outbox migrate`, which turns it on)".to_owned());
+            return Ok(status);
+        };
+        status.head_lines.push(format!(
+            "stream shards: {} ({} finished); lag: {}",
+            shards.len(),
+            leases.iter().filter(|l| l.finished).count(),
+            match oldest {
+                Some(at) => format!("the oldest unread record is {:.1} s old", age(at)),
+                None => "every record is read".to_owned(),
+            }
+        ));
+        let mut rows = Vec::new();
+        for shard in &shards {
+            let lease = leases.iter().find(|l| l.shard == shard.shard);
+            let holder = match lease {
+                Some(l) if l.finished => "finished".to_owned(),
+                Some(LeaseRow {
+                    owner: Some(owner),
+                    lease_until_ms,
+                    ..
+                }) if *lease_until_ms > now_ms => format!(
+                    "read by {owner} (lease {:.0} s left)",
+                    (lease_until_ms - now_ms) as f64 / 1000.0
+                ),
+                Some(_) => "no relay holds it".to_owned(),
+                None => "not read yet".to_owned(),
+            };
+            let checkpoint = lease.and_then(|l| l.checkpoint.clone());
+            let unread = match shard.oldest_unread {
+                Some(at) => format!("oldest unread record {:.1} s old", age(at)),
+                None => "nothing unread".to_owned(),
+            };
+            status.detail_lines.push(format!(
+                "shard {}{}: {holder}; checkpoint {}; {unread}",
+                shard.shard,
+                shard
+                    .parent
+                    .as_deref()
+                    .map(|p| format!(" (child of {p})"))
+                    .unwrap_or_default(),
+                checkpoint
+                    .as_deref()
+                    .unwrap_or("none (reads from the oldest record)")
+            ));
+            rows.push(serde_json::json!({
+                "shard": shard.shard,
+                "parent": shard.parent,
+                "owner": lease.and_then(|l| l.owner.clone()),
+                "checkpoint": checkpoint,
+                "finished": lease.is_some_and(|l| l.finished),
+                "lease_until_ms": lease.map_or(0, |l| l.lease_until_ms),
+                "oldest_unread_age_seconds": shard.oldest_unread.map(age),
+            }));
+        }
+        status
+            .sections
+            .insert("shards".into(), serde_json::json!(rows));
+        Ok(status)
+    }
+
+    /// `None`: the backlog is the stream, not row state.
+    async fn pending_events(&self) -> Result<Option<u64>, SourceError> {
+        Ok(None)
+    }
+
+    /// `outbox doctor`: the table, its stream and the lease table.
+    async fn checks(&self, _thresholds: DoctorThresholds) -> Vec<DoctorCheck> {
+        let mut checks = Vec::new();
+        let migrate_fix = "run `outbox migrate`";
+        match describe(&self.client, &self.config.table).await {
+            Err(e) => checks.push(DoctorCheck::red(
+                "table",
+                e.to_string(),
+                "check source.region/endpoint_url and the AWS credentials (environment, profile, role)",
+            )),
+            Ok(None) => checks.push(DoctorCheck::red(
+                "table",
+                format!("DynamoDB table `{}` does not exist{}", self.config.table, self.config.place()),
+                "create the table (the application owns it) or fix source.table",
+            )),
+            Ok(Some(table)) => {
+                match check_keys(&self.config, &table) {
+                    Ok(()) => checks.push(DoctorCheck::ok(
+                        "table",
+                        format!(
+                            "`{}` reachable; keys `{}` / `{}`",
+                            self.config.table, self.config.partition_key, self.config.sort_key
+                        ),
+                    )),
+                    Err(e) => checks.push(DoctorCheck::red(
+                        "table",
+                        e.to_string(),
+                        "set source.partition_key / source.sort_key to the table's key names",
+                    )),
+                }
+                match stream_view(&table) {
+                    Some(view) if view_has_new_images(&view) => checks.push(DoctorCheck::ok(
+                        "stream",
+                        format!("on, {view}"),
+                    )),
+                    Some(view) => checks.push(DoctorCheck::red(
+                        "stream",
+                        format!("on, but {view}: the relay needs NEW_IMAGE or NEW_AND_OLD_IMAGES"),
+                        "turn the stream off and on again with NEW_IMAGE",
+                    )),
+                    None => checks.push(DoctorCheck::red("stream", "off", migrate_fix)),
+                }
+            }
+        }
+        let lease_table = self.config.lease_table();
+        match describe(&self.client, &lease_table).await {
+            Ok(Some(t)) if key_name(&t, KeyType::Hash).as_deref() == Some(LEASE_KEY) => {
+                match self.leases().await {
+                    Ok((leases, dead)) => checks.push(DoctorCheck::ok(
+                        "leases",
+                        format!(
+                            "`{lease_table}`: {} shard(s) known, {dead} dead letter(s)",
+                            leases.len()
+                        ),
+                    )),
+                    Err(e) => {
+                        checks.push(DoctorCheck::red("leases", e.to_string(), migrate_fix))
+                    }
+                }
+            }
+            Ok(Some(_)) => checks.push(DoctorCheck::red(
+                "leases",
+                format!("`{lease_table}` exists but is not a lease table (key `{LEASE_KEY}`)"),
+                "drop it or set source.lease_table to another name",
+            )),
+            Ok(None) => checks.push(DoctorCheck::red(
+                "leases",
+                format!("the lease table `{lease_table}` does not exist"),
+                migrate_fix,
+            )),
+            Err(e) => checks.push(DoctorCheck::red(
+                "leases",
+                e.to_string(),
+                "check source.region/endpoint_url and the AWS credentials (environment, profile, role)",
+            )),
+        }
+        checks
+    }
+}
+
 impl Backend for DynamoBackend {
     fn kind(&self) -> &'static str {
         "dynamodb"
@@ -333,242 +567,7 @@ impl Backend for DynamoBackend {
         true
     }
 
-    fn migrate(&self) -> BoxFuture<'_, Result<Vec<String>, SourceError>> {
-        Box::pin(async move {
-            let report = migrate(&self.client, &self.config)
-                .await
-                .map_err(|e| match e {
-                    crate::DynamoError::Call { .. } => SourceError::unavailable(e.to_string()),
-                    _ => SourceError::fatal(e.to_string()),
-                })?;
-            let mut lines = vec![if report.stream_enabled {
-                format!(
-                    "turned the stream of `{}` on (NEW_IMAGE)",
-                    self.config.table
-                )
-            } else {
-                format!(
-                    "the stream of `{}` is on ({})",
-                    self.config.table, report.stream_view
-                )
-            }];
-            lines.push(if report.lease_table_created {
-                format!("created the lease table `{}`", report.lease_table)
-            } else {
-                format!("the lease table `{}` is in place", report.lease_table)
-            });
-            Ok(lines)
-        })
-    }
-
-    fn start_relay<'a>(
-        &'a self,
-        relay: &'a RelayConfig,
-    ) -> BoxFuture<'a, Result<Pipelines, SourceError>> {
-        Box::pin(async move {
-            let table = self.config.lease_table();
-            match describe(&self.client, &table).await {
-                Ok(Some(_)) => {}
-                Ok(None) => {
-                    return Err(SourceError::fatal(format!(
-                        "the lease table `{table}` does not exist: run `outbox migrate`"
-                    )));
-                }
-                Err(e) => return Err(SourceError::unavailable(e.to_string())),
-            }
-            let owner = format!(
-                "{}-{}-{}",
-                std::env::var("HOSTNAME").unwrap_or_else(|_| "relay".into()),
-                std::process::id(),
-                uuid::Uuid::new_v4().simple()
-            );
-            let source =
-                DynamoStreamSource::new(&self.config, owner, relay.ordering, relay.dead_letter)
-                    .await?;
-            let inspector: Arc<dyn DynInspect> = Arc::new(StreamInspector(source.stats()));
-            let closed = source.closed();
-            Ok(Pipelines {
-                sources: vec![BoxedSource::new(source)],
-                inspector,
-                watchdog: None,
-                closed: Some(Box::pin(closed)),
-            })
-        })
-    }
-
-    fn pending(&self) -> BoxFuture<'_, Result<Option<u64>, SourceError>> {
-        Box::pin(async { Ok(None) })
-    }
-
-    fn status(
-        &self,
-        now: OffsetDateTime,
-        _stuck_after: Duration,
-    ) -> BoxFuture<'_, Result<StatusReport, SourceError>> {
-        Box::pin(async move {
-            let (leases, dead) = self.leases().await?;
-            let known: HashMap<String, (Option<String>, bool)> = leases
-                .iter()
-                .map(|l| (l.shard.clone(), (l.checkpoint.clone(), l.finished)))
-                .collect();
-            let shards = crate::stream::unread(&self.config, &self.client, &known).await?;
-            let oldest = shards
-                .iter()
-                .flatten()
-                .filter_map(|s| s.oldest_unread)
-                .min();
-            let age = |at: OffsetDateTime| (now - at).as_seconds_f64().max(0.0);
-            let backlog = Backlog {
-                dead,
-                oldest_pending_age_seconds: oldest.map_or(0.0, age),
-                ..Backlog::default()
-            };
-            let mut status = StatusReport::new(self.database(), self.table(), backlog);
-            let now_ms = (now.unix_timestamp_nanos() / 1_000_000) as u64;
-            let Some(shards) = shards else {
-                status
-                    .head_lines
-                    .push("stream: off (run `outbox migrate`, which turns it on)".to_owned());
-                return Ok(status);
-            };
-            status.head_lines.push(format!(
-                "stream shards: {} ({} finished); lag: {}",
-                shards.len(),
-                leases.iter().filter(|l| l.finished).count(),
-                match oldest {
-                    Some(at) => format!("the oldest unread record is {:.1} s old", age(at)),
-                    None => "every record is read".to_owned(),
-                }
-            ));
-            let mut rows = Vec::new();
-            for shard in &shards {
-                let lease = leases.iter().find(|l| l.shard == shard.shard);
-                let holder = match lease {
-                    Some(l) if l.finished => "finished".to_owned(),
-                    Some(LeaseRow {
-                        owner: Some(owner),
-                        lease_until_ms,
-                        ..
-                    }) if *lease_until_ms > now_ms => format!(
-                        "read by {owner} (lease {:.0} s left)",
-                        (lease_until_ms - now_ms) as f64 / 1000.0
-                    ),
-                    Some(_) => "no relay holds it".to_owned(),
-                    None => "not read yet".to_owned(),
-                };
-                let checkpoint = lease.and_then(|l| l.checkpoint.clone());
-                let unread = match shard.oldest_unread {
-                    Some(at) => format!("oldest unread record {:.1} s old", age(at)),
-                    None => "nothing unread".to_owned(),
-                };
-                status.detail_lines.push(format!(
-                    "shard {}{}: {holder}; checkpoint {}; {unread}",
-                    shard.shard,
-                    shard
-                        .parent
-                        .as_deref()
-                        .map(|p| format!(" (child of {p})"))
-                        .unwrap_or_default(),
-                    checkpoint
-                        .as_deref()
-                        .unwrap_or("none (reads from the oldest record)")
-                ));
-                rows.push(serde_json::json!({
-                    "shard": shard.shard,
-                    "parent": shard.parent,
-                    "owner": lease.and_then(|l| l.owner.clone()),
-                    "checkpoint": checkpoint,
-                    "finished": lease.is_some_and(|l| l.finished),
-                    "lease_until_ms": lease.map_or(0, |l| l.lease_until_ms),
-                    "oldest_unread_age_seconds": shard.oldest_unread.map(age),
-                }));
-            }
-            status
-                .sections
-                .insert("shards".into(), serde_json::json!(rows));
-            Ok(status)
-        })
-    }
+    outbox_core::backend_commands!();
 
     outbox_core::backend_abilities!(dead_letters: dead, producer: self);
-
-    fn doctor(&self, _thresholds: DoctorThresholds) -> BoxFuture<'_, Vec<DoctorCheck>> {
-        Box::pin(async move {
-            let mut checks = Vec::new();
-            let migrate_fix = "run `outbox migrate`";
-            match describe(&self.client, &self.config.table).await {
-                Err(e) => checks.push(DoctorCheck::red(
-                    "table",
-                    e.to_string(),
-                    "check source.region/endpoint_url and the AWS credentials (environment, profile, role)",
-                )),
-                Ok(None) => checks.push(DoctorCheck::red(
-                    "table",
-                    format!("DynamoDB table `{}` does not exist{}", self.config.table, self.config.place()),
-                    "create the table (the application owns it) or fix source.table",
-                )),
-                Ok(Some(table)) => {
-                    match check_keys(&self.config, &table) {
-                        Ok(()) => checks.push(DoctorCheck::ok(
-                            "table",
-                            format!(
-                                "`{}` reachable; keys `{}` / `{}`",
-                                self.config.table, self.config.partition_key, self.config.sort_key
-                            ),
-                        )),
-                        Err(e) => checks.push(DoctorCheck::red(
-                            "table",
-                            e.to_string(),
-                            "set source.partition_key / source.sort_key to the table's key names",
-                        )),
-                    }
-                    match stream_view(&table) {
-                        Some(view) if view_has_new_images(&view) => checks.push(DoctorCheck::ok(
-                            "stream",
-                            format!("on, {view}"),
-                        )),
-                        Some(view) => checks.push(DoctorCheck::red(
-                            "stream",
-                            format!("on, but {view}: the relay needs NEW_IMAGE or NEW_AND_OLD_IMAGES"),
-                            "turn the stream off and on again with NEW_IMAGE",
-                        )),
-                        None => checks.push(DoctorCheck::red("stream", "off", migrate_fix)),
-                    }
-                }
-            }
-            let lease_table = self.config.lease_table();
-            match describe(&self.client, &lease_table).await {
-                Ok(Some(t)) if key_name(&t, KeyType::Hash).as_deref() == Some(LEASE_KEY) => {
-                    match self.leases().await {
-                        Ok((leases, dead)) => checks.push(DoctorCheck::ok(
-                            "leases",
-                            format!(
-                                "`{lease_table}`: {} shard(s) known, {dead} dead letter(s)",
-                                leases.len()
-                            ),
-                        )),
-                        Err(e) => {
-                            checks.push(DoctorCheck::red("leases", e.to_string(), migrate_fix))
-                        }
-                    }
-                }
-                Ok(Some(_)) => checks.push(DoctorCheck::red(
-                    "leases",
-                    format!("`{lease_table}` exists but is not a lease table (key `{LEASE_KEY}`)"),
-                    "drop it or set source.lease_table to another name",
-                )),
-                Ok(None) => checks.push(DoctorCheck::red(
-                    "leases",
-                    format!("the lease table `{lease_table}` does not exist"),
-                    migrate_fix,
-                )),
-                Err(e) => checks.push(DoctorCheck::red(
-                    "leases",
-                    e.to_string(),
-                    "check source.region/endpoint_url and the AWS credentials (environment, profile, role)",
-                )),
-            }
-            checks
-        })
-    }
 }

@@ -10,16 +10,17 @@ use outbox_core::admin::{
     StatusReport, Verdict,
 };
 use outbox_core::backend::{
-    Backend, BackendConfig, BoxedSource, DeadLetterStore, Explain, Forward, OpenError, OpenOptions,
-    Pipelines, Producer, Retention,
+    Backend, BackendConfig, BoxedSource, OpenError, OpenOptions, Pipelines, SchemaFixes,
+    schema_check,
 };
 use outbox_core::sink::BoxFuture;
 use outbox_core::source::Inspect;
-use outbox_core::{NewEvent, RelayConfig, SourceError, SourceErrorKind, Unsupported};
+use outbox_core::{RelayConfig, SourceError, SourceErrorKind};
 use sqlx::{Row, SqlitePool};
 use time::OffsetDateTime;
 use uuid::Uuid;
 
+use crate::backfill::SqliteBackfill;
 use crate::config::SqliteConfig;
 use crate::dead::SqliteDeadLetters;
 use crate::inspect::SqliteInspector;
@@ -27,6 +28,12 @@ use crate::migrate::{SCHEMA_VERSION, migrate, schema_version};
 use crate::poll::SqlitePollSource;
 use crate::producer::SqliteOutbox;
 use crate::retention::{SqliteRetention, SqliteRetentionError};
+
+/// What `outbox doctor` says to do about the outbox table's schema.
+const SCHEMA_FIXES: SchemaFixes = SchemaFixes {
+    migrate: "run `outbox migrate` (the relay also migrates SQLite when it starts)",
+    unreadable: "check that source.path is an outbox database",
+};
 
 impl BackendConfig for SqliteConfig {
     const KIND: &'static str = "sqlite";
@@ -205,46 +212,82 @@ impl SqliteBackend {
     async fn checks(&self, thresholds: DoctorThresholds) -> Vec<DoctorCheck> {
         let table = &self.config.table;
         let mut out = Vec::new();
-        match schema_version(&self.pool, table).await {
-            Ok(Some(v)) if v >= SCHEMA_VERSION => {
-                out.push(DoctorCheck::ok("schema", format!("version {v}")));
-            }
-            Ok(found) => {
-                out.push(DoctorCheck::red(
-                    "schema",
-                    format!(
-                        "outbox table {table} has schema version {}, this build expects {SCHEMA_VERSION}",
-                        found.map_or("none".to_owned(), |v| v.to_string()),
-                    ),
-                    "run `outbox migrate` (the relay also migrates SQLite when it starts)",
-                ));
-                return out;
-            }
-            Err(e) => {
-                out.push(DoctorCheck::red(
-                    "schema",
-                    format!("cannot read the schema version: {e}"),
-                    "check that source.path is an outbox database",
-                ));
-                return out;
-            }
+        let found = schema_version(&self.pool, table)
+            .await
+            .map_err(|e| e.to_string());
+        if !schema_check(&mut out, table, found, SCHEMA_VERSION, SCHEMA_FIXES) {
+            return out;
         }
-        match self.inspector.backlog().await {
-            Ok(b) => out.extend(outbox_core::admin::backlog_checks(
-                &b,
-                thresholds.stuck_after,
-                "is `outbox relay` running on this file? `outbox status` shows the relay lease",
-            )),
-            Err(e) => out.push(DoctorCheck::red(
-                "oldest_pending",
-                format!(
-                    "cannot read the backlog: {}",
-                    outbox_core::relay::ErrorChain(&e)
-                ),
-                "run `outbox migrate`",
-            )),
-        }
+        out.extend(outbox_core::backend::backlog_or_red(
+            self.inspector.backlog().await,
+            thresholds.stuck_after,
+            "is `outbox relay` running on this file? `outbox status` shows the relay lease",
+            "run `outbox migrate`",
+        ));
         out
+    }
+}
+
+impl SqliteBackend {
+    /// `outbox migrate`: creates or upgrades the schema; what it did, one line each.
+    async fn migrate_lines(&self) -> Result<Vec<String>, SourceError> {
+        self.install().await?;
+        Ok(vec![format!(
+            "outbox table {} in `{}` is up to date",
+            self.config.table,
+            self.config.path.display()
+        )])
+    }
+
+    /// Installs the schema, then builds the relay's single pipeline.
+    async fn pipelines(&self, relay: &RelayConfig) -> Result<Pipelines, SourceError> {
+        // Embedded: the relay installs its own schema.
+        self.install().await?;
+        // SQLite has one writer: one pipeline, guarded by a lease against a second relay.
+        let source = SqlitePollSource::new(
+            self.pool.clone(),
+            &self.config,
+            relay.ordering,
+            relay.dead_letter,
+        );
+        Ok(Pipelines {
+            sources: vec![BoxedSource::new(source)],
+            inspector: Arc::new(self.inspector.clone()),
+            watchdog: None,
+            closed: None,
+        })
+    }
+
+    /// Pending events by row state.
+    async fn pending_events(&self) -> Result<Option<u64>, SourceError> {
+        Ok(Some(self.inspector.backlog().await?.pending))
+    }
+
+    /// `outbox status` at `now`.
+    async fn status_report(
+        &self,
+        now: OffsetDateTime,
+        _stuck_after: Duration,
+    ) -> Result<StatusReport, SourceError> {
+        let backlog = self.inspector.backlog_at(now).await?;
+        let mut status = StatusReport::new(self.database(), self.config.table.to_string(), backlog);
+        status.held_aggregates = self.held_aggregates(20).await?;
+        status.sections.insert(
+            "producer_lock_waits".into(),
+            serde_json::Value::Array(Vec::new()),
+        );
+        if let Some(lease) = self.inspector.relay_lease().await? {
+            status.head_lines.push(format!(
+                "relay lease        held by {} until {}",
+                lease.holder,
+                outbox_core::admin::when(lease.expires_at)
+            ));
+            status.sections.insert(
+                "relay_lease".into(),
+                serde_json::to_value(&lease).unwrap_or_default(),
+            );
+        }
+        Ok(status)
     }
 }
 
@@ -261,110 +304,12 @@ impl Backend for SqliteBackend {
     fn single_pipeline(&self) -> bool {
         true
     }
-    fn migrate(&self) -> BoxFuture<'_, Result<Vec<String>, SourceError>> {
-        Box::pin(async move {
-            self.install().await?;
-            Ok(vec![format!(
-                "outbox table {} in `{}` is up to date",
-                self.config.table,
-                self.config.path.display()
-            )])
-        })
-    }
-    fn start_relay<'a>(
-        &'a self,
-        relay: &'a RelayConfig,
-    ) -> BoxFuture<'a, Result<Pipelines, SourceError>> {
-        Box::pin(async move {
-            // Embedded: the relay installs its own schema.
-            self.install().await?;
-            // SQLite has one writer: one pipeline, guarded by a lease against a second relay.
-            let source = SqlitePollSource::new(
-                self.pool.clone(),
-                &self.config,
-                relay.ordering,
-                relay.dead_letter,
-            );
-            Ok(Pipelines {
-                sources: vec![BoxedSource::new(source)],
-                inspector: Arc::new(self.inspector.clone()),
-                watchdog: None,
-                closed: None,
-            })
-        })
-    }
-    fn pending(&self) -> BoxFuture<'_, Result<Option<u64>, SourceError>> {
-        Box::pin(async move { Ok(Some(self.inspector.backlog().await?.pending)) })
-    }
-    fn status(
-        &self,
-        now: OffsetDateTime,
-        _stuck_after: Duration,
-    ) -> BoxFuture<'_, Result<StatusReport, SourceError>> {
-        Box::pin(async move {
-            let backlog = self.inspector.backlog_at(now).await?;
-            let mut status =
-                StatusReport::new(self.database(), self.config.table.to_string(), backlog);
-            status.held_aggregates = self.held_aggregates(20).await?;
-            status.sections.insert(
-                "producer_lock_waits".into(),
-                serde_json::Value::Array(Vec::new()),
-            );
-            if let Some(lease) = self.inspector.relay_lease().await? {
-                status.head_lines.push(format!(
-                    "relay lease        held by {} until {}",
-                    lease.holder,
-                    outbox_core::admin::when(lease.expires_at)
-                ));
-                status.sections.insert(
-                    "relay_lease".into(),
-                    serde_json::to_value(&lease).unwrap_or_default(),
-                );
-            }
-            Ok(status)
-        })
-    }
-    fn doctor(&self, thresholds: DoctorThresholds) -> BoxFuture<'_, Vec<DoctorCheck>> {
-        Box::pin(self.checks(thresholds))
-    }
-    fn dead_letters(&self) -> Result<&dyn DeadLetterStore, Unsupported> {
-        Ok(&self.dead)
-    }
-    fn explain(&self) -> Result<&dyn Explain, Unsupported> {
-        Ok(self)
-    }
-    fn replay(&self) -> Result<&dyn outbox_core::backend::Replay, Unsupported> {
-        Ok(&self.replay)
-    }
-    fn retention(&self) -> Result<&dyn Retention, Unsupported> {
-        Ok(&self.retention)
-    }
-    fn producer(&self) -> Result<&dyn Producer, Unsupported> {
-        Ok(&self.producer)
-    }
-    fn delivery_ledger(&self) -> Result<&dyn outbox_core::verify::DeliveryLedger, Unsupported> {
-        Ok(&self.ledger)
-    }
-    fn forward(&self) -> Result<&dyn Forward, Unsupported> {
-        Ok(&self.producer)
-    }
-    fn catalog(&self) -> Result<&dyn outbox_core::catalog::SubscriptionCatalog, Unsupported> {
-        Ok(&self.catalog)
-    }
-    fn capture(&self) -> Result<&dyn outbox_core::capture::Capture, Unsupported> {
-        Ok(&self.capture)
-    }
-    fn backfill(
-        &self,
-        subscription: &str,
-    ) -> Result<Box<dyn outbox_core::backfill::Backfill>, Unsupported> {
-        crate::backfill::SqliteBackfill::new(self.pool.clone(), &self.config, subscription)
-            .map(|b| Box::new(b) as Box<dyn outbox_core::backfill::Backfill>)
-            .map_err(|e| Unsupported::new("sqlite", "backfill").with_hint(e))
-    }
-    fn scratch(&self) -> Result<&dyn outbox_core::backend::Scratch, Unsupported> {
-        outbox_core::backend::scratch_only(self.kind(), &self.config.table, self)
-    }
+    outbox_core::backend_commands!();
+    outbox_core::backend_abilities!(
+        dead_letters: dead, explain: self, replay: replay, retention: retention,
+        producer: producer, forward: producer, catalog: catalog, delivery_ledger: ledger,
+        capture: capture, backfill: SqliteBackfill, scratch: self,
+    );
 }
 
 outbox_core::forward_explain!(SqliteBackend, story);
@@ -390,41 +335,7 @@ struct SqliteProducer {
     outbox: SqliteOutbox,
 }
 
-impl Forward for SqliteProducer {
-    fn copy_in<'a>(
-        &'a self,
-        events: &'a [outbox_core::Event],
-    ) -> BoxFuture<'a, Result<u64, SourceError>> {
-        Box::pin(async move {
-            self.outbox
-                .copy_in(&self.pool, events)
-                .await
-                .map_err(|e| unavailable(&e))
-        })
-    }
-}
-
-impl Producer for SqliteProducer {
-    fn fill<'a>(&'a self, events: &'a [NewEvent]) -> BoxFuture<'a, Result<(), SourceError>> {
-        Box::pin(async move {
-            self.outbox
-                .enqueue_batch(&self.pool, events)
-                .await
-                .map(drop)
-                .map_err(|e| unavailable(&e))
-        })
-    }
-    fn commit<'a>(&'a self, events: &'a [NewEvent]) -> BoxFuture<'a, Result<(), SourceError>> {
-        Box::pin(async move {
-            let mut tx = self.pool.begin().await.map_err(|e| unavailable(&e))?;
-            self.outbox
-                .enqueue_batch(&mut *tx, events)
-                .await
-                .map_err(|e| unavailable(&e))?;
-            tx.commit().await.map_err(|e| unavailable(&e))
-        })
-    }
-}
+outbox_core::pool_producer!(SqliteProducer, unavailable);
 
 /// A producer error as a retryable source error with its causes.
 fn unavailable(e: &(dyn std::error::Error + 'static)) -> SourceError {

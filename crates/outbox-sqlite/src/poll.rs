@@ -7,7 +7,8 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use outbox_core::aggregate_seq::{self, AssignedPositions};
-use outbox_core::source::{Fetched, Outcome, Settlement};
+use outbox_core::backend::SettledBatch;
+use outbox_core::source::{Fetched, Settlement};
 use outbox_core::{DeadLetterPolicy, Event, Ordering, Position, Source, SourceError};
 use sqlx::sqlite::{SqliteConnection, SqliteRow};
 use sqlx::{Row, SqlitePool};
@@ -178,23 +179,11 @@ impl SqlitePollSource {
 
     async fn record(&mut self, settlements: &[Settlement], now: i64) -> Result<(), sqlx::Error> {
         let started = tokio::time::Instant::now();
-        let mut delivered = Vec::new();
-        let mut retries = Vec::new();
-        let mut dead = Vec::new();
-        for s in settlements {
-            match &s.outcome {
-                Outcome::Delivered => delivered.push(s.position.0),
-                Outcome::Retry { not_before, error } => retries.push(serde_json::json!([
-                    s.position.0,
-                    to_micros(*not_before),
-                    error
-                ])),
-                Outcome::DeadLetter { reason } => {
-                    dead.push(serde_json::json!([s.position.0, reason]));
-                }
-                Outcome::Released => {}
-            }
-        }
+        let batch = SettledBatch::sort(settlements);
+        let retries = (batch.retries.iter())
+            .map(|(position, at, error)| serde_json::json!([position, to_micros(*at), error]));
+        let dead =
+            (batch.dead.iter()).map(|(position, reason)| serde_json::json!([position, reason]));
         let positions = self.positions.take();
         let conn = self.writer.begin().await?;
         let written = write_outcomes(
@@ -204,9 +193,9 @@ impl SqlitePollSource {
             self.on_delivered,
             now,
             Outcomes {
-                delivered,
-                retries,
-                dead,
+                delivered: batch.delivered,
+                retries: retries.collect(),
+                dead: dead.collect(),
                 positions: positions.as_ref().map(|p| (p, settlements)),
             },
         )

@@ -8,9 +8,13 @@
 //! - [`forward_retention!`](crate::forward_retention) writes [`Retention`](super::Retention)
 //!   for the batched-delete shape (a preview of rows and the oldest, a run of batches);
 //! - [`forward_explain!`](crate::forward_explain) writes [`Explain`](super::Explain);
-//! - [`forward_producer!`](crate::forward_producer) writes [`Producer`](super::Producer);
+//! - [`forward_producer!`](crate::forward_producer) writes [`Producer`](super::Producer),
+//!   and [`pool_producer!`](crate::pool_producer) `Producer` and [`Forward`](super::Forward)
+//!   for a producer library on a pool;
 //! - [`backend_abilities!`](crate::backend_abilities) writes the [`Backend`](super::Backend)
-//!   methods that hand those abilities out;
+//!   methods that hand those abilities out, and
+//!   [`backend_commands!`](crate::backend_commands) those every backend has (migrate, relay,
+//!   pending, status, doctor);
 //! - [`forward_source!`](crate::forward_source) writes a [`Source`](crate::Source) whose
 //!   fetch and settle are inherent methods (a claim and its record).
 //!
@@ -336,6 +340,113 @@ macro_rules! forward_source {
                 now: $crate::backend::__forward::OffsetDateTime,
             ) -> Result<(), $crate::SourceError> {
                 <$ty>::$settle(self, settlements, now).await
+            }
+        }
+    };
+}
+
+/// Writes, inside an `impl Backend for T` block, the [`Backend`](crate::backend::Backend)
+/// commands that every backend has, forwarded to inherent `async fn`s of their signatures:
+/// `backend_commands!()` forwards `migrate` to `migrate_lines`, `start_relay` to
+/// `pipelines`, `pending` to `pending_events`, `status` to `status_report` and `doctor` to
+/// `checks`; `backend_commands!(migrate = m, start_relay = p, pending = e, status = s,
+/// doctor = c)` names others.
+#[macro_export]
+macro_rules! backend_commands {
+    () => {
+        $crate::backend_commands!(
+            migrate = migrate_lines,
+            start_relay = pipelines,
+            pending = pending_events,
+            status = status_report,
+            doctor = checks,
+        );
+    };
+    (
+        migrate = $migrate:ident,
+        start_relay = $start_relay:ident,
+        pending = $pending:ident,
+        status = $status:ident,
+        doctor = $doctor:ident $(,)?
+    ) => {
+        fn migrate(&self) -> $crate::sink::BoxFuture<'_, Result<Vec<String>, $crate::SourceError>> {
+            Box::pin(Self::$migrate(self))
+        }
+        fn start_relay<'a>(
+            &'a self,
+            relay: &'a $crate::RelayConfig,
+        ) -> $crate::sink::BoxFuture<'a, Result<$crate::backend::Pipelines, $crate::SourceError>> {
+            Box::pin(Self::$start_relay(self, relay))
+        }
+        fn pending(&self) -> $crate::sink::BoxFuture<'_, Result<Option<u64>, $crate::SourceError>> {
+            Box::pin(Self::$pending(self))
+        }
+        fn status(
+            &self,
+            now: $crate::backend::__forward::OffsetDateTime,
+            stuck_after: $crate::backend::__forward::Duration,
+        ) -> $crate::sink::BoxFuture<'_, Result<$crate::admin::StatusReport, $crate::SourceError>> {
+            Box::pin(Self::$status(self, now, stuck_after))
+        }
+        fn doctor(
+            &self,
+            thresholds: $crate::admin::DoctorThresholds,
+        ) -> $crate::sink::BoxFuture<'_, Vec<$crate::admin::DoctorCheck>> {
+            Box::pin(Self::$doctor(self, thresholds))
+        }
+    };
+}
+
+/// Implements [`Producer`](crate::backend::Producer) and [`Forward`](crate::backend::Forward)
+/// for a backend's producer struct with two fields: `pool` (a connection pool whose
+/// `begin()` opens a transaction) and `outbox` (the database's producer library, with
+/// `enqueue_batch(executor, events)` and `copy_in(executor, events)` over `&pool` or a
+/// transaction). A fill is one `enqueue_batch` on the pool; a commit is BEGIN, enqueue,
+/// COMMIT; a copy is one `copy_in` on the pool. `$unavailable` turns a database error
+/// (`&dyn Error`) into the retryable [`SourceError`](crate::SourceError).
+#[macro_export]
+macro_rules! pool_producer {
+    ($ty:ty, $unavailable:path) => {
+        impl $ty {
+            /// A backlog fill: one `enqueue_batch` on the pool.
+            async fn fill_on_pool(
+                &self,
+                events: &[$crate::NewEvent],
+            ) -> Result<(), $crate::SourceError> {
+                self.outbox
+                    .enqueue_batch(&self.pool, events)
+                    .await
+                    .map(drop)
+                    .map_err(|e| $unavailable(&e))
+            }
+
+            /// An application's write: BEGIN, enqueue, COMMIT.
+            async fn commit_on_pool(
+                &self,
+                events: &[$crate::NewEvent],
+            ) -> Result<(), $crate::SourceError> {
+                let mut tx = self.pool.begin().await.map_err(|e| $unavailable(&e))?;
+                self.outbox
+                    .enqueue_batch(&mut *tx, events)
+                    .await
+                    .map_err(|e| $unavailable(&e))?;
+                tx.commit().await.map_err(|e| $unavailable(&e))
+            }
+        }
+
+        $crate::forward_producer!($ty, fill = fill_on_pool, commit = commit_on_pool);
+
+        impl $crate::backend::Forward for $ty {
+            fn copy_in<'a>(
+                &'a self,
+                events: &'a [$crate::Event],
+            ) -> $crate::sink::BoxFuture<'a, Result<u64, $crate::SourceError>> {
+                Box::pin(async move {
+                    self.outbox
+                        .copy_in(&self.pool, events)
+                        .await
+                        .map_err(|e| $unavailable(&e))
+                })
             }
         }
     };

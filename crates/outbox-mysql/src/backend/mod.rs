@@ -13,9 +13,8 @@ mod open;
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_core::admin::{DoctorCheck, DoctorThresholds, StatusReport};
+use outbox_core::admin::StatusReport;
 use outbox_core::backend::{Backend, BackendConfig, BoxedSource, Pipelines};
-use outbox_core::sink::BoxFuture;
 use outbox_core::{RelayConfig, SourceError, Unsupported};
 use sqlx::MySqlPool;
 use time::OffsetDateTime;
@@ -77,6 +76,162 @@ impl MySqlBackend {
     }
 }
 
+impl MySqlBackend {
+    /// `outbox migrate`: creates or upgrades the schema; what it did, one line each.
+    async fn migrate_lines(&self) -> Result<Vec<String>, SourceError> {
+        if self.cdc() {
+            // Checked before anything is created: a refused CDC migrate leaves nothing.
+            let problems = binlog_problems(&self.pool)
+                .await
+                .map_err(|e| fatal("reading the binlog settings", &e))?;
+            if !problems.is_empty() {
+                return Err(SourceError::fatal(format!(
+                    "source.mode = \"cdc\" needs a row-based binlog: {}",
+                    problems.join("; ")
+                )));
+            }
+        }
+        let report = migrate(&self.pool, &self.config.table)
+            .await
+            .map_err(|e| fatal("migrating the outbox", &e))?;
+        let mut lines: Vec<String> = report
+            .applied
+            .iter()
+            .map(|(v, name)| format!("applied migration {v} ({name})"))
+            .collect();
+        lines.push(format!(
+            "outbox table {} is at schema version {}",
+            self.config.table, report.version
+        ));
+        if self.cdc() {
+            let cdc = setup_cdc(&self.pool, &self.config)
+                .await
+                .map_err(SourceError::fatal)?;
+            lines.push(if cdc.position_recorded {
+                format!(
+                    "CDC: the binlog stream starts at {} (events committed from now on)",
+                    cdc.resume_at
+                )
+            } else {
+                format!("CDC: the binlog stream resumes at {} (kept)", cdc.resume_at)
+            });
+        }
+        Ok(lines)
+    }
+
+    /// Checks the server and the schema, then builds the relay's pipelines.
+    async fn pipelines(&self, relay: &RelayConfig) -> Result<Pipelines, SourceError> {
+        let version = server_version(&self.pool)
+            .await
+            .map_err(|e| fatal("reading the server version", &e))?;
+        let lease = match self.config.claim {
+            ClaimMode::SkipLocked => {
+                version.check_polling().map_err(SourceError::fatal)?;
+                false
+            }
+            ClaimMode::Lease => {
+                version.check_lease().map_err(SourceError::fatal)?;
+                true
+            }
+            ClaimMode::Auto => match version.check_polling() {
+                Ok(()) => false,
+                Err(why) => {
+                    version.check_lease().map_err(SourceError::fatal)?;
+                    tracing::warn!(server = %version.text, reason = %why, "using the lease-token claim (source.claim = \"auto\")");
+                    true
+                }
+            },
+        };
+        match schema_version(&self.pool, &self.config.table).await {
+            Ok(Some(v)) if v >= SCHEMA_VERSION => {}
+            Ok(found) => {
+                return Err(SourceError::fatal(format!(
+                    "outbox table {} has schema version {}, this build expects {SCHEMA_VERSION}; run `outbox migrate`",
+                    self.config.table,
+                    found.map_or("none".to_owned(), |v| v.to_string())
+                )));
+            }
+            Err(e) => return Err(fatal("reading the schema version", &e)),
+        }
+        if self.cdc() {
+            // One binlog stream per outbox, held under a lock: a single pipeline.
+            let source = MySqlCdcSource::new(
+                self.pool.clone(),
+                &self.config,
+                relay.ordering,
+                relay.dead_letter,
+            )?;
+            return Ok(Pipelines {
+                inspector: Arc::new(source.inspector()),
+                sources: vec![BoxedSource::new(source)],
+                watchdog: None,
+                closed: None,
+            });
+        }
+        let sources = (0..relay.workers.get())
+            .map(|_| {
+                let (pool, config) = (self.pool.clone(), &self.config);
+                if lease {
+                    BoxedSource::new(MySqlLeaseSource::new(
+                        pool,
+                        config,
+                        relay.ordering,
+                        relay.dead_letter,
+                    ))
+                } else {
+                    BoxedSource::new(MySqlPollSource::new(
+                        pool,
+                        config,
+                        relay.ordering,
+                        relay.dead_letter,
+                    ))
+                }
+            })
+            .collect();
+        Ok(Pipelines {
+            sources,
+            inspector: Arc::new(self.admin.clone()),
+            watchdog: None,
+            closed: None,
+        })
+    }
+
+    /// Pending events by row state; `None` in CDC mode (the backlog is the binlog).
+    async fn pending_events(&self) -> Result<Option<u64>, SourceError> {
+        if self.cdc() {
+            return Ok(None);
+        }
+        Ok(Some(
+            self.admin
+                .backlog_at(OffsetDateTime::now_utc())
+                .await?
+                .pending,
+        ))
+    }
+
+    /// `outbox status` at `now`.
+    async fn status_report(
+        &self,
+        now: OffsetDateTime,
+        _stuck_after: Duration,
+    ) -> Result<StatusReport, SourceError> {
+        if self.cdc() {
+            let cdc = MySqlCdcInspector::new(self.pool.clone(), &self.config);
+            let mut status = StatusReport::new(
+                self.database(),
+                self.config.table.to_string(),
+                cdc.backlog_at(now).await?,
+            );
+            status.head_lines.extend(cdc.position_lines().await?);
+            return Ok(status);
+        }
+        let backlog = self.admin.backlog_at(now).await?;
+        let mut status = StatusReport::new(self.database(), self.config.table.to_string(), backlog);
+        status.held_aggregates = self.admin.held_aggregates(20).await?;
+        Ok(status)
+    }
+}
+
 impl Backend for MySqlBackend {
     fn kind(&self) -> &'static str {
         MySqlConfig::KIND
@@ -97,167 +252,7 @@ impl Backend for MySqlBackend {
     fn single_pipeline(&self) -> bool {
         self.cdc()
     }
-    fn migrate(&self) -> BoxFuture<'_, Result<Vec<String>, SourceError>> {
-        Box::pin(async move {
-            if self.cdc() {
-                // Checked before anything is created: a refused CDC migrate leaves nothing.
-                let problems = binlog_problems(&self.pool)
-                    .await
-                    .map_err(|e| fatal("reading the binlog settings", &e))?;
-                if !problems.is_empty() {
-                    return Err(SourceError::fatal(format!(
-                        "source.mode = \"cdc\" needs a row-based binlog: {}",
-                        problems.join("; ")
-                    )));
-                }
-            }
-            let report = migrate(&self.pool, &self.config.table)
-                .await
-                .map_err(|e| fatal("migrating the outbox", &e))?;
-            let mut lines: Vec<String> = report
-                .applied
-                .iter()
-                .map(|(v, name)| format!("applied migration {v} ({name})"))
-                .collect();
-            lines.push(format!(
-                "outbox table {} is at schema version {}",
-                self.config.table, report.version
-            ));
-            if self.cdc() {
-                let cdc = setup_cdc(&self.pool, &self.config)
-                    .await
-                    .map_err(SourceError::fatal)?;
-                lines.push(if cdc.position_recorded {
-                    format!(
-                        "CDC: the binlog stream starts at {} (events committed from now on)",
-                        cdc.resume_at
-                    )
-                } else {
-                    format!("CDC: the binlog stream resumes at {} (kept)", cdc.resume_at)
-                });
-            }
-            Ok(lines)
-        })
-    }
-    fn start_relay<'a>(
-        &'a self,
-        relay: &'a RelayConfig,
-    ) -> BoxFuture<'a, Result<Pipelines, SourceError>> {
-        Box::pin(async move {
-            let version = server_version(&self.pool)
-                .await
-                .map_err(|e| fatal("reading the server version", &e))?;
-            let lease = match self.config.claim {
-                ClaimMode::SkipLocked => {
-                    version.check_polling().map_err(SourceError::fatal)?;
-                    false
-                }
-                ClaimMode::Lease => {
-                    version.check_lease().map_err(SourceError::fatal)?;
-                    true
-                }
-                ClaimMode::Auto => match version.check_polling() {
-                    Ok(()) => false,
-                    Err(why) => {
-                        version.check_lease().map_err(SourceError::fatal)?;
-                        tracing::warn!(server = %version.text, reason = %why, "using the lease-token claim (source.claim = \"auto\")");
-                        true
-                    }
-                },
-            };
-            match schema_version(&self.pool, &self.config.table).await {
-                Ok(Some(v)) if v >= SCHEMA_VERSION => {}
-                Ok(found) => {
-                    return Err(SourceError::fatal(format!(
-                        "outbox table {} has schema version {}, this build expects {SCHEMA_VERSION}; run `outbox migrate`",
-                        self.config.table,
-                        found.map_or("none".to_owned(), |v| v.to_string())
-                    )));
-                }
-                Err(e) => return Err(fatal("reading the schema version", &e)),
-            }
-            if self.cdc() {
-                // One binlog stream per outbox, held under a lock: a single pipeline.
-                let source = MySqlCdcSource::new(
-                    self.pool.clone(),
-                    &self.config,
-                    relay.ordering,
-                    relay.dead_letter,
-                )?;
-                return Ok(Pipelines {
-                    inspector: Arc::new(source.inspector()),
-                    sources: vec![BoxedSource::new(source)],
-                    watchdog: None,
-                    closed: None,
-                });
-            }
-            let sources = (0..relay.workers.get())
-                .map(|_| {
-                    let (pool, config) = (self.pool.clone(), &self.config);
-                    if lease {
-                        BoxedSource::new(MySqlLeaseSource::new(
-                            pool,
-                            config,
-                            relay.ordering,
-                            relay.dead_letter,
-                        ))
-                    } else {
-                        BoxedSource::new(MySqlPollSource::new(
-                            pool,
-                            config,
-                            relay.ordering,
-                            relay.dead_letter,
-                        ))
-                    }
-                })
-                .collect();
-            Ok(Pipelines {
-                sources,
-                inspector: Arc::new(self.admin.clone()),
-                watchdog: None,
-                closed: None,
-            })
-        })
-    }
-    fn pending(&self) -> BoxFuture<'_, Result<Option<u64>, SourceError>> {
-        Box::pin(async move {
-            if self.cdc() {
-                return Ok(None);
-            }
-            Ok(Some(
-                self.admin
-                    .backlog_at(OffsetDateTime::now_utc())
-                    .await?
-                    .pending,
-            ))
-        })
-    }
-    fn status(
-        &self,
-        now: OffsetDateTime,
-        _stuck_after: Duration,
-    ) -> BoxFuture<'_, Result<StatusReport, SourceError>> {
-        Box::pin(async move {
-            if self.cdc() {
-                let cdc = MySqlCdcInspector::new(self.pool.clone(), &self.config);
-                let mut status = StatusReport::new(
-                    self.database(),
-                    self.config.table.to_string(),
-                    cdc.backlog_at(now).await?,
-                );
-                status.head_lines.extend(cdc.position_lines().await?);
-                return Ok(status);
-            }
-            let backlog = self.admin.backlog_at(now).await?;
-            let mut status =
-                StatusReport::new(self.database(), self.config.table.to_string(), backlog);
-            status.held_aggregates = self.admin.held_aggregates(20).await?;
-            Ok(status)
-        })
-    }
-    fn doctor(&self, thresholds: DoctorThresholds) -> BoxFuture<'_, Vec<DoctorCheck>> {
-        Box::pin(self.checks(thresholds))
-    }
+    outbox_core::backend_commands!();
     outbox_core::backend_abilities!(
         dead_letters: admin, explain: self, retention: admin, producer: producer,
         forward: producer, catalog: catalog, delivery_ledger: ledger, capture: capture,

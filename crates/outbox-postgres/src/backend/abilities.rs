@@ -9,9 +9,9 @@ use std::time::Duration;
 use outbox_core::admin::{
     Explanation, ReplayPlan, ReplaySelection, RetentionPreview, RetentionReport, RetentionSettings,
 };
-use outbox_core::backend::{Backend, Forward, Producer, Retention, RetentionProgress};
+use outbox_core::backend::{Backend, Retention, RetentionProgress};
 use outbox_core::sink::BoxFuture;
-use outbox_core::{NewEvent, SourceError, SourceErrorKind};
+use outbox_core::{SourceError, SourceErrorKind};
 use time::OffsetDateTime;
 use uuid::Uuid;
 
@@ -147,38 +147,4 @@ pub(super) struct PgProducer {
     pub(super) outbox: PgOutbox,
 }
 
-impl Producer for PgProducer {
-    fn fill<'a>(&'a self, events: &'a [NewEvent]) -> BoxFuture<'a, Result<(), SourceError>> {
-        Box::pin(async move {
-            self.outbox
-                .enqueue_batch(&self.pool, events)
-                .await
-                .map(drop)
-                .map_err(|e| unavailable(&e))
-        })
-    }
-    fn commit<'a>(&'a self, events: &'a [NewEvent]) -> BoxFuture<'a, Result<(), SourceError>> {
-        Box::pin(async move {
-            let mut tx = self.pool.begin().await.map_err(|e| unavailable(&e))?;
-            self.outbox
-                .enqueue_batch(&mut *tx, events)
-                .await
-                .map_err(|e| unavailable(&e))?;
-            tx.commit().await.map_err(|e| unavailable(&e))
-        })
-    }
-}
-
-impl Forward for PgProducer {
-    fn copy_in<'a>(
-        &'a self,
-        events: &'a [outbox_core::Event],
-    ) -> BoxFuture<'a, Result<u64, SourceError>> {
-        Box::pin(async move {
-            self.outbox
-                .copy_in(&self.pool, events)
-                .await
-                .map_err(|e| unavailable(&e))
-        })
-    }
-}
+outbox_core::pool_producer!(PgProducer, unavailable);

@@ -17,7 +17,6 @@ use std::sync::Arc;
 
 use outbox_core::admin::{DoctorCheck, DoctorThresholds, StatusReport};
 use outbox_core::backend::{Backend, BackendConfig, BoxedSource, Pipelines};
-use outbox_core::sink::BoxFuture;
 use outbox_core::source::Inspect;
 use outbox_core::{RelayConfig, SourceError};
 use sqlx::PgPool;
@@ -215,6 +214,34 @@ impl PgBackend {
     }
 }
 
+impl PgBackend {
+    /// Pending events by row state; `None` where the backlog is not row state.
+    async fn pending_events(&self) -> Result<Option<u64>, SourceError> {
+        if self.cdc() {
+            return Ok(None);
+        }
+        Ok(Some(self.inspector.backlog().await?.pending))
+    }
+
+    /// `outbox status` at `now`.
+    async fn status_report(
+        &self,
+        now: OffsetDateTime,
+        stuck_after: Duration,
+    ) -> Result<StatusReport, SourceError> {
+        if self.cdc() {
+            self.cdc_status(now).await
+        } else {
+            self.poll_status(now, stuck_after).await
+        }
+    }
+
+    /// `outbox doctor`: every database check.
+    async fn checks(&self, thresholds: DoctorThresholds) -> Vec<DoctorCheck> {
+        crate::doctor::doctor(&self.pool, &self.config, thresholds).await
+    }
+}
+
 impl Backend for PgBackend {
     fn kind(&self) -> &'static str {
         PostgresConfig::KIND
@@ -235,39 +262,7 @@ impl Backend for PgBackend {
     fn single_pipeline(&self) -> bool {
         self.cdc()
     }
-    fn migrate(&self) -> BoxFuture<'_, Result<Vec<String>, SourceError>> {
-        Box::pin(self.migrate_lines())
-    }
-    fn start_relay<'a>(
-        &'a self,
-        relay: &'a RelayConfig,
-    ) -> BoxFuture<'a, Result<Pipelines, SourceError>> {
-        Box::pin(self.pipelines(relay))
-    }
-    fn pending(&self) -> BoxFuture<'_, Result<Option<u64>, SourceError>> {
-        Box::pin(async move {
-            if self.cdc() {
-                return Ok(None);
-            }
-            Ok(Some(self.inspector.backlog().await?.pending))
-        })
-    }
-    fn status(
-        &self,
-        now: OffsetDateTime,
-        stuck_after: Duration,
-    ) -> BoxFuture<'_, Result<StatusReport, SourceError>> {
-        Box::pin(async move {
-            if self.cdc() {
-                self.cdc_status(now).await
-            } else {
-                self.poll_status(now, stuck_after).await
-            }
-        })
-    }
-    fn doctor(&self, thresholds: DoctorThresholds) -> BoxFuture<'_, Vec<DoctorCheck>> {
-        Box::pin(crate::doctor::doctor(&self.pool, &self.config, thresholds))
-    }
+    outbox_core::backend_commands!();
     outbox_core::backend_abilities!(
         dead_letters: dead, explain: self, replay: replay, retention: retention,
         producer: producer, forward: producer, catalog: catalog, delivery_ledger: ledger,
