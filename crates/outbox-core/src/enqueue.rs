@@ -26,16 +26,31 @@ impl EnqueueError {
 
 /// Checks `event` before it is written: aggregate type, aggregate id and event type are set.
 pub fn validate(event: &NewEvent) -> Result<(), EnqueueError> {
-    if event.aggregate_type.is_empty() {
-        return Err(EnqueueError::Invalid("aggregate_type is empty"));
+    match empty_key(
+        &event.aggregate_type,
+        &event.aggregate_id,
+        &event.event_type,
+    ) {
+        Some(what) => Err(EnqueueError::Invalid(what)),
+        None => Ok(()),
     }
-    if event.aggregate_id.is_empty() {
-        return Err(EnqueueError::Invalid("aggregate_id is empty"));
-    }
-    if event.event_type.is_empty() {
-        return Err(EnqueueError::Invalid("event_type is empty"));
-    }
-    Ok(())
+}
+
+/// The first of an event's keys that is empty, as the error says it (`"aggregate_type is
+/// empty"`), or `None` when all three are set: the check [`validate`] makes, also made on
+/// events read back from a stream.
+pub fn empty_key(
+    aggregate_type: &str,
+    aggregate_id: &str,
+    event_type: &str,
+) -> Option<&'static str> {
+    [
+        (aggregate_type, "aggregate_type is empty"),
+        (aggregate_id, "aggregate_id is empty"),
+        (event_type, "event_type is empty"),
+    ]
+    .into_iter()
+    .find_map(|(value, what)| value.is_empty().then_some(what))
 }
 
 /// The event's headers as the `headers` column holds them: a JSON object of strings.

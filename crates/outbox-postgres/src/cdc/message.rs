@@ -110,14 +110,12 @@ pub fn decode_message(content: &Bytes) -> Result<DecodedMessage, MessageDecodeEr
     if header.v != MESSAGE_VERSION {
         return Err(MessageDecodeError::UnsupportedVersion(header.v));
     }
-    if header.aggregate_type.is_empty() {
-        return Err(MessageDecodeError::Invalid("aggregate_type is empty"));
-    }
-    if header.aggregate_id.is_empty() {
-        return Err(MessageDecodeError::Invalid("aggregate_id is empty"));
-    }
-    if header.event_type.is_empty() {
-        return Err(MessageDecodeError::Invalid("event_type is empty"));
+    if let Some(what) = outbox_core::enqueue::empty_key(
+        &header.aggregate_type,
+        &header.aggregate_id,
+        &header.event_type,
+    ) {
+        return Err(MessageDecodeError::Invalid(what));
     }
     Ok(DecodedMessage {
         id: header.id,
@@ -172,15 +170,7 @@ pub async fn emit_message_with_prefix<'e, E: PgExecutor<'e>>(
     prefix: &str,
     event: &NewEvent,
 ) -> Result<Uuid, EnqueueError> {
-    if event.aggregate_type.is_empty() {
-        return Err(EnqueueError::Invalid("aggregate_type is empty"));
-    }
-    if event.aggregate_id.is_empty() {
-        return Err(EnqueueError::Invalid("aggregate_id is empty"));
-    }
-    if event.event_type.is_empty() {
-        return Err(EnqueueError::Invalid("event_type is empty"));
-    }
+    outbox_core::enqueue::validate(event)?;
     if prefix.is_empty() {
         return Err(EnqueueError::Invalid("message prefix is empty"));
     }
