@@ -16,6 +16,7 @@ mod db;
 mod dead;
 mod doctor;
 mod error;
+mod event_arrays;
 mod inspect;
 mod migrate;
 mod partition;

@@ -6,7 +6,6 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use outbox_core::SourceError;
-use sqlx::types::Json;
 use time::OffsetDateTime;
 use tokio::time::Instant;
 use uuid::Uuid;
@@ -15,6 +14,7 @@ use super::super::ledger::{Entry, Origin};
 use super::super::queries::{KEEP_SEQ, TRANSACTION_VISIBLE};
 use super::{PgCdcSource, VISIBILITY_TIMEOUT};
 use crate::error::source_error;
+use crate::event_arrays::EventArrays;
 use crate::sql::stmt;
 
 impl PgCdcSource {
@@ -302,37 +302,14 @@ impl PgCdcSource {
                 .map_err(|e| self.db_err("dead-lettering events", e))?;
         }
         if !messages.is_empty() {
-            let ev = |i: usize| &messages[i].0.event;
-            let n = messages.len();
-            let ids: Vec<Uuid> = (0..n).map(|i| ev(i).id).collect();
-            let types: Vec<&str> = (0..n).map(|i| ev(i).aggregate_type.as_str()).collect();
-            let agg_ids: Vec<&str> = (0..n).map(|i| ev(i).aggregate_id.as_str()).collect();
-            let event_types: Vec<&str> = (0..n).map(|i| ev(i).event_type.as_str()).collect();
-            let payloads: Vec<&[u8]> = (0..n).map(|i| &ev(i).payload[..]).collect();
-            let headers: Vec<Json<serde_json::Map<String, serde_json::Value>>> = (0..n)
-                .map(|i| {
-                    Json(
-                        ev(i)
-                            .headers
-                            .iter()
-                            // The relay's own number is not the producer's: not stored.
-                            .filter(|(k, _)| k != outbox_core::message::header::AGGREGATE_SEQ)
-                            .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
-                            .collect(),
-                    )
-                })
-                .collect();
-            let created: Vec<OffsetDateTime> = (0..n).map(|i| ev(i).created_at).collect();
+            // The relay's own number is not the producer's: not stored.
+            let events = EventArrays::new(messages.iter().map(|(e, _, _)| &e.event), |name| {
+                name != outbox_core::message::header::AGGREGATE_SEQ
+            });
             let attempts: Vec<i32> = messages.iter().map(|(_, a, _)| *a).collect();
             let reasons: Vec<&str> = messages.iter().map(|(_, _, r)| r.as_str()).collect();
-            crate::sql::query(stmt(&self.queries.dead_insert))
-                .bind(&ids)
-                .bind(&types)
-                .bind(&agg_ids)
-                .bind(&event_types)
-                .bind(&payloads)
-                .bind(&headers)
-                .bind(&created)
+            events
+                .bind(crate::sql::query(stmt(&self.queries.dead_insert)))
                 .bind(&attempts)
                 .bind(&reasons)
                 .bind(now)
