@@ -5,12 +5,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, ensure};
-use outbox_core::{Backoff, Relay, RelayConfig};
-use outbox_inbox::{PgInbox, SqliteInbox};
+use outbox_core::{Backoff, Relay, RelayConfig, RelayError, RelayReport, Sink, Source};
+use outbox_inbox::{InboxMessage, PgInbox, SqliteInbox};
 use rand::Rng;
 use serde::Serialize;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::CONSUMER;
 use crate::chaos::{Redeliver, lose_ack};
 use crate::loyalty::{self, Counters};
 use crate::shop::{self, OrderPlaced};
@@ -106,24 +108,64 @@ fn relay_config() -> RelayConfig {
     }
 }
 
-/// Waits until `awarded()` reaches `orders`, or fails after [`DEADLINE`].
-async fn wait_awarded<F, Fut>(orders: u64, awarded: F) -> anyhow::Result<()>
+/// Starts the relay: it publishes what `source` reads to `sink`, a fraction `redeliver` of the
+/// batches twice (see [`Redeliver`]), until the returned token is cancelled.
+fn start_relay<K: Sink, S: Source>(
+    config: RelayConfig,
+    sink: K,
+    redeliver: f64,
+    source: S,
+) -> (
+    CancellationToken,
+    JoinHandle<Result<RelayReport, RelayError>>,
+) {
+    let stop_relay = CancellationToken::new();
+    let relay = Relay::new(config, Arc::new(Redeliver::new(sink, redeliver)));
+    let stop = stop_relay.clone();
+    let relay = tokio::spawn(async move { relay.run(vec![source], stop).await });
+    (stop_relay, relay)
+}
+
+/// The shop's events the relay has not delivered yet.
+const PENDING: &str = "SELECT count(*) FROM outbox WHERE state = 'pending'";
+
+/// Waits until nothing is `pending()` in the outbox and `totals()` shows all `orders` awarded
+/// (or fails after [`DEADLINE`]), then stops the relay and the consumer (`stop`, awaited in
+/// either case) and reads the `totals()` of the awards a last time: `(awards, awarded orders,
+/// points)`.
+async fn finish<P, Pending, T, Totals>(
+    orders: usize,
+    pending: P,
+    totals: T,
+    stop: impl Future<Output = anyhow::Result<()>>,
+) -> anyhow::Result<(i64, i64, i64)>
 where
-    F: Fn() -> Fut,
-    Fut: std::future::Future<Output = anyhow::Result<u64>>,
+    P: Fn() -> Pending,
+    Pending: Future<Output = sqlx::Result<i64>>,
+    T: Fn() -> Totals,
+    Totals: Future<Output = sqlx::Result<(i64, i64, i64)>>,
 {
-    let start = std::time::Instant::now();
-    loop {
-        let done = awarded().await?;
-        if done >= orders {
-            return Ok(());
+    let orders = orders as u64;
+    let waited = async {
+        let start = std::time::Instant::now();
+        loop {
+            let pending = pending().await?;
+            let (_, awarded, _) = totals().await?;
+            let done = if pending == 0 { awarded as u64 } else { 0 };
+            if done >= orders {
+                return Ok(());
+            }
+            ensure!(
+                start.elapsed() < DEADLINE,
+                "only {done} of {orders} orders were awarded after {DEADLINE:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        ensure!(
-            start.elapsed() < DEADLINE,
-            "only {done} of {orders} orders were awarded after {DEADLINE:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    .await;
+    stop.await?;
+    waited?;
+    Ok(totals().await?)
 }
 
 /// The embedded setup: the shop's SQLite file (`shop.db`: orders + outbox), the loyalty
@@ -166,10 +208,12 @@ pub async fn run_embedded(dir: &Path, options: &Options) -> anyhow::Result<Summa
         let receiver = outbox_inbox::http::WebhookReceiver::new(WEBHOOK_SECRET)?;
         tokio::spawn(receiver.serve(
             listener,
-            move |message| {
+            move |message: InboxMessage| {
                 let (pool, inbox, counters) = (pool.clone(), inbox.clone(), counters.clone());
                 async move {
-                    loyalty::handle_sqlite(&pool, &inbox, &counters, message, lose_ack(rate)).await
+                    let begin = inbox.begin(&pool, CONSUMER, message.id);
+                    loyalty::handle(&counters, begin, &loyalty::SQLITE, message, lose_ack(rate))
+                        .await
                 }
             },
             stop_consumer.clone(),
@@ -191,12 +235,7 @@ pub async fn run_embedded(dir: &Path, options: &Options) -> anyhow::Result<Summa
         config.ordering,
         config.dead_letter,
     );
-    let stop_relay = CancellationToken::new();
-    let relay = Relay::new(config, Arc::new(Redeliver::new(sink, options.redeliver)));
-    let relay = {
-        let stop = stop_relay.clone();
-        tokio::spawn(async move { relay.run(vec![source], stop).await })
-    };
+    let (stop_relay, relay) = start_relay(config, sink, options.redeliver, source);
 
     // The shop.
     let (orders, prefix) = orders_for_run(options);
@@ -205,33 +244,21 @@ pub async fn run_embedded(dir: &Path, options: &Options) -> anyhow::Result<Summa
     }
     // Done when every order is awarded and the relay has nothing left to (re)deliver: the
     // retries after lost acks must arrive, and be skipped, before the summary is taken.
-    let awarded = || async {
-        let pending: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM outbox WHERE state = 'pending'")
-                .fetch_one(&shop_pool)
-                .await?;
-        let awarded: i64 =
-            sqlx::query_scalar("SELECT count(DISTINCT order_id) FROM awards WHERE order_id LIKE ?")
-                .bind(&prefix)
-                .fetch_one(&loyalty_pool)
-                .await?;
-        Ok(if pending == 0 { awarded as u64 } else { 0 })
+    let pending = || sqlx::query_scalar(PENDING).fetch_one(&shop_pool);
+    let totals = || {
+        sqlx::query_as(
+            "SELECT count(*), count(DISTINCT order_id), coalesce(sum(points), 0) FROM awards WHERE order_id LIKE ?",
+        )
+        .bind(&prefix)
+        .fetch_one(&loyalty_pool)
     };
-    let waited = wait_awarded(orders.len() as u64, awarded).await;
-    stop(stop_relay, relay, &counters, stop_consumer, consumer).await?;
-    waited?;
-
-    let (awards, awarded_orders, points): (i64, i64, i64) = sqlx::query_as(
-        "SELECT count(*), count(DISTINCT order_id), coalesce(sum(points), 0) FROM awards WHERE order_id LIKE ?",
-    )
-    .bind(&prefix)
-    .fetch_one(&loyalty_pool)
-    .await?;
+    let stopped = stop(stop_relay, relay, &counters, stop_consumer, consumer);
+    let totals = finish(orders.len(), pending, totals, stopped).await?;
     Ok(summary(
         "embedded",
         &orders,
         &counters,
-        (awards, awarded_orders, points),
+        totals,
         vec![
             format!(
                 "sqlite3 {} 'SELECT * FROM orders'",
@@ -286,12 +313,7 @@ pub async fn run_postgres_nats(
         relay_cfg.ordering,
         relay_cfg.dead_letter,
     );
-    let stop_relay = CancellationToken::new();
-    let relay = Relay::new(relay_cfg, Arc::new(Redeliver::new(sink, options.redeliver)));
-    let relay = {
-        let stop = stop_relay.clone();
-        tokio::spawn(async move { relay.run(vec![source], stop).await })
-    };
+    let (stop_relay, relay) = start_relay(relay_cfg, sink, options.redeliver, source);
 
     // The loyalty service.
     let counters = Arc::new(Counters::default());
@@ -310,18 +332,13 @@ pub async fn run_postgres_nats(
         tokio::spawn(async move {
             jetstream
                 .run(
-                    move |message| {
+                    move |message: InboxMessage| {
                         let (pool, inbox, counters) =
                             (pool.clone(), inbox.clone(), counters.clone());
                         async move {
-                            loyalty::handle_postgres(
-                                &pool,
-                                &inbox,
-                                &counters,
-                                message,
-                                lose_ack(rate),
-                            )
-                            .await
+                            let begin = inbox.begin(&pool, CONSUMER, message.id);
+                            let sql = &loyalty::POSTGRES;
+                            loyalty::handle(&counters, begin, sql, message, lose_ack(rate)).await
                         }
                     },
                     stop,
@@ -347,34 +364,21 @@ pub async fn run_postgres_nats(
     }
     // Done when every order is awarded and nothing is pending in the outbox; then the
     // consumer gets a moment for redeliveries of lost acks still on their way back.
-    let awarded = || async {
-        let pending: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM outbox WHERE state = 'pending'")
-                .fetch_one(&pool)
-                .await?;
-        let awarded: i64 = sqlx::query_scalar(
-            "SELECT count(DISTINCT order_id) FROM loyalty.awards WHERE order_id LIKE $1",
+    let pending = || sqlx::query_scalar(PENDING).fetch_one(&pool);
+    let totals = || {
+        sqlx::query_as(
+            "SELECT count(*), count(DISTINCT order_id), coalesce(sum(points), 0)::bigint FROM loyalty.awards WHERE order_id LIKE $1",
         )
         .bind(&prefix)
         .fetch_one(&pool)
-        .await?;
-        Ok(if pending == 0 { awarded as u64 } else { 0 })
     };
-    let waited = wait_awarded(orders.len() as u64, awarded).await;
-    stop(stop_relay, relay, &counters, stop_consumer, consumer).await?;
-    waited?;
-
-    let (awards, awarded_orders, points): (i64, i64, i64) = sqlx::query_as(
-        "SELECT count(*), count(DISTINCT order_id), coalesce(sum(points), 0)::bigint FROM loyalty.awards WHERE order_id LIKE $1",
-    )
-    .bind(&prefix)
-    .fetch_one(&pool)
-    .await?;
+    let stopped = stop(stop_relay, relay, &counters, stop_consumer, consumer);
+    let totals = finish(orders.len(), pending, totals, stopped).await?;
     Ok(summary(
         "postgres+nats",
         &orders,
         &counters,
-        (awards, awarded_orders, points),
+        totals,
         vec![
             format!("psql {} -c 'SELECT * FROM loyalty.points'", config.url),
             format!("nats stream info LOYALTY_DEMO --server {nats_url}"),
