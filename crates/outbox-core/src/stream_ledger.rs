@@ -33,6 +33,7 @@ use crate::spill::SpilledTxn;
 use crate::{Event, Position};
 
 mod queue;
+mod report;
 mod spilled;
 mod stats;
 

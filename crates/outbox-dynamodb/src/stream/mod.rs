@@ -296,16 +296,12 @@ impl Source for DynamoStreamSource {
         self.pick_up_requeued().await?;
         self.renew_claims().await?;
         self.checkpoint(false).await?;
-        let events = self.ledger.take(limit, now, self.ordering);
-        self.stats.publish(&self.ledger);
         self.stats
             .streaming
             .store(!self.held.is_empty(), std::sync::atomic::Ordering::Relaxed);
-        Ok(Fetched {
-            more: events.len() >= limit,
-            events,
-            valid_until: self.valid_until(),
-        })
+        let valid_until = self.valid_until();
+        let (ledger, stats) = (&mut self.ledger, &self.stats);
+        Ok(ledger.fetched(limit, now, self.ordering, valid_until, stats))
     }
 
     async fn settle(

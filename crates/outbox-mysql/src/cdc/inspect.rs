@@ -65,15 +65,7 @@ impl MySqlCdcInspector {
             .fetch_one(&self.pool)
             .await
             .map_err(|e| source_error("reading the backlog", &self.table, e))?;
-        let mut backlog = Backlog {
-            dead: dead.max(0) as u64,
-            delivered_last_minute: None,
-            ..Backlog::default()
-        };
-        if let Some(stats) = &self.stats {
-            stats.fill(&mut backlog, now);
-        }
-        Ok(backlog)
+        Ok(LedgerStats::backlog(self.stats.as_deref(), dead, now))
     }
 
     /// Where the kept position stands, for `status`: one line each.

@@ -219,13 +219,11 @@ impl Source for MySqlCdcSource {
         }
         self.resolve(now).await?;
         self.save_position(false).await?;
-        let events = self.cs.ledger.take(limit, now, self.cs.ordering);
-        self.cs.publish_stats();
-        Ok(Fetched {
-            more: events.len() >= limit,
-            events,
-            valid_until: self.valid_until(),
-        })
+        let valid_until = self.valid_until();
+        let cs = &mut self.cs;
+        Ok(cs
+            .ledger
+            .fetched(limit, now, cs.ordering, valid_until, &cs.stats))
     }
 
     async fn settle(

@@ -106,15 +106,7 @@ impl PgCdcInspector {
             .fetch_one(&self.pool)
             .await
             .map_err(|e| source_error("reading the backlog", &self.table, e))?;
-        let mut backlog = Backlog {
-            dead: dead.max(0) as u64,
-            delivered_last_minute: None,
-            ..Backlog::default()
-        };
-        if let Some(stats) = &self.stats {
-            stats.fill(&mut backlog, now);
-        }
-        Ok(backlog)
+        Ok(CdcStats::backlog(self.stats.as_deref(), dead, now))
     }
 }
 

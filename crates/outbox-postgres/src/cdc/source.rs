@@ -248,14 +248,9 @@ impl Source for PgCdcSource {
         self.number_events().await?;
         self.resolve_dead(now).await?;
         self.finish_recovery().await;
-        let events = self.cs.ledger.take(limit, now, self.cs.ordering);
-        self.cs.publish_stats();
         // One slot, one reader: the claim cannot pass to another relay mid-batch.
-        Ok(Fetched {
-            more: events.len() >= limit,
-            events,
-            valid_until: None,
-        })
+        let cs = &mut self.cs;
+        Ok(cs.ledger.fetched(limit, now, cs.ordering, None, &cs.stats))
     }
 
     async fn settle(
