@@ -52,7 +52,7 @@ use sqlx::{Database, Pool, SqlSafeStr, Transaction};
 use crate::DEFAULT_TABLE;
 #[cfg(doc)]
 use crate::lane::OrderGate;
-use crate::sql::Queries;
+use queries::Queries;
 
 /// A SQL database the inbox runs on: `sqlx::Postgres` (feature `postgres`), `sqlx::Sqlite`
 /// (feature `sqlite`) or `sqlx::MySql` (feature `mysql`). Sealed: what a database supplies
@@ -102,6 +102,7 @@ mod dedup;
 mod migrate;
 mod positions;
 mod purge;
+mod queries;
 
 /// The inbox on one SQL table: `PgInbox` (PostgreSQL), `SqliteInbox` (SQLite),
 /// `MySqlInbox` (MySQL / MariaDB). Cheap to clone; create it once.

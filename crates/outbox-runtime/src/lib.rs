@@ -47,6 +47,7 @@ mod fault_injection;
 pub mod observe;
 pub mod otlp;
 pub mod payload;
+mod pipeline;
 mod readiness;
 pub mod registry;
 pub mod relay;

@@ -68,7 +68,7 @@ impl BackendConfig for SqliteConfig {
     }
 
     fn scratch(&self, tag: &outbox_core::Identifier) -> Result<Self, String> {
-        crate::scratch::scratch_config(self, tag)
+        crate::config::scratch_config(self, tag)
     }
 
     fn open(&self, _options: OpenOptions) -> BoxFuture<'_, Result<Arc<dyn Backend>, OpenError>> {

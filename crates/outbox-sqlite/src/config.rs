@@ -131,6 +131,20 @@ impl SqliteConfig {
     }
 }
 
+/// `config` with the scratch outbox table `tag` and a lease of [`outbox_core::backend::SCRATCH_CLAIM_TIMEOUT`].
+pub(crate) fn scratch_config(
+    config: &SqliteConfig,
+    tag: &Identifier,
+) -> Result<SqliteConfig, String> {
+    outbox_core::scratch::scratch_config(tag, SqliteConfig::validate, |table| {
+        Ok(SqliteConfig {
+            table,
+            lease_ttl: outbox_core::backend::SCRATCH_CLAIM_TIMEOUT,
+            ..config.clone()
+        })
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,7 +12,7 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use crate::error::source_error;
-use crate::sql::{Cols, render};
+use crate::sql::{Cols, parse_id, render};
 use crate::timestamp::{from_micros, to_micros};
 
 /// Dead-letter operations on one SQLite outbox table.
@@ -161,10 +161,6 @@ impl SqliteDeadLetters {
             .collect::<Result<_, _>>()
             .map_err(|e| self.err("purging dead letters", e))
     }
-}
-
-pub(crate) fn parse_id(text: String) -> Result<Uuid, sqlx::Error> {
-    Uuid::parse_str(&text).map_err(|e| sqlx::Error::Decode(Box::new(e)))
 }
 
 #[cfg(test)]

@@ -15,8 +15,8 @@ use sqlx::{Row, SqlitePool};
 use uuid::Uuid;
 
 use crate::config::OnDelivered;
-use crate::dead::parse_id;
 use crate::error::source_error;
+use crate::sql::parse_id;
 use crate::sql::render;
 use crate::timestamp::{from_micros, to_micros};
 

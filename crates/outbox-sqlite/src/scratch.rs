@@ -1,32 +1,18 @@
-//! `outbox crash-test` on SQLite: the scratch config (a table named after the run's tag in
-//! the same file, a relay lease of a few seconds) and its removal.
+//! `outbox crash-test` on SQLite: a rolled-back write and the scratch outbox's removal (its
+//! config, a table named after the run's tag in the same file with a relay lease of a few
+//! seconds, is [`crate::config::scratch_config`]).
 //!
 //! Removal is guarded twice: the backend offers it only for a table whose name starts with
 //! [`SCRATCH_PREFIX`](outbox_core::backend::SCRATCH_PREFIX), and the name reaches SQL as a validated, quoted identifier.
 
-use outbox_core::backend::{SCRATCH_CLAIM_TIMEOUT, Scratch};
+use outbox_core::backend::Scratch;
 use outbox_core::scratch::write_and_roll_back;
 use outbox_core::sink::BoxFuture;
-use outbox_core::{Identifier, NewEvent, SourceError};
+use outbox_core::{NewEvent, SourceError};
 use sqlx::Executor;
 
 use crate::backend::SqliteBackend;
-use crate::config::SqliteConfig;
 use crate::sql::render;
-
-/// `config` with the scratch outbox table `tag` and a lease of [`SCRATCH_CLAIM_TIMEOUT`].
-pub(crate) fn scratch_config(
-    config: &SqliteConfig,
-    tag: &Identifier,
-) -> Result<SqliteConfig, String> {
-    outbox_core::scratch::scratch_config(tag, SqliteConfig::validate, |table| {
-        Ok(SqliteConfig {
-            table,
-            lease_ttl: SCRATCH_CLAIM_TIMEOUT,
-            ..config.clone()
-        })
-    })
-}
 
 impl Scratch for SqliteBackend {
     fn roll_back<'a>(&'a self, events: &'a [NewEvent]) -> BoxFuture<'a, Result<(), SourceError>> {

@@ -80,6 +80,11 @@ pub(crate) fn stmt(sql: &Arc<str>) -> sqlx::AssertSqlSafe<Arc<str>> {
     sqlx::AssertSqlSafe(Arc::clone(sql))
 }
 
+/// An event id stored as hyphenated text.
+pub(crate) fn parse_id(text: String) -> Result<Uuid, sqlx::Error> {
+    Uuid::parse_str(&text).map_err(|e| sqlx::Error::Decode(Box::new(e)))
+}
+
 /// A row of an operator query, for `outbox_core::admin_rows`: ids are hyphenated text, times
 /// Unix microseconds.
 pub(crate) struct Cols<'r>(pub(crate) &'r SqliteRow);
@@ -90,7 +95,7 @@ impl Columns for Cols<'_> {
     outbox_core::forward_plain_columns!();
 
     fn id(&self, i: usize) -> Result<Uuid, sqlx::Error> {
-        crate::dead::parse_id(self.0.try_get(i)?)
+        parse_id(self.0.try_get(i)?)
     }
 
     fn time(&self, i: usize) -> Result<OffsetDateTime, sqlx::Error> {

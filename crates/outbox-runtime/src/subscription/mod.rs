@@ -29,7 +29,7 @@ use crate::RuntimeError;
 use crate::config::Config;
 use crate::console::Console;
 use crate::observe::Readiness;
-use crate::relay::Watched;
+use crate::pipeline::Watched;
 
 pub use crate::config::subscription::{Filter, Patterns, Resolved, SubscriptionConfig};
 pub use fanout::FanOut;
@@ -93,8 +93,8 @@ pub(crate) async fn run(
         .await;
     let fanned = fanned.map_err(|e| RuntimeError::Relay(format!("fan-out: {}", ErrorChain(&e))));
     let result = join(tasks, fanned.err()).await;
-    crate::relay::close(traces, closed).await;
-    result.inspect(crate::relay::log_drained)
+    crate::pipeline::close(traces, closed).await;
+    result.inspect(crate::pipeline::log_drained)
 }
 
 /// The subscriptions' combined report once every task ended, or the first error: the

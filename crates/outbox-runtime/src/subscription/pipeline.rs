@@ -15,7 +15,7 @@ use super::{Resolved, gate};
 use crate::RuntimeError;
 use crate::config::Config;
 use crate::observe::Readiness;
-use crate::relay::{Watched, staged_sink};
+use crate::pipeline::{Watched, staged_sink};
 
 /// A subscription whose table is open and whose pipelines are started.
 pub(super) struct Started {
