@@ -3,17 +3,12 @@ use crate::sink::Delivery;
 use crate::trace::{AttemptOutcome, AttemptSpan};
 use crate::{Position, SinkError};
 
+/// The ledger tests' event of aggregate `T`/`agg`, at `pos` with an id derived from it.
 fn ev(agg: &str, pos: i64) -> Event {
     Event {
         id: uuid::Uuid::from_u128(pos as u128),
         position: Position(pos),
-        aggregate_type: "T".into(),
-        aggregate_id: agg.into(),
-        event_type: "e".into(),
-        payload: bytes::Bytes::new(),
-        headers: vec![],
-        created_at: OffsetDateTime::UNIX_EPOCH,
-        attempts: 0,
+        ..crate::stream_ledger::tests::event(agg)
     }
 }
 
