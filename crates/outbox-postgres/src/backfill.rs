@@ -8,7 +8,7 @@
 //! aggregate wait for a later try). Under that hold the pending rows are deleted and inserted
 //! again together with the backfilled events, in outbox commit order.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 
 use bytes::Bytes;
 use outbox_core::backfill::{
@@ -24,6 +24,7 @@ use uuid::Uuid;
 
 use crate::config::{Mode, OnDelivered, PostgresConfig};
 use crate::error::source_error;
+use crate::event_arrays::EventArrays;
 use crate::sql::{render, render_with};
 
 /// An aggregate's key.
@@ -286,41 +287,18 @@ impl PgBackfill {
         tx: &mut Transaction<'static, Postgres>,
         rows: &[InsertRow<'_>],
     ) -> Result<(), SourceError> {
-        let ids: Vec<Uuid> = rows.iter().map(|r| r.event.id).collect();
-        let types: Vec<&str> = rows
-            .iter()
-            .map(|r| r.event.aggregate_type.as_str())
-            .collect();
-        let agg_ids: Vec<&str> = rows.iter().map(|r| r.event.aggregate_id.as_str()).collect();
-        let event_types: Vec<&str> = rows.iter().map(|r| r.event.event_type.as_str()).collect();
-        let payloads: Vec<&[u8]> = rows.iter().map(|r| &r.event.payload[..]).collect();
-        let headers: Vec<Json<BTreeMap<&str, &str>>> = rows
-            .iter()
-            .map(|r| {
-                Json(
-                    r.event
-                        .headers
-                        .iter()
-                        .map(|(k, v)| (k.as_str(), v.as_str()))
-                        .collect(),
-                )
-            })
-            .collect();
-        let created: Vec<OffsetDateTime> = rows.iter().map(|r| r.event.created_at).collect();
+        // Every header is copied.
+        let events = EventArrays::new(rows.iter().map(|r| r.event), |_| true);
         let attempts: Vec<i32> = rows
             .iter()
             .map(|r| i32::try_from(r.event.attempts).unwrap_or(i32::MAX))
             .collect();
         let next: Vec<Option<OffsetDateTime>> = rows.iter().map(|r| r.next_attempt_at).collect();
         let errors: Vec<Option<&str>> = rows.iter().map(|r| r.last_error).collect();
-        crate::sql::query(sqlx::AssertSqlSafe(self.q.insert.as_str()))
-            .bind(&ids)
-            .bind(&types)
-            .bind(&agg_ids)
-            .bind(&event_types)
-            .bind(&payloads)
-            .bind(&headers)
-            .bind(&created)
+        events
+            .bind(crate::sql::query(sqlx::AssertSqlSafe(
+                self.q.insert.as_str(),
+            )))
             .bind(&attempts)
             .bind(&next)
             .bind(&errors)

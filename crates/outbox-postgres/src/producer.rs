@@ -8,6 +8,7 @@ use sqlx::types::Json;
 use uuid::Uuid;
 
 use crate::error::EnqueueError;
+use crate::event_arrays::EventArrays;
 use crate::sql::{Queries, stmt};
 
 /// A handle on one outbox table for producers. Cheap to clone; create it once.
@@ -144,37 +145,13 @@ impl PgOutbox {
         if events.is_empty() {
             return Ok(0);
         }
-        let n = events.len();
-        let mut ids = Vec::with_capacity(n);
-        let mut types = Vec::with_capacity(n);
-        let mut agg_ids = Vec::with_capacity(n);
-        let mut event_types = Vec::with_capacity(n);
-        let mut payloads = Vec::with_capacity(n);
-        let mut headers = Vec::with_capacity(n);
-        let mut created = Vec::with_capacity(n);
-        for e in events {
-            ids.push(e.id);
-            types.push(e.aggregate_type.as_str());
-            agg_ids.push(e.aggregate_id.as_str());
-            event_types.push(e.event_type.as_str());
-            payloads.push(&e.payload[..]);
-            headers.push(Json(
-                e.headers
-                    .iter()
-                    .map(|(k, v)| (k.as_str(), v.as_str()))
-                    .collect::<std::collections::BTreeMap<_, _>>(),
-            ));
-            created.push(e.created_at);
-        }
-        let done = crate::sql::query(stmt(&self.queries.copy_in))
-            .persistent(self.named_statements && crate::sql::named())
-            .bind(&ids)
-            .bind(&types)
-            .bind(&agg_ids)
-            .bind(&event_types)
-            .bind(&payloads)
-            .bind(&headers)
-            .bind(&created)
+        // Every header is copied.
+        let arrays = EventArrays::new(events, |_| true);
+        let done = arrays
+            .bind(
+                crate::sql::query(stmt(&self.queries.copy_in))
+                    .persistent(self.named_statements && crate::sql::named()),
+            )
             .execute(executor)
             .await?;
         Ok(done.rows_affected())
