@@ -7,8 +7,6 @@
 use std::sync::Arc;
 
 use outbox_core::admin::{ReplayPlan, ReplayPreview, ReplaySelection};
-use outbox_core::backend::Replay;
-use outbox_core::sink::BoxFuture;
 use outbox_core::{Identifier, SourceError};
 use sqlx::sqlite::SqliteRow;
 use sqlx::{Row, SqlitePool};
@@ -140,21 +138,9 @@ fn preview_row(r: &SqliteRow) -> Result<ReplayPreview, sqlx::Error> {
     })
 }
 
-impl Replay for SqliteReplay {
-    fn plan<'a>(
-        &'a self,
-        selection: &'a ReplaySelection,
-        preview: usize,
-    ) -> BoxFuture<'a, Result<ReplayPlan, SourceError>> {
-        Box::pin(SqliteReplay::plan(self, selection, preview))
-    }
-    fn ids<'a>(
-        &'a self,
-        selection: &'a ReplaySelection,
-    ) -> BoxFuture<'a, Result<Vec<Uuid>, SourceError>> {
-        Box::pin(SqliteReplay::ids(self, selection))
-    }
-    fn replay_batch<'a>(&'a self, ids: &'a [Uuid]) -> BoxFuture<'a, Result<u64, SourceError>> {
-        Box::pin(self.put_back(ids))
-    }
-}
+outbox_core::forward_replay!(
+    SqliteReplay,
+    plan = plan,
+    ids = ids,
+    replay_batch = put_back
+);
