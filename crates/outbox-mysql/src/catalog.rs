@@ -37,9 +37,7 @@ impl CatalogSql for MySqlCatalog {
     }
 
     fn is_missing(e: &sqlx::Error) -> bool {
-        e.as_database_error()
-            .and_then(|d| d.code())
-            .is_some_and(|c| c == "42S02")
+        outbox_sql::error::has_code(e, "42S02")
     }
 
     async fn begin(&self) -> Result<Self::Tx, sqlx::Error> {

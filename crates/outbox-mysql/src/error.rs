@@ -34,18 +34,5 @@ pub(crate) fn source_error(context: &str, table: &str, e: sqlx::Error) -> Source
 /// timeouts, deadlocks). Fatal: errors in the SQL's meaning (missing table or column, syntax,
 /// permissions: SQLSTATE classes 42 and 28) and configuration.
 pub(crate) fn classify(e: &sqlx::Error) -> SourceErrorKind {
-    match e {
-        sqlx::Error::Database(db) => match db.code().as_deref() {
-            Some(code) if code.starts_with("42") || code.starts_with("28") => {
-                SourceErrorKind::Fatal
-            }
-            _ => SourceErrorKind::Unavailable,
-        },
-        sqlx::Error::Configuration(_)
-        | sqlx::Error::ColumnNotFound(_)
-        | sqlx::Error::ColumnDecode { .. }
-        | sqlx::Error::Decode(_)
-        | sqlx::Error::TypeNotFound { .. } => SourceErrorKind::Fatal,
-        _ => SourceErrorKind::Unavailable,
-    }
+    outbox_sql::error::classify(e, outbox_sql::error::sqlstate_class_42_or_28)
 }

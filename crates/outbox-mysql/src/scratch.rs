@@ -8,7 +8,7 @@ use outbox_core::backend::{SCRATCH_CLAIM_TIMEOUT, Scratch};
 use outbox_core::scratch::write_and_roll_back;
 use outbox_core::sink::BoxFuture;
 use outbox_core::{Identifier, NewEvent, SourceError};
-use sqlx::Executor;
+use outbox_sql::scratch::drop_table;
 
 use crate::backend::MySqlBackend;
 use crate::config::MySqlConfig;
@@ -42,17 +42,7 @@ impl Scratch for MySqlBackend {
         Box::pin(async move {
             let table = &self.config().table;
             let sql = render(include_str!("../queries/scratch_drop.sql"), table);
-            for statement in statements(&sql) {
-                self.pool()
-                    .execute(sqlx::AssertSqlSafe(statement.to_owned()))
-                    .await
-                    .map_err(|e| {
-                        SourceError::fatal(format!(
-                            "dropping the scratch outbox table {table}: {}",
-                            outbox_core::relay::ErrorChain(&e)
-                        ))
-                    })?;
-            }
+            drop_table(self.pool(), statements(&sql).map(str::to_owned), table).await?;
             Ok(vec![format!("table {table} (with its bookkeeping tables)")])
         })
     }

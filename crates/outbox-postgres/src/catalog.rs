@@ -44,9 +44,7 @@ impl CatalogSql for PgCatalog {
     }
 
     fn is_missing(e: &sqlx::Error) -> bool {
-        e.as_database_error()
-            .and_then(|d| d.code())
-            .is_some_and(|c| c == "42P01")
+        outbox_sql::error::has_code(e, "42P01")
     }
 
     async fn begin(&self) -> Result<Self::Tx, sqlx::Error> {

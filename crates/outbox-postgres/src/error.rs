@@ -22,17 +22,5 @@ pub(crate) fn source_error(context: &str, table: &str, e: sqlx::Error) -> Source
 /// serialization failures). Fatal: errors in the SQL's meaning (missing table or column,
 /// permissions: SQLSTATE class 42) and configuration.
 pub(crate) fn classify(e: &sqlx::Error) -> SourceErrorKind {
-    match e {
-        sqlx::Error::Database(db) => match db.code().as_deref() {
-            Some(code) if code.starts_with("42") => SourceErrorKind::Fatal,
-            Some(code) if code.starts_with("28") => SourceErrorKind::Fatal,
-            _ => SourceErrorKind::Unavailable,
-        },
-        sqlx::Error::Configuration(_)
-        | sqlx::Error::ColumnNotFound(_)
-        | sqlx::Error::ColumnDecode { .. }
-        | sqlx::Error::Decode(_)
-        | sqlx::Error::TypeNotFound { .. } => SourceErrorKind::Fatal,
-        _ => SourceErrorKind::Unavailable,
-    }
+    outbox_sql::error::classify(e, outbox_sql::error::sqlstate_class_42_or_28)
 }

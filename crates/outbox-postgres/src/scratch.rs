@@ -10,6 +10,7 @@ use outbox_core::backend::{SCRATCH_CLAIM_TIMEOUT, Scratch};
 use outbox_core::scratch::write_and_roll_back;
 use outbox_core::sink::BoxFuture;
 use outbox_core::{Identifier, NewEvent, SourceError};
+use outbox_sql::scratch::drop_table;
 use sqlx::Executor;
 
 use crate::backend::PgBackend;
@@ -114,10 +115,7 @@ impl Scratch for PgBackend {
                 removed.push(format!("publication `{}`", config.publication));
             }
             let sql = render(include_str!("../queries/scratch_drop.sql"), &table);
-            self.pool()
-                .execute(sqlx::raw_sql(sqlx::AssertSqlSafe(sql)))
-                .await
-                .map_err(|e| fatal("dropping the scratch outbox table", &e))?;
+            drop_table(self.pool(), [sql], &table).await?;
             removed.push(format!(
                 "table {table} (with its sequence, functions and bookkeeping tables)"
             ));

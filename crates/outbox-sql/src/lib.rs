@@ -4,9 +4,10 @@
 //!
 //! `outbox-core` knows no sqlx, so its shared flows take their database steps as arguments
 //! or traits. Where the step itself is the same sqlx code for every database (sorting a
-//! `sqlx::Error` into retry-or-stop, opening and rolling back a transaction on a pool), it
+//! `sqlx::Error` into retry-or-stop, running a drop script on a pool), it
 //! lives here once, generic over `sqlx::Database`. Each database crate keeps its SQL, its
 //! column types and what its server's error codes mean.
 
 pub mod error;
+mod query_set;
 pub mod scratch;

@@ -1,27 +1,15 @@
-//! The sqlx steps of `outbox crash-test`'s scratch outbox ([`Scratch`](outbox_core::backend::Scratch)):
-//! a write in a transaction that is rolled back, and the removal of the scratch table. The
-//! database crate brings its enqueue and its drop script.
+//! The sqlx step of `outbox crash-test`'s scratch outbox
+//! ([`Scratch::remove`](outbox_core::backend::Scratch::remove)): dropping the scratch table
+//! with the database's own drop script. (The rolled-back write is
+//! [`outbox_core::scratch::write_and_roll_back`], which takes the pool's `begin` as an
+//! argument: a generic version here over `sqlx::Pool` trips the compiler's higher-ranked
+//! `Send` check on the boxed future.)
 
 use std::fmt::Display;
 
 use outbox_core::SourceError;
 use outbox_core::relay::ErrorChain;
-use sqlx::{Database, Executor, Pool, Transaction};
-
-/// [`Scratch::roll_back`](outbox_core::backend::Scratch::roll_back) on `pool`: in a new
-/// transaction, `write` the events, then roll the transaction back
-/// ([`outbox_core::scratch::write_and_roll_back`] names a failed step).
-pub async fn write_and_roll_back<DB, O, W>(
-    pool: &Pool<DB>,
-    write: impl AsyncFnOnce(&mut Transaction<'static, DB>) -> Result<O, W>,
-) -> Result<(), SourceError>
-where
-    DB: Database,
-    W: std::error::Error + 'static,
-{
-    outbox_core::scratch::write_and_roll_back(pool.begin(), write, async |tx| tx.rollback().await)
-        .await
-}
+use sqlx::{Database, Executor, Pool};
 
 /// Runs `statements` (the database's rendered drop script, one statement or several) in turn
 /// on `pool`, each as raw SQL. A failure is fatal and names `table`.

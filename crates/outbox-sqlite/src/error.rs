@@ -15,14 +15,10 @@ const SQLITE_CANTOPEN: i32 = 14;
 const SQLITE_AUTH: i32 = 23;
 const SQLITE_NOTADB: i32 = 26;
 
-fn primary_code(e: &sqlx::Error) -> Option<i32> {
-    match e {
-        sqlx::Error::Database(db) => db
-            .code()
-            .and_then(|c| c.parse::<i32>().ok())
-            .map(|c| c & 0xff),
-        _ => None,
-    }
+fn primary_code(db: &dyn sqlx::error::DatabaseError) -> Option<i32> {
+    db.code()
+        .and_then(|c| c.parse::<i32>().ok())
+        .map(|c| c & 0xff)
 }
 
 /// Maps a database error to what the relay should do: wait and retry, or stop.
@@ -39,19 +35,18 @@ pub(crate) fn source_error(context: &str, table: &str, e: sqlx::Error) -> Source
 /// a full disk, a closed pool). Fatal: errors in the SQL's meaning (no such table or column:
 /// `SQLITE_ERROR`), a read-only or corrupt file, a file that is not a database, permissions.
 pub(crate) fn classify(e: &sqlx::Error) -> SourceErrorKind {
-    match e {
-        sqlx::Error::Database(_) => match primary_code(e) {
+    outbox_sql::error::classify(e, |db| {
+        matches!(
+            primary_code(db),
             Some(
-                SQLITE_ERROR | SQLITE_PERM | SQLITE_READONLY | SQLITE_CORRUPT | SQLITE_CANTOPEN
-                | SQLITE_AUTH | SQLITE_NOTADB,
-            ) => SourceErrorKind::Fatal,
-            _ => SourceErrorKind::Unavailable,
-        },
-        sqlx::Error::Configuration(_)
-        | sqlx::Error::ColumnNotFound(_)
-        | sqlx::Error::ColumnDecode { .. }
-        | sqlx::Error::Decode(_)
-        | sqlx::Error::TypeNotFound { .. } => SourceErrorKind::Fatal,
-        _ => SourceErrorKind::Unavailable,
-    }
+                SQLITE_ERROR
+                    | SQLITE_PERM
+                    | SQLITE_READONLY
+                    | SQLITE_CORRUPT
+                    | SQLITE_CANTOPEN
+                    | SQLITE_AUTH
+                    | SQLITE_NOTADB,
+            )
+        )
+    })
 }

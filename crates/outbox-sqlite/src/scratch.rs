@@ -9,7 +9,7 @@ use outbox_core::backend::Scratch;
 use outbox_core::scratch::write_and_roll_back;
 use outbox_core::sink::BoxFuture;
 use outbox_core::{NewEvent, SourceError};
-use sqlx::Executor;
+use outbox_sql::scratch::drop_table;
 
 use crate::backend::SqliteBackend;
 use crate::sql::render;
@@ -28,15 +28,7 @@ impl Scratch for SqliteBackend {
         Box::pin(async move {
             let table = &self.config().table;
             let sql = render(include_str!("../queries/scratch_drop.sql"), table);
-            self.pool()
-                .execute(sqlx::raw_sql(sqlx::AssertSqlSafe(sql)))
-                .await
-                .map_err(|e| {
-                    SourceError::fatal(format!(
-                        "dropping the scratch outbox table {table}: {}",
-                        outbox_core::relay::ErrorChain(&e)
-                    ))
-                })?;
+            drop_table(self.pool(), [sql], table).await?;
             Ok(vec![format!(
                 "table {table} in `{}` (with its lease and bookkeeping tables)",
                 self.config().path.display()
