@@ -39,7 +39,7 @@ use self::client::{client_config, consume_blocking, probe, wait_for_topic};
 use self::front::Front;
 pub use self::secured::{KafkaSecurity, KafkaUser, Scram};
 use self::secured::{Secured, create_users};
-use super::methods::launcher_methods;
+use super::methods::launcher;
 use super::process;
 use super::server::{Server, ServerSpec, poll};
 use crate::tls::TlsFront;
@@ -59,27 +59,33 @@ const INSTALL_HINT: &str = "install it with `cargo install tansu --version 0.6.0
 
 const ADMIN_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// A Kafka-protocol broker: either a `tansu` started by this process, or an existing broker
-/// named by [`KAFKA_BROKERS_ENV`].
-///
-/// ```no_run
-/// # async fn example() -> anyhow::Result<()> {
-/// use outbox_testkit::services::Kafka;
-///
-/// let kafka = Kafka::start().await?;             // private: this test may stop it
-/// kafka.create_topic("orders", 3).await?;        // tansu never auto-creates topics
-/// kafka.stop().await?;                           // broker outage
-/// kafka.restart().await?;                        // same port, but every topic is gone
-/// kafka.create_topic("orders", 3).await?;
-///
-/// let kafka = Kafka::start_with_front().await?;  // clients go through a TCP front
-/// kafka.create_topic("orders", 3).await?;
-/// kafka.disconnect().await?;                     // outage: connections dropped, refused
-/// kafka.reconnect().await?;                      // back, topics and messages intact
-/// # Ok(()) }
-/// ```
-#[derive(Debug)]
-pub struct Kafka(Server<Tansu>);
+launcher! {
+    /// A Kafka-protocol broker: either a `tansu` started by this process, or an existing broker
+    /// named by [`KAFKA_BROKERS_ENV`].
+    ///
+    /// ```no_run
+    /// # async fn example() -> anyhow::Result<()> {
+    /// use outbox_testkit::services::Kafka;
+    ///
+    /// let kafka = Kafka::start().await?;             // private: this test may stop it
+    /// kafka.create_topic("orders", 3).await?;        // tansu never auto-creates topics
+    /// kafka.stop().await?;                           // broker outage
+    /// kafka.restart().await?;                        // same port, but every topic is gone
+    /// kafka.create_topic("orders", 3).await?;
+    ///
+    /// let kafka = Kafka::start_with_front().await?;  // clients go through a TCP front
+    /// kafka.create_topic("orders", 3).await?;
+    /// kafka.disconnect().await?;                     // outage: connections dropped, refused
+    /// kafka.reconnect().await?;                      // back, topics and messages intact
+    /// # Ok(()) }
+    /// ```
+    pub struct Kafka(Server<Tansu>), broker named by KAFKA_BROKERS_ENV;
+    shared: "use unique topic names"; start: "killed and its directory removed";
+    brokers: "The bootstrap address, `127.0.0.1:PORT` (what `bootstrap.servers` takes).";
+    stop: "It is killed: clients see their connections drop and, with memory storage, every \
+        topic and message is lost."; restart: "empty: create topics again", "it answers metadata \
+        requests";
+}
 
 /// A `tansu` this process starts.
 #[derive(Debug)]
@@ -94,31 +100,6 @@ struct Tansu {
     secured: Option<Secured>,
     /// The TLS terminator clients reach when [`Secured::tls`] is set.
     tls_front: Option<TlsFront>,
-}
-
-launcher_methods! {
-    impl Kafka {
-        /// The broker shared by every test of this process: the one named by
-        /// [`KAFKA_BROKERS_ENV`] when it is set, otherwise one started on first use that stops
-        /// when the process exits. Never stop it; use unique topic names.
-        fn shared;
-        /// A private broker owned by the returned value (killed on drop).
-        fn start;
-        /// The bootstrap address, `127.0.0.1:PORT` (what `bootstrap.servers` takes).
-        fn brokers;
-        /// The TCP port on 127.0.0.1 that clients connect to.
-        fn port;
-        /// Kills a private broker (clients see their connections drop). With memory storage
-        /// every topic and message is lost. Refused for the shared broker.
-        fn stop;
-        /// Starts a private broker again on the same port, stopping it first if it is
-        /// running, and waits until it answers metadata requests. It starts empty: create
-        /// topics again.
-        fn restart;
-        /// True while a broker this process started is running (always true for an external
-        /// one).
-        fn is_running;
-    }
 }
 
 impl Kafka {

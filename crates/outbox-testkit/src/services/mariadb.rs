@@ -11,7 +11,7 @@ use anyhow::Context;
 use sqlx::Connection as _;
 use sqlx::mysql::MySqlConnection;
 
-use super::methods::launcher_methods;
+use super::methods::launcher;
 use super::process;
 use super::server::{Server, ServerSpec};
 
@@ -20,19 +20,23 @@ use super::server::{Server, ServerSpec};
 /// its own. `scripts/test.sh` sets it so a whole test run shares one server.
 pub const MYSQL_URL_ENV: &str = "OUTBOX_TEST_MYSQL_URL";
 
-/// A MariaDB server: either one started by this process from the installed binaries, or an
-/// existing one (MariaDB or MySQL) named by [`MYSQL_URL_ENV`].
-///
-/// ```no_run
-/// # async fn example() -> anyhow::Result<()> {
-/// use outbox_testkit::services::MariaDb;
-///
-/// let url = MariaDb::shared().await?.fresh_database().await?;
-/// let pool = sqlx::MySqlPool::connect(&url).await?;
-/// # Ok(()) }
-/// ```
-#[derive(Debug)]
-pub struct MariaDb(Server<MariaDbServer>);
+launcher! {
+    /// A MariaDB server: either one started by this process from the installed binaries, or an
+    /// existing one (MariaDB or MySQL) named by [`MYSQL_URL_ENV`].
+    ///
+    /// ```no_run
+    /// # async fn example() -> anyhow::Result<()> {
+    /// use outbox_testkit::services::MariaDb;
+    ///
+    /// let url = MariaDb::shared().await?.fresh_database().await?;
+    /// let pool = sqlx::MySqlPool::connect(&url).await?;
+    /// # Ok(()) }
+    /// ```
+    pub struct MariaDb(Server<MariaDbServer>), server named by MYSQL_URL_ENV;
+    shared: "take a [`MariaDb::fresh_database`] of your own"; start: "stopped and its data removed";
+    url: "`mysql://root@127.0.0.1:PORT` (no database)."; stop: "Clients are disconnected; the data \
+        is kept."; restart: "with the same data", "it answers `SELECT 1`";
+}
 
 /// A `mariadbd` this process starts.
 #[derive(Debug)]
@@ -43,29 +47,6 @@ struct MariaDbServer {
     server_id: u32,
     /// Options after the defaults (`--log-slave-updates`, `--read-only`, ...).
     extra: Vec<String>,
-}
-
-launcher_methods! {
-    impl MariaDb {
-        /// The server shared by every test of this process: the one named by
-        /// [`MYSQL_URL_ENV`] when it is set, otherwise one started on first use that stops
-        /// when the process exits. Take a [`MariaDb::fresh_database`]; never stop it.
-        fn shared;
-        /// A private server owned by the returned value (stopped and its data removed on
-        /// drop).
-        fn start;
-        /// `mysql://root@127.0.0.1:PORT` (no database).
-        fn url;
-        /// The TCP port on 127.0.0.1.
-        fn port;
-        /// Stops a private server. Refused for the shared server.
-        fn stop;
-        /// Starts a private server again on the same port with the same data.
-        fn restart;
-        /// True while a server this process started is running (always true for an external
-        /// one).
-        fn is_running;
-    }
 }
 
 impl MariaDb {

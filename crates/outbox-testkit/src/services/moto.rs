@@ -21,9 +21,9 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
-use super::methods::launcher_methods;
+use super::methods::launcher;
 use super::process;
-use super::server::{Server, ServerSpec};
+use super::server::ServerSpec;
 
 /// Environment variable with the URL of an existing moto server (`http://127.0.0.1:PORT`)
 /// that [`Moto::shared`] uses instead of starting its own.
@@ -32,20 +32,25 @@ pub const MOTO_URL_ENV: &str = "OUTBOX_TEST_MOTO_URL";
 /// Environment variable naming the `moto_server` program (else it is looked up in `PATH`).
 pub const MOTO_BIN_ENV: &str = "OUTBOX_TEST_MOTO_SERVER";
 
-/// A moto server: one started by this process from `moto_server`, or an existing one named by
-/// [`MOTO_URL_ENV`].
-///
-/// ```no_run
-/// # async fn example() -> anyhow::Result<()> {
-/// use outbox_testkit::services::Moto;
-///
-/// Moto::set_aws_env();                 // dummy credentials and region for the SDK
-/// let moto = Moto::start().await?;     // private: this test may stop it
-/// println!("{}", moto.url());          // http://127.0.0.1:PORT, the endpoint_url
-/// # Ok(()) }
-/// ```
-#[derive(Debug)]
-pub struct Moto(Server<MotoServer>);
+launcher! {
+    /// A moto server: one started by this process from `moto_server`, or an existing one named by
+    /// [`MOTO_URL_ENV`].
+    ///
+    /// ```no_run
+    /// # async fn example() -> anyhow::Result<()> {
+    /// use outbox_testkit::services::Moto;
+    ///
+    /// Moto::set_aws_env();                 // dummy credentials and region for the SDK
+    /// let moto = Moto::start().await?;     // private: this test may stop it
+    /// println!("{}", moto.url());          // http://127.0.0.1:PORT, the endpoint_url
+    /// # Ok(()) }
+    /// ```
+    pub struct Moto(Server<MotoServer>), server named by MOTO_URL_ENV;
+    shared: "use unique queue, topic and stream names"; start: "stopped";
+    url: "`http://127.0.0.1:PORT`: the `endpoint_url` for every AWS client."; stop: "Clients see \
+        connections refused; everything it held is lost."; restart: "empty: create queues, topics \
+        and streams again", "it answers";
+}
 
 /// A `moto_server` this process starts: through `moto_atomic.py` (DynamoDB transactions made
 /// all-or-nothing, as on AWS) when `python3` can import moto, else the program as installed.
@@ -93,29 +98,6 @@ fn set_env(name: &str, value: &str) {
     // SAFETY: called once, from `Moto::set_aws_env`, which tests call first thing; the
     // SDK reads these variables only when a client is built afterwards.
     unsafe { std::env::set_var(name, value) }
-}
-
-launcher_methods! {
-    impl Moto {
-        /// The server shared by every test of this process: the one named by [`MOTO_URL_ENV`]
-        /// when it is set, otherwise one started on first use that stops when the process
-        /// exits. Never stop it; use unique queue, topic and stream names.
-        fn shared;
-        /// A private server owned by the returned value (stopped on drop).
-        fn start;
-        /// `http://127.0.0.1:PORT`: the `endpoint_url` for every AWS client.
-        fn url;
-        /// The TCP port on 127.0.0.1.
-        fn port;
-        /// Stops a private server (clients see connections refused). Everything it held is
-        /// lost. Refused for the shared server.
-        fn stop;
-        /// Starts a private server again on the same port, empty, and waits until it answers.
-        fn restart;
-        /// True while a server this process started is running (always true for an external
-        /// one).
-        fn is_running;
-    }
 }
 
 impl ServerSpec for MotoServer {

@@ -10,30 +10,34 @@ use std::time::Duration;
 
 use anyhow::Context;
 
-use super::methods::launcher_methods;
+use super::methods::launcher;
 use super::process;
-use super::server::{Server, ServerSpec};
+use super::server::ServerSpec;
 
 /// Environment variable with the URL of an existing JetStream-enabled server
 /// (`nats://127.0.0.1:PORT`) that [`Nats::shared`] uses instead of starting its own.
 /// `scripts/test.sh` sets it so a whole test run shares one server.
 pub const NATS_URL_ENV: &str = "OUTBOX_TEST_NATS_URL";
 
-/// A NATS server with JetStream: either one started by this process from the installed
-/// `nats-server`, or an existing one named by [`NATS_URL_ENV`].
-///
-/// ```no_run
-/// # async fn example() -> anyhow::Result<()> {
-/// use outbox_testkit::services::Nats;
-///
-/// let nats = Nats::start().await?;          // private: this test may stop it
-/// let client = nats.connect().await?;
-/// nats.stop().await?;                        // broker outage
-/// nats.restart().await?;                     // same port, same JetStream data
-/// # Ok(()) }
-/// ```
-#[derive(Debug)]
-pub struct Nats(Server<NatsServer>);
+launcher! {
+    /// A NATS server with JetStream: either one started by this process from the installed
+    /// `nats-server`, or an existing one named by [`NATS_URL_ENV`].
+    ///
+    /// ```no_run
+    /// # async fn example() -> anyhow::Result<()> {
+    /// use outbox_testkit::services::Nats;
+    ///
+    /// let nats = Nats::start().await?;          // private: this test may stop it
+    /// let client = nats.connect().await?;
+    /// nats.stop().await?;                        // broker outage
+    /// nats.restart().await?;                     // same port, same JetStream data
+    /// # Ok(()) }
+    /// ```
+    pub struct Nats(Server<NatsServer>), server named by NATS_URL_ENV;
+    shared: "use unique stream and subject names"; start: "stopped and its store removed";
+    url: "`nats://127.0.0.1:PORT`."; stop: "Clients see the connection drop; the JetStream \
+        store is kept."; restart: "with the same JetStream store", "JetStream answers";
+}
 
 /// A `nats-server` this process starts.
 #[derive(Debug)]
@@ -41,30 +45,6 @@ struct NatsServer {
     bin: PathBuf,
     /// The JetStream store directory, kept across restarts.
     store: PathBuf,
-}
-
-launcher_methods! {
-    impl Nats {
-        /// The server shared by every test of this process: the one named by [`NATS_URL_ENV`]
-        /// when it is set, otherwise one started on first use that stops when the process
-        /// exits. Never stop it; use unique stream and subject names.
-        fn shared;
-        /// A private server owned by the returned value (killed and its store removed on drop).
-        fn start;
-        /// `nats://127.0.0.1:PORT`.
-        fn url;
-        /// The TCP port on 127.0.0.1.
-        fn port;
-        /// Stops a private server (clients see the connection drop; the JetStream store is
-        /// kept). Refused for the shared server.
-        fn stop;
-        /// Starts a private server again on the same port with the same JetStream store,
-        /// stopping it first if it is running, and waits until JetStream answers.
-        fn restart;
-        /// True while a server this process started is running (always true for an external
-        /// one).
-        fn is_running;
-    }
 }
 
 impl Nats {

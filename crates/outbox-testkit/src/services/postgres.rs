@@ -12,7 +12,7 @@ use anyhow::Context;
 use sqlx::Connection;
 use sqlx::postgres::{PgConnectOptions, PgConnection};
 
-use super::methods::launcher_methods;
+use super::methods::launcher;
 use super::process;
 use super::server::{Server, ServerSpec};
 
@@ -21,20 +21,26 @@ use super::server::{Server, ServerSpec};
 /// starting its own. `scripts/test.sh` sets it so a whole test run shares one server.
 pub const DATABASE_URL_ENV: &str = "OUTBOX_TEST_DATABASE_URL";
 
-/// A PostgreSQL server for tests: either one started by this process from the installed
-/// binaries, or an existing one named by [`DATABASE_URL_ENV`].
-///
-/// ```no_run
-/// # async fn example() -> anyhow::Result<()> {
-/// use outbox_testkit::services::Postgres;
-///
-/// let pg = Postgres::shared().await?;
-/// let url = pg.fresh_database().await?; // a new, empty database for this test
-/// let pool = sqlx::PgPool::connect(&url).await?;
-/// # Ok(()) }
-/// ```
-#[derive(Debug)]
-pub struct Postgres(Server<PostgresServer>);
+launcher! {
+    /// A PostgreSQL server for tests: either one started by this process from the installed
+    /// binaries, or an existing one named by [`DATABASE_URL_ENV`].
+    ///
+    /// ```no_run
+    /// # async fn example() -> anyhow::Result<()> {
+    /// use outbox_testkit::services::Postgres;
+    ///
+    /// let pg = Postgres::shared().await?;
+    /// let url = pg.fresh_database().await?; // a new, empty database for this test
+    /// let pool = sqlx::PgPool::connect(&url).await?;
+    /// # Ok(()) }
+    /// ```
+    pub struct Postgres(Server<PostgresServer>), server named by DATABASE_URL_ENV;
+    shared: "call [`Postgres::fresh_database`] for a database of your own";
+    start_private: "stopped and its data removed";
+    admin_url: "The URL of the `postgres` database as the `postgres` superuser."; stop: "A fast \
+        shutdown: clients are disconnected, the data is kept."; restart: "with the same data",
+        "it accepts connections";
+}
 
 /// A PostgreSQL server this process starts: its binary and directories.
 #[derive(Debug)]
@@ -49,33 +55,6 @@ pub(crate) struct PostgresServer {
     run_as: Option<&'static str>,
     /// Settings (`name=value`) after the defaults of [`ServerSpec::args`], which they override.
     settings: Vec<String>,
-}
-
-launcher_methods! {
-    impl Postgres {
-        /// The server shared by every test of this process: the one named by
-        /// [`DATABASE_URL_ENV`] when it is set, otherwise a private server started on first use
-        /// that stops when the process exits (also when it is killed).
-        ///
-        /// Call [`Postgres::fresh_database`] for a database of your own; never stop it.
-        fn shared;
-        /// A server owned by the returned value, for tests that stop and restart the database.
-        /// It is stopped and its data removed when the value is dropped.
-        fn start_private;
-        /// The URL of the `postgres` database as the `postgres` superuser.
-        fn admin_url;
-        /// The TCP port on 127.0.0.1.
-        fn port;
-        /// Stops a private server with a fast shutdown (clients are disconnected, the data is
-        /// kept). Refused for the shared server and for an external one.
-        fn stop;
-        /// Starts a private server again on the same port with the same data, stopping it
-        /// first if it is running, and waits until it accepts connections.
-        fn restart;
-        /// True while a server this process started is running (always true for an external
-        /// one).
-        fn is_running;
-    }
 }
 
 impl Postgres {

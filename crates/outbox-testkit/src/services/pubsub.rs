@@ -24,9 +24,9 @@ use bytes::Bytes;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
-use super::methods::launcher_methods;
+use super::methods::launcher;
 use super::process;
-use super::server::{Server, ServerSpec};
+use super::server::ServerSpec;
 
 /// Environment variable with the path of the `cloud-pubsub-emulator` launcher script (e.g.
 /// `/usr/lib/google-cloud-sdk/platform/pubsub-emulator/bin/cloud-pubsub-emulator`), when it
@@ -69,23 +69,28 @@ kill -s KILL -- "-$pid" 2>/dev/null
 exit $status
 "#;
 
-/// A Pub/Sub emulator: either one started by this process, or an existing one named by
-/// [`PUBSUB_HOST_ENV`].
-///
-/// ```no_run
-/// # async fn example() -> anyhow::Result<()> {
-/// use outbox_testkit::services::PubSubEmulator;
-///
-/// let emulator = PubSubEmulator::start().await?;   // private: this test may stop it
-/// emulator.create_topic("proj-outbox", "orders").await?;
-/// emulator.create_subscription("proj-outbox", "orders-sub", "orders", true).await?;
-/// println!("{}", emulator.host());                  // 127.0.0.1:PORT, for PUBSUB_EMULATOR_HOST
-/// let messages = emulator.pull("proj-outbox", "orders-sub", 100).await?;
-/// emulator.restart().await?;                        // same port, but empty
-/// # Ok(()) }
-/// ```
-#[derive(Debug)]
-pub struct PubSubEmulator(Server<EmulatorServer>);
+launcher! {
+    /// A Pub/Sub emulator: either one started by this process, or an existing one named by
+    /// [`PUBSUB_HOST_ENV`].
+    ///
+    /// ```no_run
+    /// # async fn example() -> anyhow::Result<()> {
+    /// use outbox_testkit::services::PubSubEmulator;
+    ///
+    /// let emulator = PubSubEmulator::start().await?; // private: this test may stop it
+    /// emulator.create_topic("proj-outbox", "orders").await?;
+    /// emulator.create_subscription("proj-outbox", "orders-sub", "orders", true).await?;
+    /// println!("{}", emulator.host());                // 127.0.0.1:PORT, for PUBSUB_EMULATOR_HOST
+    /// let messages = emulator.pull("proj-outbox", "orders-sub", 100).await?;
+    /// emulator.restart().await?;                      // same port, but empty
+    /// # Ok(()) }
+    /// ```
+    pub struct PubSubEmulator(Server<EmulatorServer>), emulator named by PUBSUB_HOST_ENV;
+    shared: "use unique topic names"; start: "stopped";
+    host: "`127.0.0.1:PORT`: the value for `PUBSUB_EMULATOR_HOST` or the sink's `endpoint`.";
+    stop: "Clients get connection refused; everything in it is lost."; restart: "empty",
+        "it answers its REST API";
+}
 
 /// A `cloud-pubsub-emulator` this process starts.
 #[derive(Debug)]
@@ -106,30 +111,6 @@ pub struct PulledMessage {
     pub attributes: BTreeMap<String, String>,
     /// The ordering key, if the message has one.
     pub ordering_key: Option<String>,
-}
-
-launcher_methods! {
-    impl PubSubEmulator {
-        /// The emulator shared by every test of this process: the one named by
-        /// [`PUBSUB_HOST_ENV`] when it is set, otherwise one started on first use that stops
-        /// when the process exits. Never stop it; use unique topic names.
-        fn shared;
-        /// A private emulator owned by the returned value (stopped on drop).
-        fn start;
-        /// `127.0.0.1:PORT`: the value for `PUBSUB_EMULATOR_HOST` or the sink's `endpoint`.
-        fn host;
-        /// The TCP port.
-        fn port;
-        /// Stops a private emulator (clients get connection refused). Everything in it is
-        /// lost. Refused for the shared emulator.
-        fn stop;
-        /// Starts a private emulator again on the same port, stopping it first if it is
-        /// running, and waits until it answers its REST API. It comes back empty.
-        fn restart;
-        /// True while an emulator this process started is running (always true for an
-        /// external one).
-        fn is_running;
-    }
 }
 
 /// The emulator's launcher script: [`PUBSUB_EMULATOR_ENV`], else the usual Cloud SDK

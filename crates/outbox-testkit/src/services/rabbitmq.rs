@@ -23,9 +23,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 
-use super::methods::launcher_methods;
+use super::methods::launcher;
 use super::process;
-use super::server::{Server, ServerSpec};
+use super::server::ServerSpec;
 
 /// Environment variable with the URL of an existing broker
 /// (`amqp://guest:guest@127.0.0.1:PORT/%2f`) that [`RabbitMq::shared`] uses instead of
@@ -47,21 +47,28 @@ while kill -0 "$pid" 2>/dev/null; do wait "$pid"; status=$?; done
 exit "$status"
 "#;
 
-/// A RabbitMQ broker: either one started by this process, or an existing one named by
-/// [`AMQP_URL_ENV`].
-///
-/// ```no_run
-/// # async fn example() -> anyhow::Result<()> {
-/// use outbox_testkit::services::RabbitMq;
-///
-/// let shared = RabbitMq::shared().await?;   // most tests: unique exchange names
-/// let private = RabbitMq::start().await?;   // outage tests: 3–8 s to boot
-/// private.stop().await?;
-/// private.restart().await?;                 // same port, same durable exchanges and queues
-/// # Ok(()) }
-/// ```
-#[derive(Debug)]
-pub struct RabbitMq(Server<RabbitMqNode>);
+launcher! {
+    /// A RabbitMQ broker: either one started by this process, or an existing one named by
+    /// [`AMQP_URL_ENV`].
+    ///
+    /// ```no_run
+    /// # async fn example() -> anyhow::Result<()> {
+    /// use outbox_testkit::services::RabbitMq;
+    ///
+    /// let shared = RabbitMq::shared().await?;   // most tests: unique exchange names
+    /// let private = RabbitMq::start().await?;   // outage tests: 3–8 s to boot
+    /// private.stop().await?;
+    /// private.restart().await?;                 // same port, same durable exchanges and queues
+    /// # Ok(()) }
+    /// ```
+    pub struct RabbitMq(Server<RabbitMqNode>), broker named by AMQP_URL_ENV;
+    shared: "use unique exchange and queue names"; start: "stopped and its directory removed",
+        "Takes 3–8 s: prefer [`RabbitMq::shared`] unless the test stops the broker.";
+    url: "`amqp://guest:guest@127.0.0.1:PORT/%2f` (the default vhost)."; stop: "It shuts down \
+        gracefully: clients get `connection.close` 320 `CONNECTION_FORCED`; durable exchanges, \
+        queues and persistent messages are kept."; restart: "on all the same ports, with the same \
+        data", "it is booted";
+}
 
 /// A RabbitMQ node this process starts: its scripts, directory, name and other ports.
 #[derive(Debug)]
@@ -187,32 +194,6 @@ impl RabbitMq {
     }
 
     const READY: Duration = Duration::from_secs(60);
-}
-
-launcher_methods! {
-    impl RabbitMq {
-        /// The broker shared by every test of this process: the one named by [`AMQP_URL_ENV`]
-        /// when it is set, otherwise one started on first use that stops when the process
-        /// exits. Never stop it; use unique exchange and queue names.
-        fn shared;
-        /// A private broker owned by the returned value (stopped and its directory removed on
-        /// drop). Takes 3–8 s: prefer [`RabbitMq::shared`] unless the test stops the broker.
-        fn start;
-        /// `amqp://guest:guest@127.0.0.1:PORT/%2f` (the default vhost).
-        fn url;
-        /// The AMQP port on 127.0.0.1.
-        fn port;
-        /// Stops a private broker gracefully (clients get `connection.close` 320
-        /// `CONNECTION_FORCED`; durable exchanges, queues and persistent messages are kept).
-        /// Refused for the shared broker.
-        fn stop;
-        /// Starts a private broker again on the same ports with the same data, stopping it
-        /// first if it is running, and waits until it is booted.
-        fn restart;
-        /// True while a broker this process started is running (always true for an external
-        /// one).
-        fn is_running;
-    }
 }
 
 impl ServerSpec for RabbitMqNode {

@@ -16,30 +16,34 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
-use super::methods::launcher_methods;
+use super::methods::launcher;
 use super::process;
-use super::server::{Server, ServerSpec};
+use super::server::ServerSpec;
 
 /// Environment variable with the URL of an existing Redis server (`redis://127.0.0.1:PORT`)
 /// that [`Redis::shared`] uses instead of starting its own. `scripts/test.sh` sets it so a
 /// whole test run shares one server.
 pub const REDIS_URL_ENV: &str = "OUTBOX_TEST_REDIS_URL";
 
-/// A Redis server: either one started by this process from the installed `redis-server`, or
-/// an existing one named by [`REDIS_URL_ENV`].
-///
-/// ```no_run
-/// # async fn example() -> anyhow::Result<()> {
-/// use outbox_testkit::services::Redis;
-///
-/// let redis = Redis::start().await?;   // private: this test may stop it
-/// println!("{}", redis.url());          // redis://127.0.0.1:PORT
-/// redis.stop().await?;                  // broker outage
-/// redis.restart().await?;               // same port, same data
-/// # Ok(()) }
-/// ```
-#[derive(Debug)]
-pub struct Redis(Server<RedisServer>);
+launcher! {
+    /// A Redis server: either one started by this process from the installed `redis-server`, or
+    /// an existing one named by [`REDIS_URL_ENV`].
+    ///
+    /// ```no_run
+    /// # async fn example() -> anyhow::Result<()> {
+    /// use outbox_testkit::services::Redis;
+    ///
+    /// let redis = Redis::start().await?;   // private: this test may stop it
+    /// println!("{}", redis.url());          // redis://127.0.0.1:PORT
+    /// redis.stop().await?;                  // broker outage
+    /// redis.restart().await?;               // same port, same data
+    /// # Ok(()) }
+    /// ```
+    pub struct Redis(Server<RedisServer>), server named by REDIS_URL_ENV;
+    shared: "use unique stream names"; start: "stopped and its directory removed";
+    url: "`redis://127.0.0.1:PORT`."; stop: "Clients see the connection drop; the data is kept.";
+    restart: "with the same data", "it answers `PING`";
+}
 
 /// A `redis-server` this process starts.
 #[derive(Debug)]
@@ -54,31 +58,6 @@ impl Redis {
     /// 1 MiB. An external server ([`REDIS_URL_ENV`]) has its own limit (Redis' default is
     /// 512 MiB); ask it with `CONFIG GET proto-max-bulk-len`.
     pub const MAX_BULK_LEN: usize = 1024 * 1024;
-}
-
-launcher_methods! {
-    impl Redis {
-        /// The server shared by every test of this process: the one named by [`REDIS_URL_ENV`]
-        /// when it is set, otherwise one started on first use that stops when the process
-        /// exits. Never stop it; use unique stream names.
-        fn shared;
-        /// A private server owned by the returned value (stopped and its directory removed on
-        /// drop).
-        fn start;
-        /// `redis://127.0.0.1:PORT`.
-        fn url;
-        /// The TCP port on 127.0.0.1.
-        fn port;
-        /// Stops a private server (clients see the connection drop; the data is kept). Refused
-        /// for the shared server.
-        fn stop;
-        /// Starts a private server again on the same port with the same data, stopping it
-        /// first if it is running, and waits until it answers `PING`.
-        fn restart;
-        /// True while a server this process started is running (always true for an external
-        /// one).
-        fn is_running;
-    }
 }
 
 impl ServerSpec for RedisServer {
