@@ -17,6 +17,7 @@ use outbox_core::admin_rows;
 use outbox_core::sink::BoxFuture;
 use outbox_core::table_ledger::table_ledger;
 use outbox_core::verify::{Basis, DeliveryLedger, Ledger, RowState, StoredRow, Window};
+use outbox_sql::rows::fetch_decoded;
 use sqlx::MySqlPool;
 use uuid::Uuid;
 
@@ -110,16 +111,9 @@ impl MySqlLedger {
         if self.cdc.is_none() {
             query = query.bind(since_db);
         }
-        let rows = query
-            .bind(since_db)
-            .bind(until_db)
-            .fetch_all(&self.pool)
+        let query = query.bind(since_db).bind(until_db);
+        let delivered = fetch_decoded(query, &self.pool, |r| admin_rows::ledger_event(&Cols(r)))
             .await
-            .map_err(|e| self.err("reading delivered events", e))?;
-        let delivered = rows
-            .iter()
-            .map(|r| admin_rows::ledger_event(&Cols(r)))
-            .collect::<Result<Vec<_>, sqlx::Error>>()
             .map_err(|e| self.err("reading delivered events", e))?;
         let (mut undelivered, dead): (i64, i64) = sqlx::query_as(stmt(&self.undelivered))
             .bind(since_db)
@@ -142,26 +136,21 @@ impl MySqlLedger {
 
     async fn find(&self, ids: &[Uuid]) -> Result<Vec<StoredRow>, SourceError> {
         let json = outbox_core::verify::id_spellings_json(ids);
-        let rows = sqlx::query(stmt(&self.lookup))
-            .bind(json)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|e| self.err("looking up events by id", e))?;
+        let query = sqlx::query(stmt(&self.lookup)).bind(json);
         let cdc = self.cdc.is_some();
-        rows.iter()
-            .map(|r| {
-                let row = admin_rows::stored_row(&Cols(r))?;
-                Ok(StoredRow {
-                    state: match row.state {
-                        // CDC: rows stay pending once streamed.
-                        RowState::Undelivered if cdc => RowState::Delivered,
-                        other => other,
-                    },
-                    ..row
-                })
+        fetch_decoded(query, &self.pool, |r| {
+            let row = admin_rows::stored_row(&Cols(r))?;
+            Ok(StoredRow {
+                state: match row.state {
+                    // CDC: rows stay pending once streamed.
+                    RowState::Undelivered if cdc => RowState::Delivered,
+                    other => other,
+                },
+                ..row
             })
-            .collect::<Result<Vec<_>, sqlx::Error>>()
-            .map_err(|e| self.err("looking up events by id", e))
+        })
+        .await
+        .map_err(|e| self.err("looking up events by id", e))
     }
 }
 

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use outbox_core::SourceError;
 use outbox_core::admin::{AttemptError, DeadLetter, RetrySelection, StoredEventDetail};
 use outbox_core::admin_rows;
+use outbox_sql::rows::fetch_decoded;
 use sqlx::types::Json;
 use sqlx::{PgPool, Row};
 use time::OffsetDateTime;
@@ -46,16 +47,12 @@ impl PgDeadLetters {
         aggregate_id: Option<&str>,
         limit: i64,
     ) -> Result<Vec<DeadLetter>, SourceError> {
-        let rows = crate::sql::query(stmt(&self.queries.dead_list))
+        let query = crate::sql::query(stmt(&self.queries.dead_list))
             .bind(event_type)
             .bind(aggregate_id)
-            .bind(limit)
-            .fetch_all(&self.pool)
+            .bind(limit);
+        fetch_decoded(query, &self.pool, |r| admin_rows::dead_letter(&Cols(r)))
             .await
-            .map_err(|e| self.err("listing dead letters", e))?;
-        rows.iter()
-            .map(|r| admin_rows::dead_letter(&Cols(r)))
-            .collect::<Result<_, sqlx::Error>>()
             .map_err(|e| self.err("listing dead letters", e))
     }
 

@@ -8,6 +8,7 @@ use outbox_core::SourceError;
 use outbox_core::admin::{DeliveryModel, EventStory, HeldAggregate, StoredEventDetail, Verdict};
 use outbox_core::admin_rows;
 use outbox_core::source::{Backlog, Inspect};
+use outbox_sql::rows::fetch_decoded;
 use sqlx::{PgPool, Row};
 use time::OffsetDateTime;
 use uuid::Uuid;
@@ -317,37 +318,28 @@ impl PgInspector {
         now: OffsetDateTime,
         limit: i64,
     ) -> Result<Vec<HeldAggregate>, SourceError> {
-        let rows = crate::sql::query(stmt(&self.queries.held_aggregates))
+        let query = crate::sql::query(stmt(&self.queries.held_aggregates))
             .bind(now)
-            .bind(limit)
-            .fetch_all(&self.pool)
+            .bind(limit);
+        fetch_decoded(query, &self.pool, |r| admin_rows::held_aggregate(&Cols(r)))
             .await
-            .map_err(|e| self.err("reading held aggregates", e))?;
-        rows.iter()
-            .map(|r| admin_rows::held_aggregate(&Cols(r)))
-            .collect::<Result<_, sqlx::Error>>()
             .map_err(|e| self.err("reading held aggregates", e))
     }
 
     /// Producers waiting for an aggregate lock, with the transactions holding them.
     pub async fn lock_waits(&self, limit: i64) -> Result<Vec<LockWait>, SourceError> {
-        let rows = crate::sql::query(stmt(&self.queries.lock_waits))
-            .bind(limit)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|e| self.err("reading lock waits", e))?;
-        rows.iter()
-            .map(|r| {
-                Ok(LockWait {
-                    waiting_pid: r.try_get(0)?,
-                    holder_pid: r.try_get(1)?,
-                    holder_xact_age_seconds: r.try_get(2)?,
-                    holder_state: r.try_get(3)?,
-                    holder_query: r.try_get(4)?,
-                })
+        let query = crate::sql::query(stmt(&self.queries.lock_waits)).bind(limit);
+        fetch_decoded(query, &self.pool, |r| {
+            Ok(LockWait {
+                waiting_pid: r.try_get(0)?,
+                holder_pid: r.try_get(1)?,
+                holder_xact_age_seconds: r.try_get(2)?,
+                holder_state: r.try_get(3)?,
+                holder_query: r.try_get(4)?,
             })
-            .collect::<Result<_, sqlx::Error>>()
-            .map_err(|e| self.err("reading lock waits", e))
+        })
+        .await
+        .map_err(|e| self.err("reading lock waits", e))
     }
 }
 

@@ -19,6 +19,7 @@ use outbox_core::table_ledger::table_ledger;
 use outbox_core::verify::{
     Basis, DeliveryLedger, Ledger, LedgerEvent, RowState, StoredRow, Window,
 };
+use outbox_sql::rows::fetch_decoded;
 use sqlx::PgPool;
 use time::OffsetDateTime;
 use uuid::Uuid;
@@ -92,16 +93,11 @@ impl PgLedger {
 
     async fn read_polled(&self, window: Window) -> Result<Ledger, SourceError> {
         // Rendered by `sql::render` from validated identifiers only.
-        let rows = crate::sql::query(sqlx::AssertSqlSafe(self.delivered.as_str()))
+        let query = crate::sql::query(sqlx::AssertSqlSafe(self.delivered.as_str()))
             .bind(window.since)
-            .bind(window.until)
-            .fetch_all(&self.pool)
+            .bind(window.until);
+        let delivered = fetch_decoded(query, &self.pool, |r| admin_rows::ledger_event(&Cols(r)))
             .await
-            .map_err(|e| self.err("reading delivered events", e))?;
-        let delivered = rows
-            .iter()
-            .map(|r| admin_rows::ledger_event(&Cols(r)))
-            .collect::<Result<Vec<_>, sqlx::Error>>()
             .map_err(|e| self.err("reading delivered events", e))?;
         let counts = crate::sql::query_as(sqlx::AssertSqlSafe(self.undelivered.as_str()))
             .bind(window.since)

@@ -10,4 +10,5 @@
 
 pub mod error;
 mod query_set;
+pub mod rows;
 pub mod scratch;

@@ -7,6 +7,7 @@
 use outbox_core::admin::{Blocker, DeadLetter, RetrySelection, StoredEventDetail};
 use outbox_core::admin_rows;
 use outbox_core::{Identifier, SourceError};
+use outbox_sql::rows::{fetch_decoded, fetch_optional_decoded};
 use sqlx::{Row, SqlitePool};
 use time::OffsetDateTime;
 use uuid::Uuid;
@@ -53,16 +54,12 @@ impl SqliteDeadLetters {
         limit: i64,
     ) -> Result<Vec<DeadLetter>, SourceError> {
         // Rendered by `sql::render` from a validated identifier only.
-        let rows = sqlx::query(sqlx::AssertSqlSafe(self.list.as_str()))
+        let query = sqlx::query(sqlx::AssertSqlSafe(self.list.as_str()))
             .bind(event_type)
             .bind(aggregate_id)
-            .bind(limit)
-            .fetch_all(&self.pool)
+            .bind(limit);
+        fetch_decoded(query, &self.pool, |r| admin_rows::dead_letter(&Cols(r)))
             .await
-            .map_err(|e| self.err("listing dead letters", e))?;
-        rows.iter()
-            .map(|r| admin_rows::dead_letter(&Cols(r)))
-            .collect::<Result<_, sqlx::Error>>()
             .map_err(|e| self.err("listing dead letters", e))
     }
 
@@ -102,16 +99,13 @@ impl SqliteDeadLetters {
         now: OffsetDateTime,
     ) -> Result<Option<Blocker>, SourceError> {
         // Rendered by `sql::render` from a validated identifier only.
-        let row = sqlx::query(sqlx::AssertSqlSafe(self.blocker.as_str()))
+        let query = sqlx::query(sqlx::AssertSqlSafe(self.blocker.as_str()))
             .bind(&event.summary.aggregate_type)
             .bind(&event.summary.aggregate_id)
             .bind(event.seq)
-            .bind(to_micros(now))
-            .fetch_optional(&self.pool)
+            .bind(to_micros(now));
+        fetch_optional_decoded(query, &self.pool, |r| admin_rows::blocker(&Cols(r)))
             .await
-            .map_err(|e| self.err("explaining an event", e))?;
-        row.map(|r| admin_rows::blocker(&Cols(&r)))
-            .transpose()
             .map_err(|e| self.err("explaining an event", e))
     }
 

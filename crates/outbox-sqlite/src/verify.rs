@@ -9,6 +9,7 @@ use outbox_core::backend::OnDelivered;
 use outbox_core::sink::BoxFuture;
 use outbox_core::table_ledger::table_ledger;
 use outbox_core::verify::{Basis, DeliveryLedger, Ledger, StoredRow, Window};
+use outbox_sql::rows::fetch_decoded;
 use sqlx::SqlitePool;
 use uuid::Uuid;
 
@@ -51,16 +52,9 @@ impl SqliteLedger {
 
     async fn read(&self, window: Window) -> Result<Ledger, SourceError> {
         let (since, until) = (to_micros(window.since), to_micros(window.until));
-        let rows = sqlx::query(stmt(&self.delivered))
-            .bind(since)
-            .bind(until)
-            .fetch_all(&self.pool)
+        let query = sqlx::query(stmt(&self.delivered)).bind(since).bind(until);
+        let delivered = fetch_decoded(query, &self.pool, |r| admin_rows::ledger_event(&Cols(r)))
             .await
-            .map_err(|e| self.err("reading delivered events", e))?;
-        let delivered = rows
-            .iter()
-            .map(|r| admin_rows::ledger_event(&Cols(r)))
-            .collect::<Result<Vec<_>, sqlx::Error>>()
             .map_err(|e| self.err("reading delivered events", e))?;
         let counts = sqlx::query_as(stmt(&self.undelivered))
             .bind(since)
@@ -80,14 +74,9 @@ impl SqliteLedger {
 
     async fn find(&self, ids: &[Uuid]) -> Result<Vec<StoredRow>, SourceError> {
         let json = outbox_core::verify::id_spellings_json(ids);
-        let rows = sqlx::query(stmt(&self.lookup))
-            .bind(json)
-            .fetch_all(&self.pool)
+        let query = sqlx::query(stmt(&self.lookup)).bind(json);
+        fetch_decoded(query, &self.pool, |r| admin_rows::stored_row(&Cols(r)))
             .await
-            .map_err(|e| self.err("looking up events by id", e))?;
-        rows.iter()
-            .map(|r| admin_rows::stored_row(&Cols(r)))
-            .collect::<Result<Vec<_>, sqlx::Error>>()
             .map_err(|e| self.err("looking up events by id", e))
     }
 }
