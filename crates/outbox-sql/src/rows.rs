@@ -20,23 +20,3 @@ where
     let rows = query.fetch_all(executor).await?;
     rows.iter().map(decode).collect()
 }
-
-/// Runs `query` on `executor` and decodes its row, if it returns one, with `decode`.
-pub async fn fetch_optional_decoded<'q, 'e, 'c: 'e, DB, A, E, T>(
-    query: Query<'q, DB, A>,
-    executor: E,
-    decode: impl FnOnce(&DB::Row) -> Result<T, sqlx::Error>,
-) -> Result<Option<T>, sqlx::Error>
-where
-    DB: Database,
-    A: IntoArguments<DB> + 'q + 'e,
-    E: 'e + Executor<'c, Database = DB>,
-    'q: 'e,
-{
-    query
-        .fetch_optional(executor)
-        .await?
-        .as_ref()
-        .map(decode)
-        .transpose()
-}

@@ -7,7 +7,7 @@
 use outbox_core::admin::{Blocker, DeadLetter, RetrySelection, StoredEventDetail};
 use outbox_core::admin_rows;
 use outbox_core::{Identifier, SourceError};
-use outbox_sql::rows::{fetch_decoded, fetch_optional_decoded};
+use outbox_sql::rows::fetch_decoded;
 use sqlx::{Row, SqlitePool};
 use time::OffsetDateTime;
 use uuid::Uuid;
@@ -104,8 +104,12 @@ impl SqliteDeadLetters {
             .bind(&event.summary.aggregate_id)
             .bind(event.seq)
             .bind(to_micros(now));
-        fetch_optional_decoded(query, &self.pool, |r| admin_rows::blocker(&Cols(r)))
+        let row = query
+            .fetch_optional(&self.pool)
             .await
+            .map_err(|e| self.err("explaining an event", e))?;
+        row.map(|r| admin_rows::blocker(&Cols(&r)))
+            .transpose()
             .map_err(|e| self.err("explaining an event", e))
     }
 
