@@ -26,42 +26,24 @@ use crate::error::source_error;
 use crate::poll::utc;
 use crate::sql::{Cols, Queries, parse_id, render, stmt};
 
-/// Every admin statement, rendered once for one table.
-#[derive(Debug)]
-struct AdminQueries {
-    dead_list: Arc<str>,
-    dead_show: Arc<str>,
-    dead_select: Arc<str>,
-    dead_retry: Arc<str>,
-    purge_select: Arc<str>,
-    delete_positions: Arc<str>,
-    why_blocker: Arc<str>,
-    held_aggregates: Arc<str>,
-    retention_count: Arc<str>,
-    retention_delete: Arc<str>,
-    replay_select: Arc<str>,
-    replay_count: Arc<str>,
-    replay_batch: Arc<str>,
-}
-
-impl AdminQueries {
-    fn new(table: &Identifier) -> Self {
-        let r = |sql: &str| -> Arc<str> { render(sql, table).into() };
-        Self {
-            dead_list: r(include_str!("../queries/outbox_dead_list.sql")),
-            dead_show: r(include_str!("../queries/outbox_dead_show.sql")),
-            dead_select: r(include_str!("../queries/outbox_dead_select.sql")),
-            dead_retry: r(include_str!("../queries/outbox_dead_retry.sql")),
-            purge_select: r(include_str!("../queries/outbox_dead_purge_select.sql")),
-            delete_positions: r(include_str!("../queries/outbox_delete_positions.sql")),
-            why_blocker: r(include_str!("../queries/outbox_why_blocker.sql")),
-            held_aggregates: r(include_str!("../queries/outbox_held_aggregates.sql")),
-            retention_count: r(include_str!("../queries/retention_count.sql")),
-            retention_delete: r(include_str!("../queries/retention_delete_batch.sql")),
-            replay_select: r(include_str!("../queries/replay_select.sql")),
-            replay_count: r(include_str!("../queries/replay_count.sql")),
-            replay_batch: r(include_str!("../queries/replay_batch.sql")),
-        }
+outbox_sql::query_set! {
+    /// Every admin statement, rendered once for one table.
+    pub(crate) struct AdminQueries;
+    fn new(table: &Identifier), rendered by |sql| render(sql, table);
+    files {
+        dead_list = "outbox_dead_list",
+        dead_show = "outbox_dead_show",
+        dead_select = "outbox_dead_select",
+        dead_retry = "outbox_dead_retry",
+        purge_select = "outbox_dead_purge_select",
+        delete_positions = "outbox_delete_positions",
+        why_blocker = "outbox_why_blocker",
+        held_aggregates = "outbox_held_aggregates",
+        retention_count = "retention_count",
+        retention_delete = "retention_delete_batch",
+        replay_select = "replay_select",
+        replay_count = "replay_count",
+        replay_batch = "replay_batch",
     }
 }
 

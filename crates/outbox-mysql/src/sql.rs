@@ -37,53 +37,34 @@ pub(crate) fn statements(sql: &str) -> impl Iterator<Item = &str> {
         .filter(|s| !s.is_empty())
 }
 
-/// Every query of this crate, rendered once for one outbox table.
-#[derive(Debug, Clone)]
-pub(crate) struct Queries {
-    pub(crate) insert: Arc<str>,
-    /// `insert` up to (not including) its `VALUES`, for multi-row inserts.
-    pub(crate) insert_head: Arc<str>,
-    pub(crate) claim_batch: Arc<str>,
-    pub(crate) claim_batch_unordered: Arc<str>,
-    pub(crate) mark_delivered: Arc<str>,
-    pub(crate) delete_delivered: Arc<str>,
-    pub(crate) schedule_retry: Arc<str>,
-    pub(crate) dead_letter: Arc<str>,
-    pub(crate) backlog: Arc<str>,
-    pub(crate) lease_claim: Arc<str>,
-    pub(crate) lease_claimed: Arc<str>,
-    pub(crate) lease_retry: Arc<str>,
-    pub(crate) lease_dead_letter: Arc<str>,
-    /// The table, rendered, for statements built with a variable number of placeholders.
-    pub(crate) table: Arc<str>,
-}
-
-impl Queries {
-    pub(crate) fn new(table: &Identifier) -> Self {
-        let r = |sql: &str| -> Arc<str> { render(sql, table).into() };
-        let insert = r(include_str!("../queries/outbox_insert.sql"));
-        let insert_head: Arc<str> = insert
+outbox_sql::query_set! {
+    /// Every query of this crate, rendered once for one outbox table.
+    pub(crate) struct Queries;
+    fn new(table: &Identifier), rendered by |sql| render(sql, table);
+    files {
+        insert = "outbox_insert",
+        claim_batch = "outbox_claim_batch",
+        claim_batch_unordered = "outbox_claim_batch_unordered",
+        mark_delivered = "outbox_mark_delivered",
+        delete_delivered = "outbox_delete_delivered",
+        schedule_retry = "outbox_schedule_retry",
+        dead_letter = "outbox_dead_letter",
+        backlog = "outbox_backlog",
+        lease_claim = "lease_claim",
+        lease_claimed = "lease_claimed",
+        lease_retry = "lease_retry",
+        lease_dead_letter = "lease_dead_letter",
+    }
+    derived {
+        /// `insert` up to (not including) its `VALUES`, for multi-row inserts.
+        insert_head: Arc<str> = insert
             .split("VALUES")
             .next()
             .unwrap_or_default()
             .trim_end()
-            .into();
-        Self {
-            insert_head,
-            insert,
-            claim_batch: r(include_str!("../queries/outbox_claim_batch.sql")),
-            claim_batch_unordered: r(include_str!("../queries/outbox_claim_batch_unordered.sql")),
-            mark_delivered: r(include_str!("../queries/outbox_mark_delivered.sql")),
-            delete_delivered: r(include_str!("../queries/outbox_delete_delivered.sql")),
-            schedule_retry: r(include_str!("../queries/outbox_schedule_retry.sql")),
-            dead_letter: r(include_str!("../queries/outbox_dead_letter.sql")),
-            backlog: r(include_str!("../queries/outbox_backlog.sql")),
-            lease_claim: r(include_str!("../queries/lease_claim.sql")),
-            lease_claimed: r(include_str!("../queries/lease_claimed.sql")),
-            lease_retry: r(include_str!("../queries/lease_retry.sql")),
-            lease_dead_letter: r(include_str!("../queries/lease_dead_letter.sql")),
-            table: r("{{table}}"),
-        }
+            .into(),
+        /// The table, rendered, for statements built with a variable number of placeholders.
+        table: Arc<str> = render("{{table}}", table).into(),
     }
 }
 
@@ -140,22 +121,21 @@ mod tests {
     #[test]
     fn every_bundled_file_renders_without_leftover_placeholders() {
         let q = Queries::new(&table());
-        for sql in [
-            &q.insert,
-            &q.claim_batch,
-            &q.claim_batch_unordered,
-            &q.mark_delivered,
-            &q.delete_delivered,
-            &q.schedule_retry,
-            &q.dead_letter,
-            &q.backlog,
-            &q.lease_claim,
-            &q.lease_claimed,
-            &q.lease_retry,
-            &q.lease_dead_letter,
-            &q.table,
-        ] {
-            assert!(!sql.contains("{{") && sql.contains("`events`"), "{sql}");
+        let derived = [("insert_head", &*q.insert_head), ("table", &*q.table)];
+        for (file, sql) in q.all().chain(derived) {
+            assert!(
+                !sql.contains("{{") && sql.contains("`events`"),
+                "{file}: {sql}"
+            );
+        }
+        // These also name tables derived from the outbox's (`events_...`).
+        let admin = crate::admin::AdminQueries::new(&table());
+        let cdc = crate::cdc::CdcQueries::new(&table());
+        for (file, sql) in admin.all().chain(cdc.all()) {
+            assert!(
+                !sql.contains("{{") && sql.contains("`events"),
+                "{file}: {sql}"
+            );
         }
         for m in crate::migrate::MIGRATIONS {
             let sql = render(m.sql, &table());

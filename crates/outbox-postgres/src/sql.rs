@@ -47,60 +47,30 @@ fn public() -> Identifier {
     Identifier::new("public").expect("a valid identifier")
 }
 
-/// Every query of this crate, rendered once for one outbox table.
-#[derive(Debug, Clone)]
-pub(crate) struct Queries {
-    pub(crate) claim_batch: Arc<str>,
-    pub(crate) claim_batch_unordered: Arc<str>,
-    pub(crate) mark_delivered: Arc<str>,
-    pub(crate) delete_delivered: Arc<str>,
-    pub(crate) schedule_retry: Arc<str>,
-    pub(crate) dead_letter: Arc<str>,
-    pub(crate) positions_advance: Arc<str>,
-    pub(crate) insert: Arc<str>,
-    pub(crate) insert_batch: Arc<str>,
-    pub(crate) copy_in: Arc<str>,
-    pub(crate) backlog: Arc<str>,
-    pub(crate) held_aggregates: Arc<str>,
-    pub(crate) lock_waits: Arc<str>,
-    pub(crate) dead_list: Arc<str>,
-    pub(crate) dead_show: Arc<str>,
-    pub(crate) dead_retry: Arc<str>,
-    pub(crate) dead_purge: Arc<str>,
-    pub(crate) cdc_dead_restream: Arc<str>,
-    pub(crate) cdc_dead_retry_lock: Arc<str>,
-}
-
-macro_rules! query_file {
-    ($name:literal) => {
-        include_str!(concat!("../queries/", $name, ".sql"))
-    };
-}
-
-impl Queries {
-    pub(crate) fn new(table: &QualifiedTable) -> Self {
-        let r = |t: &str| -> Arc<str> { render(t, table).into() };
-        Self {
-            claim_batch: r(query_file!("outbox_claim_batch")),
-            claim_batch_unordered: r(query_file!("outbox_claim_batch_unordered")),
-            mark_delivered: r(query_file!("outbox_mark_delivered")),
-            delete_delivered: r(query_file!("outbox_delete_delivered")),
-            schedule_retry: r(query_file!("outbox_schedule_retry")),
-            dead_letter: r(query_file!("outbox_dead_letter")),
-            positions_advance: r(query_file!("outbox_positions_advance")),
-            insert: r(query_file!("outbox_insert")),
-            insert_batch: r(query_file!("outbox_insert_batch")),
-            copy_in: r(query_file!("outbox_copy_in")),
-            backlog: r(query_file!("outbox_backlog")),
-            held_aggregates: r(query_file!("outbox_held_aggregates")),
-            lock_waits: r(query_file!("outbox_lock_waits")),
-            dead_list: r(query_file!("outbox_dead_list")),
-            dead_show: r(query_file!("outbox_dead_show")),
-            dead_retry: r(query_file!("outbox_dead_retry")),
-            dead_purge: r(query_file!("outbox_dead_purge")),
-            cdc_dead_restream: r(query_file!("outbox_cdc_dead_restream")),
-            cdc_dead_retry_lock: r(query_file!("outbox_cdc_dead_retry_lock")),
-        }
+outbox_sql::query_set! {
+    /// Every query of this crate, rendered once for one outbox table.
+    pub(crate) struct Queries;
+    fn new(table: &QualifiedTable), rendered by |sql| render(sql, table);
+    files {
+        claim_batch = "outbox_claim_batch",
+        claim_batch_unordered = "outbox_claim_batch_unordered",
+        mark_delivered = "outbox_mark_delivered",
+        delete_delivered = "outbox_delete_delivered",
+        schedule_retry = "outbox_schedule_retry",
+        dead_letter = "outbox_dead_letter",
+        positions_advance = "outbox_positions_advance",
+        insert = "outbox_insert",
+        insert_batch = "outbox_insert_batch",
+        copy_in = "outbox_copy_in",
+        backlog = "outbox_backlog",
+        held_aggregates = "outbox_held_aggregates",
+        lock_waits = "outbox_lock_waits",
+        dead_list = "outbox_dead_list",
+        dead_show = "outbox_dead_show",
+        dead_retry = "outbox_dead_retry",
+        dead_purge = "outbox_dead_purge",
+        cdc_dead_restream = "outbox_cdc_dead_restream",
+        cdc_dead_retry_lock = "outbox_cdc_dead_retry_lock",
     }
 }
 
@@ -197,27 +167,8 @@ mod tests {
     #[test]
     fn every_bundled_query_and_migration_renders_without_leftover_placeholders() {
         let q = Queries::new(&table());
-        for sql in [
-            &q.claim_batch,
-            &q.claim_batch_unordered,
-            &q.mark_delivered,
-            &q.delete_delivered,
-            &q.schedule_retry,
-            &q.dead_letter,
-            &q.insert,
-            &q.insert_batch,
-            &q.copy_in,
-            &q.backlog,
-            &q.held_aggregates,
-            &q.lock_waits,
-            &q.dead_list,
-            &q.dead_show,
-            &q.dead_retry,
-            &q.dead_purge,
-            &q.cdc_dead_restream,
-            &q.cdc_dead_retry_lock,
-        ] {
-            assert!(!sql.contains("{{"), "{sql}");
+        for (file, sql) in q.all() {
+            assert!(!sql.contains("{{"), "{file}: {sql}");
         }
         for m in crate::migrate::MIGRATIONS {
             assert!(!render(m.sql, &table()).contains("{{"), "{}", m.name);

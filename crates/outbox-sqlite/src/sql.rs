@@ -27,50 +27,25 @@ pub(crate) fn render(template: &str, table: &Identifier) -> String {
     outbox_core::migration::render_sql(template, None, table, &[])
 }
 
-/// Every query of this crate, rendered once for one outbox table.
-#[derive(Debug, Clone)]
-pub(crate) struct Queries {
-    pub(crate) claim_batch: Arc<str>,
-    pub(crate) claim_batch_unordered: Arc<str>,
-    pub(crate) mark_delivered: Arc<str>,
-    pub(crate) delete_delivered: Arc<str>,
-    pub(crate) schedule_retry: Arc<str>,
-    pub(crate) dead_letter: Arc<str>,
-    pub(crate) positions_advance: Arc<str>,
-    pub(crate) insert: Arc<str>,
-    pub(crate) copy_in: Arc<str>,
-    pub(crate) backlog: Arc<str>,
-    pub(crate) lease_read: Arc<str>,
-    pub(crate) lease_acquire: Arc<str>,
-    pub(crate) lease_renew: Arc<str>,
-    pub(crate) lease_release: Arc<str>,
-}
-
-macro_rules! query_file {
-    ($name:literal) => {
-        include_str!(concat!("../queries/", $name, ".sql"))
-    };
-}
-
-impl Queries {
-    pub(crate) fn new(table: &Identifier) -> Self {
-        let r = |t: &str| -> Arc<str> { render(t, table).into() };
-        Self {
-            claim_batch: r(query_file!("outbox_claim_batch")),
-            claim_batch_unordered: r(query_file!("outbox_claim_batch_unordered")),
-            mark_delivered: r(query_file!("outbox_mark_delivered")),
-            delete_delivered: r(query_file!("outbox_delete_delivered")),
-            schedule_retry: r(query_file!("outbox_schedule_retry")),
-            dead_letter: r(query_file!("outbox_dead_letter")),
-            positions_advance: r(query_file!("outbox_positions_advance")),
-            insert: r(query_file!("outbox_insert")),
-            copy_in: r(query_file!("outbox_copy_in")),
-            backlog: r(query_file!("outbox_backlog")),
-            lease_read: r(query_file!("outbox_lease_read")),
-            lease_acquire: r(query_file!("outbox_lease_acquire")),
-            lease_renew: r(query_file!("outbox_lease_renew")),
-            lease_release: r(query_file!("outbox_lease_release")),
-        }
+outbox_sql::query_set! {
+    /// Every query of this crate, rendered once for one outbox table.
+    pub(crate) struct Queries;
+    fn new(table: &Identifier), rendered by |sql| render(sql, table);
+    files {
+        claim_batch = "outbox_claim_batch",
+        claim_batch_unordered = "outbox_claim_batch_unordered",
+        mark_delivered = "outbox_mark_delivered",
+        delete_delivered = "outbox_delete_delivered",
+        schedule_retry = "outbox_schedule_retry",
+        dead_letter = "outbox_dead_letter",
+        positions_advance = "outbox_positions_advance",
+        insert = "outbox_insert",
+        copy_in = "outbox_copy_in",
+        backlog = "outbox_backlog",
+        lease_read = "outbox_lease_read",
+        lease_acquire = "outbox_lease_acquire",
+        lease_renew = "outbox_lease_renew",
+        lease_release = "outbox_lease_release",
     }
 }
 
@@ -131,22 +106,8 @@ mod tests {
     #[test]
     fn every_bundled_query_and_migration_renders_without_leftover_placeholders() {
         let q = Queries::new(&table());
-        for sql in [
-            &q.claim_batch,
-            &q.claim_batch_unordered,
-            &q.mark_delivered,
-            &q.delete_delivered,
-            &q.schedule_retry,
-            &q.dead_letter,
-            &q.insert,
-            &q.copy_in,
-            &q.backlog,
-            &q.lease_read,
-            &q.lease_acquire,
-            &q.lease_renew,
-            &q.lease_release,
-        ] {
-            assert!(!sql.contains("{{"), "{sql}");
+        for (file, sql) in q.all() {
+            assert!(!sql.contains("{{"), "{file}: {sql}");
         }
         for m in crate::migrate::MIGRATIONS {
             assert!(!render(m.sql, &table()).contains("{{"), "{}", m.name);
