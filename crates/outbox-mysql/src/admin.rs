@@ -30,20 +30,13 @@ outbox_sql::query_set! {
     /// Every admin statement, rendered once for one table.
     pub(crate) struct AdminQueries;
     fn new(table: &Identifier), rendered by |sql| render(sql, table);
-    files {
-        dead_list = "outbox_dead_list",
-        dead_show = "outbox_dead_show",
-        dead_select = "outbox_dead_select",
-        dead_retry = "outbox_dead_retry",
-        purge_select = "outbox_dead_purge_select",
-        delete_positions = "outbox_delete_positions",
-        why_blocker = "outbox_why_blocker",
-        held_aggregates = "outbox_held_aggregates",
-        retention_count = "retention_count",
-        retention_delete = "retention_delete_batch",
-        replay_select = "replay_select",
-        replay_count = "replay_count",
-        replay_batch = "replay_batch",
+    files "outbox_" {
+        dead_list, dead_show, dead_select, dead_retry, delete_positions, why_blocker,
+        held_aggregates, purge_select = "outbox_dead_purge_select",
+    }
+    files "" {
+        retention_count, retention_delete = "retention_delete_batch", replay_select,
+        replay_count, replay_batch,
     }
 }
 

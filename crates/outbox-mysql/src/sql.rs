@@ -41,19 +41,12 @@ outbox_sql::query_set! {
     /// Every query of this crate, rendered once for one outbox table.
     pub(crate) struct Queries;
     fn new(table: &Identifier), rendered by |sql| render(sql, table);
-    files {
-        insert = "outbox_insert",
-        claim_batch = "outbox_claim_batch",
-        claim_batch_unordered = "outbox_claim_batch_unordered",
-        mark_delivered = "outbox_mark_delivered",
-        delete_delivered = "outbox_delete_delivered",
-        schedule_retry = "outbox_schedule_retry",
-        dead_letter = "outbox_dead_letter",
-        backlog = "outbox_backlog",
-        lease_claim = "lease_claim",
-        lease_claimed = "lease_claimed",
-        lease_retry = "lease_retry",
-        lease_dead_letter = "lease_dead_letter",
+    files "outbox_" {
+        insert, claim_batch, claim_batch_unordered, mark_delivered, delete_delivered,
+        schedule_retry, dead_letter, backlog,
+    }
+    files "" {
+        lease_claim, lease_claimed, lease_retry, lease_dead_letter,
     }
     derived {
         /// `insert` up to (not including) its `VALUES`, for multi-row inserts.

@@ -51,26 +51,11 @@ outbox_sql::query_set! {
     /// Every query of this crate, rendered once for one outbox table.
     pub(crate) struct Queries;
     fn new(table: &QualifiedTable), rendered by |sql| render(sql, table);
-    files {
-        claim_batch = "outbox_claim_batch",
-        claim_batch_unordered = "outbox_claim_batch_unordered",
-        mark_delivered = "outbox_mark_delivered",
-        delete_delivered = "outbox_delete_delivered",
-        schedule_retry = "outbox_schedule_retry",
-        dead_letter = "outbox_dead_letter",
-        positions_advance = "outbox_positions_advance",
-        insert = "outbox_insert",
-        insert_batch = "outbox_insert_batch",
-        copy_in = "outbox_copy_in",
-        backlog = "outbox_backlog",
-        held_aggregates = "outbox_held_aggregates",
-        lock_waits = "outbox_lock_waits",
-        dead_list = "outbox_dead_list",
-        dead_show = "outbox_dead_show",
-        dead_retry = "outbox_dead_retry",
-        dead_purge = "outbox_dead_purge",
-        cdc_dead_restream = "outbox_cdc_dead_restream",
-        cdc_dead_retry_lock = "outbox_cdc_dead_retry_lock",
+    files "outbox_" {
+        claim_batch, claim_batch_unordered, mark_delivered, delete_delivered, schedule_retry,
+        dead_letter, positions_advance, insert, insert_batch, copy_in, backlog, held_aggregates,
+        lock_waits, dead_list, dead_show, dead_retry, dead_purge, cdc_dead_restream,
+        cdc_dead_retry_lock,
     }
 }
 

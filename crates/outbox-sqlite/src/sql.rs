@@ -31,21 +31,10 @@ outbox_sql::query_set! {
     /// Every query of this crate, rendered once for one outbox table.
     pub(crate) struct Queries;
     fn new(table: &Identifier), rendered by |sql| render(sql, table);
-    files {
-        claim_batch = "outbox_claim_batch",
-        claim_batch_unordered = "outbox_claim_batch_unordered",
-        mark_delivered = "outbox_mark_delivered",
-        delete_delivered = "outbox_delete_delivered",
-        schedule_retry = "outbox_schedule_retry",
-        dead_letter = "outbox_dead_letter",
-        positions_advance = "outbox_positions_advance",
-        insert = "outbox_insert",
-        copy_in = "outbox_copy_in",
-        backlog = "outbox_backlog",
-        lease_read = "outbox_lease_read",
-        lease_acquire = "outbox_lease_acquire",
-        lease_renew = "outbox_lease_renew",
-        lease_release = "outbox_lease_release",
+    files "outbox_" {
+        claim_batch, claim_batch_unordered, mark_delivered, delete_delivered, schedule_retry,
+        dead_letter, positions_advance, insert, copy_in, backlog, lease_read, lease_acquire,
+        lease_renew, lease_release,
     }
 }
 

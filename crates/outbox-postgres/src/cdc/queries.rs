@@ -31,30 +31,14 @@ outbox_sql::query_set! {
     pub(crate) struct CdcQueries;
     fn new(table: &QualifiedTable, publication: &Identifier),
         rendered by |sql| render_with(sql, table, &[("publication", publication)]);
-    files {
-        dead_letter = "outbox_cdc_dead_letter",
-        dead_insert = "outbox_cdc_dead_insert",
-        dead_aggregates = "outbox_cdc_dead_aggregates",
-        dead_of_aggregate = "outbox_cdc_dead_of_aggregate",
-        put_back_aggregates = "outbox_cdc_put_back_aggregates",
-        put_back_of_aggregate = "outbox_cdc_put_back_of_aggregate",
-        put_back_delivered = "outbox_cdc_put_back_delivered",
-        restream = "outbox_cdc_restream",
-        aggregate_lock = "outbox_cdc_aggregate_lock",
-        park = "outbox_cdc_park",
-        backlog = "outbox_cdc_backlog",
-        publication_create = "outbox_publication_create",
-        publication_add_table = "outbox_publication_add_table",
-        offset_read = "outbox_cdc_offset_read",
-        offset_save = "outbox_cdc_offset_save",
-        offset_init = "outbox_cdc_offset_init",
-        offset_claim = "outbox_cdc_offset_claim",
-        recovery_begin = "outbox_cdc_recovery_begin",
-        recovery_after = "outbox_cdc_recovery_after",
-        recovery_rows = "outbox_cdc_recovery_rows",
-        recovery_done = "outbox_cdc_recovery_done",
-        positions_read = "outbox_cdc_positions_read",
-        positions_advance = "outbox_positions_advance",
+    files "outbox_cdc_" {
+        dead_letter, dead_insert, dead_aggregates, dead_of_aggregate, put_back_aggregates,
+        put_back_of_aggregate, put_back_delivered, restream, aggregate_lock, park, backlog,
+        offset_read, offset_save, offset_init, offset_claim, recovery_begin, recovery_after,
+        recovery_rows, recovery_done, positions_read,
+    }
+    files "outbox_" {
+        publication_create, publication_add_table, positions_advance,
     }
 }
 
