@@ -16,6 +16,7 @@ use outbox_core::admin_rows::{self, Columns};
 use outbox_core::retention_batches::delete_in_batches;
 use outbox_core::source::{Backlog, Inspect};
 use outbox_core::{Identifier, SourceError};
+use outbox_sql::rows::fetch_decoded;
 use sqlx::mysql::MySqlRow;
 use sqlx::{MySqlPool, Row};
 use time::{OffsetDateTime, PrimitiveDateTime};
@@ -136,18 +137,15 @@ impl MySqlAdmin {
         aggregate_id: Option<&str>,
         limit: i64,
     ) -> Result<Vec<DeadLetter>, SourceError> {
-        let rows = sqlx::query(stmt(&self.admin.dead_list))
+        // Each filter twice: `(? IS NULL OR column = ?)`.
+        let query = sqlx::query(stmt(&self.admin.dead_list))
             .bind(event_type)
             .bind(event_type)
             .bind(aggregate_id)
             .bind(aggregate_id)
-            .bind(limit)
-            .fetch_all(&self.pool)
+            .bind(limit);
+        fetch_decoded(query, &self.pool, |r| admin_rows::dead_letter(&Cols(r)))
             .await
-            .map_err(|e| self.err("listing dead letters", e))?;
-        rows.iter()
-            .map(|r| admin_rows::dead_letter(&Cols(r)))
-            .collect::<Result<_, sqlx::Error>>()
             .map_err(|e| self.err("listing dead letters", e))
     }
 
@@ -189,14 +187,9 @@ impl MySqlAdmin {
 
     /// Aggregates held by a retrying or dead head event (`outbox status`).
     pub async fn held_aggregates(&self, limit: i64) -> Result<Vec<HeldAggregate>, SourceError> {
-        let rows = sqlx::query(stmt(&self.admin.held_aggregates))
-            .bind(limit)
-            .fetch_all(&self.pool)
+        let query = sqlx::query(stmt(&self.admin.held_aggregates)).bind(limit);
+        fetch_decoded(query, &self.pool, |r| admin_rows::held_aggregate(&Cols(r)))
             .await
-            .map_err(|e| self.err("reading held aggregates", e))?;
-        rows.iter()
-            .map(|r| admin_rows::held_aggregate(&Cols(r)))
-            .collect::<Result<_, sqlx::Error>>()
             .map_err(|e| self.err("reading held aggregates", e))
     }
 
