@@ -17,6 +17,54 @@ pub struct Migration {
     pub sql: &'static str,
 }
 
+impl Migration {
+    /// The migration of the bundled file `stem`.sql: `stem` is `NNNN_name` (the version in
+    /// four digits, then the name), `sql` the file's text. Meant for a `const` (see
+    /// [`migrations!`](crate::migrations!)), where a stem of another form stops the build.
+    pub const fn from_file(stem: &'static str, sql: &'static str) -> Self {
+        let digits = stem.as_bytes();
+        assert!(
+            digits.len() > 5 && digits[4] == b'_',
+            "a migration file is named NNNN_name.sql"
+        );
+        let mut version = 0;
+        let mut i = 0;
+        while i < 4 {
+            assert!(
+                digits[i].is_ascii_digit(),
+                "a migration file is named NNNN_name.sql"
+            );
+            version = version * 10 + (digits[i] - b'0') as i32;
+            i += 1;
+        }
+        Migration {
+            version,
+            name: stem.split_at(5).1,
+            sql,
+        }
+    }
+}
+
+/// A crate's bundled migrations, in order, from their file stems in folder `dir` of the
+/// crate (relative to its `Cargo.toml`): each file `NNNN_name.sql` is read at compile time and
+/// becomes [`Migration::from_file`]. Give them in version order, as [`plan`] expects.
+///
+/// ```ignore
+/// pub(crate) const MIGRATIONS: &[Migration] =
+///     outbox_core::migrations!("migrations": "0001_outbox_table", "0002_aggregate_positions");
+/// ```
+#[macro_export]
+macro_rules! migrations {
+    ($dir:literal: $($stem:literal),+ $(,)?) => {
+        &[$(
+            $crate::migration::Migration::from_file(
+                $stem,
+                include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/", $dir, "/", $stem, ".sql")),
+            )
+        ),+]
+    };
+}
+
 /// FNV-1a (64 bit) of a migration's SQL, as recorded in the bookkeeping table. It detects an
 /// edited migration; it is not a security boundary.
 pub fn checksum(sql: &str) -> String {
@@ -257,6 +305,18 @@ pub fn render_sql(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_migration_file_stem_gives_its_version_and_name() {
+        const M: Migration = Migration::from_file("0012_cdc_offsets", "SELECT 1");
+        assert_eq!((M.version, M.name, M.sql), (12, "cdc_offsets", "SELECT 1"));
+    }
+
+    #[test]
+    #[should_panic(expected = "NNNN_name")]
+    fn a_stem_without_its_version_is_refused() {
+        let _ = Migration::from_file("outbox_table", "");
+    }
 
     const BUNDLED: &[Migration] = &[
         Migration {

@@ -72,49 +72,19 @@ pub(crate) fn stmt(sql: &Arc<str>) -> sqlx::AssertSqlSafe<Arc<str>> {
 
 #[cfg(feature = "postgres")]
 /// PostgreSQL migrations, in order. Append only; never edit one that has shipped.
-pub(crate) const PG_MIGRATIONS: &[Migration] = &[
-    Migration {
-        version: 1,
-        name: "processed_events",
-        sql: include_str!("../migrations/postgres/0001_processed_events.sql"),
-    },
-    Migration {
-        version: 2,
-        name: "positions",
-        sql: include_str!("../migrations/postgres/0002_positions.sql"),
-    },
-];
+pub(crate) const PG_MIGRATIONS: &[Migration] =
+    outbox_core::migrations!("migrations/postgres": "0001_processed_events", "0002_positions");
 
 #[cfg(feature = "sqlite")]
 /// SQLite migrations, in order. Append only; never edit one that has shipped.
-pub(crate) const SQLITE_MIGRATIONS: &[Migration] = &[
-    Migration {
-        version: 1,
-        name: "processed_events",
-        sql: include_str!("../migrations/sqlite/0001_processed_events.sql"),
-    },
-    Migration {
-        version: 2,
-        name: "positions",
-        sql: include_str!("../migrations/sqlite/0002_positions.sql"),
-    },
-];
+pub(crate) const SQLITE_MIGRATIONS: &[Migration] =
+    outbox_core::migrations!("migrations/sqlite": "0001_processed_events", "0002_positions");
 
 #[cfg(feature = "mysql")]
 /// MySQL / MariaDB migrations, in order. Append only; never edit one that has shipped. DDL
 /// commits on its own in MySQL, so each file is idempotent (`IF NOT EXISTS`).
-pub(crate) const MYSQL_MIGRATIONS: &[Migration] = &[
-    Migration {
-        version: 1,
-        name: "processed_events",
-        sql: include_str!("../migrations/mysql/0001_processed_events.sql"),
-    },
-    Migration {
-        version: 2,
-        name: "positions",
-        sql: include_str!("../migrations/mysql/0002_positions.sql"),
-    },
-];
+pub(crate) const MYSQL_MIGRATIONS: &[Migration] =
+    outbox_core::migrations!("migrations/mysql": "0001_processed_events", "0002_positions");
 
 /// The schema version this build of the library expects (every dialect).
 pub const SCHEMA_VERSION: i32 = 2;

@@ -14,11 +14,8 @@ use sqlx::{Acquire as _, Executor as _, MySqlPool};
 use crate::sql::{render, statements};
 
 /// Every migration, in order. Append only; never edit one that has shipped.
-pub(crate) const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "outbox_table",
-    sql: include_str!("../migrations/0001_outbox_table.sql"),
-}];
+pub(crate) const MIGRATIONS: &[Migration] =
+    outbox_core::migrations!("migrations": "0001_outbox_table");
 
 /// The schema version this build of the library expects.
 pub const SCHEMA_VERSION: i32 = 1;

@@ -15,48 +15,11 @@ use crate::partition::{self, Layout, Partitioning};
 use crate::sql::render;
 
 /// Every migration, in order. Append only; never edit one that has shipped.
-pub(crate) const MIGRATIONS: &[Migration] = &[
-    Migration {
-        version: 1,
-        name: "outbox_table",
-        sql: include_str!("../migrations/0001_outbox_table.sql"),
-    },
-    Migration {
-        version: 2,
-        name: "attempt_history",
-        sql: include_str!("../migrations/0002_attempt_history.sql"),
-    },
-    Migration {
-        version: 3,
-        name: "cdc_offsets",
-        sql: include_str!("../migrations/0003_cdc_offsets.sql"),
-    },
-    Migration {
-        version: 4,
-        name: "aggregate_positions",
-        sql: include_str!("../migrations/0004_aggregate_positions.sql"),
-    },
-    Migration {
-        version: 5,
-        name: "cdc_put_back",
-        sql: include_str!("../migrations/0005_cdc_put_back.sql"),
-    },
-    Migration {
-        version: 6,
-        name: "positions_fillfactor",
-        sql: include_str!("../migrations/0006_positions_fillfactor.sql"),
-    },
-    Migration {
-        version: 7,
-        name: "cdc_snapshots",
-        sql: include_str!("../migrations/0007_cdc_snapshots.sql"),
-    },
-    Migration {
-        version: 8,
-        name: "cdc_offset_owner",
-        sql: include_str!("../migrations/0008_cdc_offset_owner.sql"),
-    },
-];
+pub(crate) const MIGRATIONS: &[Migration] = outbox_core::migrations!("migrations":
+    "0001_outbox_table", "0002_attempt_history", "0003_cdc_offsets", "0004_aggregate_positions",
+    "0005_cdc_put_back", "0006_positions_fillfactor", "0007_cdc_snapshots",
+    "0008_cdc_offset_owner",
+);
 
 /// The schema version this build of the library expects.
 pub const SCHEMA_VERSION: i32 = 8;

@@ -14,18 +14,9 @@ use sqlx::{Executor, SqlitePool};
 use crate::sql::render;
 
 /// Every migration, in order. Append only; never edit one that has shipped.
-pub(crate) const MIGRATIONS: &[Migration] = &[
-    Migration {
-        version: 1,
-        name: "outbox_table",
-        sql: include_str!("../migrations/0001_outbox_table.sql"),
-    },
-    Migration {
-        version: 2,
-        name: "aggregate_positions",
-        sql: include_str!("../migrations/0002_aggregate_positions.sql"),
-    },
-];
+pub(crate) const MIGRATIONS: &[Migration] = outbox_core::migrations!("migrations":
+    "0001_outbox_table", "0002_aggregate_positions",
+);
 
 /// The schema version this build of the library expects.
 pub const SCHEMA_VERSION: i32 = 2;
