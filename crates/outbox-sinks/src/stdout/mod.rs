@@ -43,9 +43,11 @@ use outbox_core::cloudevents::MessageFormat;
 use outbox_core::sink::Delivery;
 use outbox_core::{Destination, Event, Sink, SinkError};
 
-pub use crate::json_lines::{JsonLine, PayloadError};
+mod line;
+
 use crate::json_lines::{render_envelope, render_line};
 pub use config::{FileConfig, StdoutConfig};
+pub use line::{JsonLine, PayloadError};
 pub use readback::FileReadBack;
 
 /// Renders a batch; an event that cannot be encoded fails alone, the others still go out.
