@@ -8,7 +8,10 @@
 //! lives here once, generic over `sqlx::Database`. Each database crate keeps its SQL, its
 //! column types and what its server's error codes mean.
 
+pub mod backfill;
 pub mod error;
+pub mod poll;
 mod query_set;
 pub mod rows;
 pub mod scratch;
+pub mod snapshot;

@@ -1,0 +1,1 @@
+//! (Being written: the backfill steps the SQL database crates share over sqlx.)

@@ -1,0 +1,1 @@
+//! (Being written: the snapshot steps the SQL database crates share over sqlx.)
