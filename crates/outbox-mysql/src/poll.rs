@@ -32,19 +32,19 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use bytes::Bytes;
 use outbox_core::backend::SettledBatch;
+use outbox_core::enqueue::decode_headers;
 use outbox_core::message::header;
 use outbox_core::source::{Fetched, Settlement};
-use outbox_core::{DeadLetterPolicy, Event, Ordering, Position, SourceError};
+use outbox_core::{DeadLetterPolicy, Event, Ordering, SourceError};
+use outbox_sql::poll::{JsonListOutcomes, claimed_event, invalid_column, record_outcomes};
 use sqlx::mysql::MySqlRow;
 use sqlx::{MySql, MySqlPool, Row, Transaction};
 use time::{OffsetDateTime, PrimitiveDateTime, UtcOffset};
-use uuid::Uuid;
 
 use crate::config::{MySqlConfig, OnDelivered};
 use crate::error::source_error;
-use crate::sql::{Queries, stmt};
+use crate::sql::{Cols, Queries, stmt};
 
 /// Reads the outbox by polling. One instance per relay worker; each holds at most one claim
 /// transaction (one pooled connection) at a time.
@@ -225,41 +225,15 @@ impl MySqlPollSource {
         let Some(mut tx) = self.claim.take() else {
             return Ok(());
         };
+        let q = &self.claims.queries;
+        let delivered = [&q.mark_delivered, &q.delete_delivered];
+        let failed = [&q.schedule_retry, &q.dead_letter];
+        let statements =
+            JsonListOutcomes::new(delivered, failed, utc(now), |at| utc_text(at).into());
         let batch = SettledBatch::sort(settlements);
-        let now_db = utc(now);
-        if !batch.delivered.is_empty() {
-            let positions = serde_json::Value::from(batch.delivered).to_string();
-            let q = match self.claims.on_delivered {
-                OnDelivered::Mark => sqlx::query(stmt(&self.claims.queries.mark_delivered))
-                    .bind(positions)
-                    .bind(now_db),
-                OnDelivered::Delete => {
-                    sqlx::query(stmt(&self.claims.queries.delete_delivered)).bind(positions)
-                }
-            };
-            q.execute(&mut *tx)
-                .await
-                .map_err(|e| self.claims.err("recording delivered events", e))?;
-        }
-        if !batch.retries.is_empty() {
-            let retries = (batch.retries.iter())
-                .map(|(position, at, error)| serde_json::json!([position, utc_text(*at), error]));
-            sqlx::query(stmt(&self.claims.queries.schedule_retry))
-                .bind(serde_json::Value::from_iter(retries).to_string())
-                .execute(&mut *tx)
-                .await
-                .map_err(|e| self.claims.err("scheduling retries", e))?;
-        }
-        if !batch.dead.is_empty() {
-            let dead =
-                (batch.dead.iter()).map(|(position, reason)| serde_json::json!([position, reason]));
-            sqlx::query(stmt(&self.claims.queries.dead_letter))
-                .bind(serde_json::Value::from_iter(dead).to_string())
-                .bind(now_db)
-                .execute(&mut *tx)
-                .await
-                .map_err(|e| self.claims.err("dead-lettering events", e))?;
-        }
+        record_outcomes(&mut *tx, &statements, self.claims.on_delivered, &batch)
+            .await
+            .map_err(|f| self.claims.err(f.step, f.error))?;
         tx.commit()
             .await
             .map_err(|e| self.claims.err("committing batch outcomes", e))
@@ -369,27 +343,9 @@ pub(crate) fn keep_runs(
 
 /// One claimed row: the event and its `seq`.
 pub(crate) fn decode(row: &MySqlRow) -> Result<(Event, i64), sqlx::Error> {
-    let decode_err = |what: &str, e: &dyn std::fmt::Display| {
-        sqlx::Error::Decode(format!("outbox row: invalid {what}: {e}").into())
-    };
-    let id: String = row.try_get(1)?;
     let headers: String = row.try_get(6)?;
-    let headers: serde_json::Map<String, serde_json::Value> =
-        serde_json::from_str(&headers).map_err(|e| decode_err("headers", &e))?;
-    let payload: Vec<u8> = row.try_get(5)?;
-    let attempts: i32 = row.try_get(8)?;
-    let created_at: PrimitiveDateTime = row.try_get(7)?;
-    let event = Event {
-        position: Position(row.try_get(0)?),
-        id: Uuid::parse_str(&id).map_err(|e| decode_err("id", &e))?,
-        aggregate_type: row.try_get(2)?,
-        aggregate_id: row.try_get(3)?,
-        event_type: row.try_get(4)?,
-        payload: Bytes::from(payload),
-        headers: outbox_core::enqueue::decode_headers(headers),
-        created_at: created_at.assume_utc(),
-        attempts: u32::try_from(attempts).unwrap_or(0),
-    };
+    let headers = serde_json::from_str(&headers).map_err(|e| invalid_column("headers", e))?;
+    let event = claimed_event(&Cols(row), decode_headers(headers))?;
     Ok((event, row.try_get(9)?))
 }
 
@@ -397,6 +353,10 @@ outbox_core::forward_source!(MySqlPollSource, fetch = claim, settle = record);
 
 #[cfg(test)]
 mod tests {
+    use bytes::Bytes;
+    use outbox_core::Position;
+    use uuid::Uuid;
+
     use super::*;
 
     fn ev(agg: &str, position: i64) -> Event {

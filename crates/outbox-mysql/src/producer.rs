@@ -1,8 +1,10 @@
 //! [`MySqlOutbox`]: writes events into the outbox table inside the caller's transaction.
 
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
+use outbox_core::enqueue::headers_json;
 use outbox_core::{Identifier, NewEvent};
+use outbox_sql::poll::bind_new_event;
 use sqlx::MySqlConnection;
 use uuid::Uuid;
 
@@ -62,16 +64,15 @@ impl MySqlOutbox {
     ) -> Result<Uuid, EnqueueError> {
         outbox_core::enqueue::validate(event)?;
         let id = event.id.unwrap_or_else(Uuid::now_v7);
-        sqlx::query(stmt(&self.queries.insert))
-            .bind(id.hyphenated().to_string())
-            .bind(&event.aggregate_type)
-            .bind(&event.aggregate_id)
-            .bind(&event.event_type)
-            .bind(&event.payload[..])
-            .bind(outbox_core::enqueue::headers_json(event))
-            .execute(conn)
-            .await
-            .map_err(EnqueueError::database)?;
+        bind_new_event(
+            sqlx::query(stmt(&self.queries.insert)),
+            id.hyphenated().to_string(),
+            event,
+            headers_json(event),
+        )
+        .execute(conn)
+        .await
+        .map_err(EnqueueError::database)?;
         Ok(id)
     }
 
@@ -100,13 +101,12 @@ impl MySqlOutbox {
             );
             let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
             for (event, id) in chunk.iter().zip(chunk_ids) {
-                query = query
-                    .bind(id.hyphenated().to_string())
-                    .bind(&event.aggregate_type)
-                    .bind(&event.aggregate_id)
-                    .bind(&event.event_type)
-                    .bind(&event.payload[..])
-                    .bind(outbox_core::enqueue::headers_json(event));
+                query = bind_new_event(
+                    query,
+                    id.hyphenated().to_string(),
+                    event,
+                    headers_json(event),
+                );
             }
             query
                 .execute(&mut *conn)
@@ -181,7 +181,7 @@ pub const BATCH_ROWS: usize = 500;
 /// Writes `event` into the table `outbox` with the caller's connection (normally its open
 /// transaction); see [`MySqlOutbox::enqueue`].
 pub async fn enqueue(conn: &mut MySqlConnection, event: &NewEvent) -> Result<Uuid, EnqueueError> {
-    default_outbox().enqueue(conn, event).await
+    DEFAULT.enqueue(conn, event).await
 }
 
 /// Writes `events` into the table `outbox`; see [`MySqlOutbox::enqueue_batch`].
@@ -189,10 +189,8 @@ pub async fn enqueue_batch(
     conn: &mut MySqlConnection,
     events: &[NewEvent],
 ) -> Result<Vec<Uuid>, EnqueueError> {
-    default_outbox().enqueue_batch(conn, events).await
+    DEFAULT.enqueue_batch(conn, events).await
 }
 
-fn default_outbox() -> &'static MySqlOutbox {
-    static OUTBOX: std::sync::OnceLock<MySqlOutbox> = std::sync::OnceLock::new();
-    OUTBOX.get_or_init(MySqlOutbox::default)
-}
+/// The handle of the free functions: the default table.
+static DEFAULT: LazyLock<MySqlOutbox> = LazyLock::new(MySqlOutbox::default);

@@ -10,20 +10,20 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use outbox_core::aggregate_seq::{self, AssignedPositions};
 use outbox_core::backend::SettledBatch;
+use outbox_core::enqueue::decode_headers;
 use outbox_core::source::{Fetched, Settlement};
-use outbox_core::{DeadLetterPolicy, Event, Ordering, Position, Source, SourceError};
+use outbox_core::{DeadLetterPolicy, Event, Ordering, Source, SourceError};
+use outbox_sql::poll::{OutcomeStatements, Statement, claimed_event, record_outcomes};
 use sqlx::postgres::{PgListener, PgRow};
 use sqlx::types::Json;
 use sqlx::{PgPool, Postgres, Row, Transaction};
 use time::OffsetDateTime;
-use uuid::Uuid;
 
 use crate::config::{OnDelivered, PostgresConfig};
 use crate::error::source_error;
-use crate::sql::{Queries, stmt};
+use crate::sql::{Cols, Queries, stmt};
 
 /// The first key of the claim-turn advisory lock (`pg_advisory_xact_lock(int, int)`, a key
 /// space apart from the single-key locks of the ordering trigger and `migrate`).
@@ -248,47 +248,14 @@ impl PgPollSource {
             self.positions = None;
             return Ok(());
         };
-        let SettledBatch {
-            delivered,
-            retries,
-            dead,
-        } = SettledBatch::sort(settlements);
-        if !delivered.is_empty() {
-            let q = match self.on_delivered {
-                OnDelivered::Mark => crate::sql::query(stmt(&self.queries.mark_delivered))
-                    .bind(&delivered)
-                    .bind(now),
-                OnDelivered::Delete => {
-                    crate::sql::query(stmt(&self.queries.delete_delivered)).bind(&delivered)
-                }
-            };
-            q.execute(&mut *tx)
-                .await
-                .map_err(|e| self.err("recording delivered events", e))?;
-        }
-        if !retries.is_empty() {
-            // One array a column.
-            let retry_seqs: Vec<i64> = retries.iter().map(|r| r.0).collect();
-            let retry_at: Vec<OffsetDateTime> = retries.iter().map(|r| r.1).collect();
-            let retry_errors: Vec<&str> = retries.iter().map(|r| r.2).collect();
-            crate::sql::query(stmt(&self.queries.schedule_retry))
-                .bind(&retry_seqs)
-                .bind(&retry_at)
-                .bind(&retry_errors)
-                .execute(&mut *tx)
-                .await
-                .map_err(|e| self.err("scheduling retries", e))?;
-        }
-        if !dead.is_empty() {
-            let (dead_seqs, dead_reasons): (Vec<i64>, Vec<&str>) = dead.into_iter().unzip();
-            crate::sql::query(stmt(&self.queries.dead_letter))
-                .bind(&dead_seqs)
-                .bind(&dead_reasons)
-                .bind(now)
-                .execute(&mut *tx)
-                .await
-                .map_err(|e| self.err("dead-lettering events", e))?;
-        }
+        let statements = Outcomes {
+            queries: &self.queries,
+            now,
+        };
+        let batch = SettledBatch::sort(settlements);
+        record_outcomes(&mut *tx, &statements, self.on_delivered, &batch)
+            .await
+            .map_err(|f| self.err(f.step, f.error))?;
         // In the same transaction as the outcomes: a head never moves without them.
         let advanced = self
             .positions
@@ -326,21 +293,50 @@ fn turn_key(table: &str) -> i32 {
     i32::from_ne_bytes(((hash >> 32) as u32 ^ hash as u32).to_ne_bytes())
 }
 
+/// The settle statements of one batch: each list bound as arrays (`unnest`), with the
+/// settle's time.
+struct Outcomes<'a> {
+    queries: &'a Queries,
+    now: OffsetDateTime,
+}
+
+impl OutcomeStatements<Postgres> for Outcomes<'_> {
+    fn mark_delivered(&self, batch: &SettledBatch<'_>) -> Statement<Postgres> {
+        crate::sql::query(stmt(&self.queries.mark_delivered))
+            .bind(&batch.delivered)
+            .bind(self.now)
+    }
+
+    fn delete_delivered(&self, batch: &SettledBatch<'_>) -> Statement<Postgres> {
+        crate::sql::query(stmt(&self.queries.delete_delivered)).bind(&batch.delivered)
+    }
+
+    fn schedule_retry(&self, batch: &SettledBatch<'_>) -> Statement<Postgres> {
+        // One array a column.
+        let retries = &batch.retries;
+        let retry_seqs: Vec<i64> = retries.iter().map(|r| r.0).collect();
+        let retry_at: Vec<OffsetDateTime> = retries.iter().map(|r| r.1).collect();
+        let retry_errors: Vec<&str> = retries.iter().map(|r| r.2).collect();
+        crate::sql::query(stmt(&self.queries.schedule_retry))
+            .bind(&retry_seqs)
+            .bind(&retry_at)
+            .bind(&retry_errors)
+    }
+
+    fn dead_letter(&self, batch: &SettledBatch<'_>) -> Statement<Postgres> {
+        let (dead_seqs, dead_reasons): (Vec<i64>, Vec<&str>) = batch.dead.iter().copied().unzip();
+        crate::sql::query(stmt(&self.queries.dead_letter))
+            .bind(&dead_seqs)
+            .bind(&dead_reasons)
+            .bind(self.now)
+    }
+}
+
+/// One claimed row: the event and the position of the first earlier event of its aggregate
+/// that the batch does not hold (none: nothing is missing).
 fn decode(row: &PgRow) -> Result<(Event, Option<i64>), sqlx::Error> {
     let headers: Json<serde_json::Map<String, serde_json::Value>> = row.try_get(6)?;
-    let attempts: i32 = row.try_get(8)?;
-    let payload: Vec<u8> = row.try_get(5)?;
-    let event = Event {
-        position: Position(row.try_get(0)?),
-        id: row.try_get::<Uuid, _>(1)?,
-        aggregate_type: row.try_get(2)?,
-        aggregate_id: row.try_get(3)?,
-        event_type: row.try_get(4)?,
-        payload: Bytes::from(payload),
-        headers: outbox_core::enqueue::decode_headers(headers.0),
-        created_at: row.try_get(7)?,
-        attempts: u32::try_from(attempts).unwrap_or(0),
-    };
+    let event = claimed_event(&Cols(row), decode_headers(headers.0))?;
     Ok((event, row.try_get(9)?))
 }
 

@@ -1,8 +1,10 @@
 //! The producer side: write events into the outbox inside the caller's own transaction.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, LazyLock};
 
+use outbox_core::enqueue::headers_object;
 use outbox_core::{NewEvent, QualifiedTable};
+use outbox_sql::poll::bind_new_event;
 use sqlx::PgExecutor;
 use sqlx::types::Json;
 use uuid::Uuid;
@@ -78,14 +80,9 @@ impl PgOutbox {
     ) -> Result<Uuid, EnqueueError> {
         outbox_core::enqueue::validate(event)?;
         let id = event.id.unwrap_or_else(Uuid::now_v7);
-        crate::sql::query(stmt(&self.queries.insert))
-            .persistent(self.named_statements && crate::sql::named())
-            .bind(id)
-            .bind(&event.aggregate_type)
-            .bind(&event.aggregate_id)
-            .bind(&event.event_type)
-            .bind(&event.payload[..])
-            .bind(Json(outbox_core::enqueue::headers_object(event)))
+        let insert = crate::sql::query(stmt(&self.queries.insert))
+            .persistent(self.named_statements && crate::sql::named());
+        bind_new_event(insert, id, event, Json(headers_object(event)))
             .execute(executor)
             .await
             .map_err(EnqueueError::database)?;
@@ -118,7 +115,7 @@ impl PgOutbox {
             agg_ids.push(e.aggregate_id.as_str());
             event_types.push(e.event_type.as_str());
             payloads.push(&e.payload[..]);
-            headers.push(Json(outbox_core::enqueue::headers_object(e)));
+            headers.push(Json(headers_object(e)));
         }
         crate::sql::query(stmt(&self.queries.insert_batch))
             .persistent(self.named_statements && crate::sql::named())
@@ -163,7 +160,7 @@ pub async fn enqueue<'e, E: PgExecutor<'e>>(
     executor: E,
     event: &NewEvent,
 ) -> Result<Uuid, EnqueueError> {
-    default_outbox().enqueue(executor, event).await
+    DEFAULT.enqueue(executor, event).await
 }
 
 /// Writes `events` into `public.outbox` in one round trip (see [`PgOutbox::enqueue_batch`]).
@@ -171,10 +168,8 @@ pub async fn enqueue_batch<'e, E: PgExecutor<'e>>(
     executor: E,
     events: &[NewEvent],
 ) -> Result<Vec<Uuid>, EnqueueError> {
-    default_outbox().enqueue_batch(executor, events).await
+    DEFAULT.enqueue_batch(executor, events).await
 }
 
-fn default_outbox() -> &'static PgOutbox {
-    static DEFAULT: OnceLock<PgOutbox> = OnceLock::new();
-    DEFAULT.get_or_init(PgOutbox::default)
-}
+/// The handle of the free functions: the default table.
+static DEFAULT: LazyLock<PgOutbox> = LazyLock::new(PgOutbox::default);

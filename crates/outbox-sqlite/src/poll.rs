@@ -5,11 +5,12 @@
 
 use std::sync::Arc;
 
-use bytes::Bytes;
 use outbox_core::aggregate_seq::{self, AssignedPositions};
 use outbox_core::backend::SettledBatch;
+use outbox_core::enqueue::decode_headers;
 use outbox_core::source::{Fetched, Settlement};
-use outbox_core::{DeadLetterPolicy, Event, Ordering, Position, Source, SourceError};
+use outbox_core::{DeadLetterPolicy, Event, Ordering, Source, SourceError};
+use outbox_sql::poll::{JsonListOutcomes, claimed_event, invalid_column, record_outcomes};
 use sqlx::sqlite::{SqliteConnection, SqliteRow};
 use sqlx::{Row, SqlitePool};
 use time::OffsetDateTime;
@@ -18,8 +19,8 @@ use uuid::Uuid;
 use crate::config::{OnDelivered, SqliteConfig};
 use crate::error::source_error;
 use crate::lease::{Lease, LeaseState};
-use crate::sql::{Queries, stmt};
-use crate::timestamp::{from_micros, to_micros};
+use crate::sql::{Cols, Queries, stmt};
+use crate::timestamp::to_micros;
 use crate::writer::WriteConnection;
 
 /// Reads the outbox by polling, while holding the relay lease.
@@ -180,10 +181,6 @@ impl SqlitePollSource {
     async fn record(&mut self, settlements: &[Settlement], now: i64) -> Result<(), sqlx::Error> {
         let started = tokio::time::Instant::now();
         let batch = SettledBatch::sort(settlements);
-        let retries = (batch.retries.iter())
-            .map(|(position, at, error)| serde_json::json!([position, to_micros(*at), error]));
-        let dead =
-            (batch.dead.iter()).map(|(position, reason)| serde_json::json!([position, reason]));
         let positions = self.positions.take();
         let conn = self.writer.begin().await?;
         let written = write_outcomes(
@@ -192,12 +189,8 @@ impl SqlitePollSource {
             &self.lease,
             self.on_delivered,
             now,
-            Outcomes {
-                delivered: batch.delivered,
-                retries: retries.collect(),
-                dead: dead.collect(),
-                positions: positions.as_ref().map(|p| (p, settlements)),
-            },
+            batch,
+            positions.as_ref().map(|p| (p, settlements)),
         )
         .await;
         match written {
@@ -214,53 +207,33 @@ impl SqlitePollSource {
     }
 }
 
-/// A batch's outcomes, one list per statement.
-struct Outcomes<'a> {
-    delivered: Vec<i64>,
-    retries: Vec<serde_json::Value>,
-    dead: Vec<serde_json::Value>,
-    /// The batch's delivery positions and its settlements (ordering on).
-    positions: Option<(&'a AssignedPositions, &'a [Settlement])>,
-}
-
 /// Runs the settle statements in the open write transaction: renew the lease, then one
-/// statement per outcome kind. Returns whether the lease is still ours.
+/// statement per outcome kind, then the delivery positions (`positions`: the batch's, and its
+/// settlements, ordering on). Returns whether the lease is still ours.
 async fn write_outcomes(
     conn: &mut SqliteConnection,
     queries: &Queries,
     lease: &Lease,
     on_delivered: OnDelivered,
     now: i64,
-    outcomes: Outcomes<'_>,
+    mut batch: SettledBatch<'_>,
+    positions: Option<(&AssignedPositions, &[Settlement])>,
 ) -> Result<bool, sqlx::Error> {
     let still_held = lease.renew_in(&mut *conn, queries, now).await?;
-    if !outcomes.delivered.is_empty() {
-        let seqs = serde_json::Value::from(outcomes.delivered).to_string();
-        let q = match on_delivered {
-            OnDelivered::Mark => sqlx::query(stmt(&queries.mark_delivered))
-                .bind(seqs)
-                .bind(now),
-            OnDelivered::Delete => sqlx::query(stmt(&queries.delete_delivered)).bind(seqs),
-        };
-        q.execute(&mut *conn).await?;
-    }
     // Failures are decisions of the lease holder; a relay that lost the lease leaves them to
     // the new holder, which attempts these events itself.
-    if still_held && !outcomes.retries.is_empty() {
-        sqlx::query(stmt(&queries.schedule_retry))
-            .bind(serde_json::Value::from(outcomes.retries).to_string())
-            .execute(&mut *conn)
-            .await?;
+    if !still_held {
+        batch.retries.clear();
+        batch.dead.clear();
     }
-    if still_held && !outcomes.dead.is_empty() {
-        sqlx::query(stmt(&queries.dead_letter))
-            .bind(serde_json::Value::from(outcomes.dead).to_string())
-            .bind(now)
-            .execute(&mut *conn)
-            .await?;
-    }
+    let delivered = [&queries.mark_delivered, &queries.delete_delivered];
+    let failed = [&queries.schedule_retry, &queries.dead_letter];
+    let statements = JsonListOutcomes::new(delivered, failed, now, |at| to_micros(at).into());
+    record_outcomes(&mut *conn, &statements, on_delivered, &batch)
+        .await
+        .map_err(|f| f.error)?;
     // With the outcomes, in the same transaction; a dead letter counts only when recorded.
-    if let Some((positions, settlements)) = outcomes.positions {
+    if let Some((positions, settlements)) = positions {
         let advanced = positions.advanced(settlements, still_held);
         if !advanced.is_empty() {
             sqlx::query(stmt(&queries.positions_advance))
@@ -272,27 +245,11 @@ async fn write_outcomes(
     Ok(still_held)
 }
 
+/// One read row's event.
 fn decode(row: &SqliteRow) -> Result<Event, sqlx::Error> {
-    let decode_err = |what: &str, e: &dyn std::fmt::Display| {
-        sqlx::Error::Decode(format!("outbox row: invalid {what}: {e}").into())
-    };
-    let id: String = row.try_get(1)?;
     let headers: String = row.try_get(6)?;
-    let headers: serde_json::Map<String, serde_json::Value> =
-        serde_json::from_str(&headers).map_err(|e| decode_err("headers", &e))?;
-    let payload: Vec<u8> = row.try_get(5)?;
-    let attempts: i64 = row.try_get(8)?;
-    Ok(Event {
-        position: Position(row.try_get(0)?),
-        id: Uuid::parse_str(&id).map_err(|e| decode_err("id", &e))?,
-        aggregate_type: row.try_get(2)?,
-        aggregate_id: row.try_get(3)?,
-        event_type: row.try_get(4)?,
-        payload: Bytes::from(payload),
-        headers: outbox_core::enqueue::decode_headers(headers),
-        created_at: from_micros(row.try_get(7)?),
-        attempts: u32::try_from(attempts).unwrap_or(0),
-    })
+    let headers = serde_json::from_str(&headers).map_err(|e| invalid_column("headers", e))?;
+    claimed_event(&Cols(row), decode_headers(headers))
 }
 
 impl Source for SqlitePollSource {

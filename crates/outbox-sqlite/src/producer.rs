@@ -1,8 +1,10 @@
 //! The producer side: write events into the outbox inside the caller's own transaction.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, LazyLock};
 
+use outbox_core::enqueue::headers_json;
 use outbox_core::{Identifier, NewEvent};
+use outbox_sql::poll::bind_new_event;
 use sqlx::{Acquire, Sqlite, SqliteExecutor};
 use time::OffsetDateTime;
 use uuid::Uuid;
@@ -141,17 +143,17 @@ impl SqliteOutbox {
         event: &NewEvent,
         now: OffsetDateTime,
     ) -> Result<(), EnqueueError> {
-        sqlx::query(stmt(&self.queries.insert))
-            .bind(id.hyphenated().to_string())
-            .bind(&event.aggregate_type)
-            .bind(&event.aggregate_id)
-            .bind(&event.event_type)
-            .bind(&event.payload[..])
-            .bind(outbox_core::enqueue::headers_json(event))
-            .bind(to_micros(now))
-            .execute(executor)
-            .await
-            .map_err(EnqueueError::database)?;
+        let insert = sqlx::query(stmt(&self.queries.insert));
+        bind_new_event(
+            insert,
+            id.hyphenated().to_string(),
+            event,
+            headers_json(event),
+        )
+        .bind(to_micros(now))
+        .execute(executor)
+        .await
+        .map_err(EnqueueError::database)?;
         Ok(())
     }
 }
@@ -161,7 +163,7 @@ pub async fn enqueue<'e, E: SqliteExecutor<'e>>(
     executor: E,
     event: &NewEvent,
 ) -> Result<Uuid, EnqueueError> {
-    default_outbox().enqueue(executor, event).await
+    DEFAULT.enqueue(executor, event).await
 }
 
 /// Writes `events` into the table `outbox`, atomically and in order (see
@@ -170,10 +172,8 @@ pub async fn enqueue_batch<'a, A: Acquire<'a, Database = Sqlite>>(
     conn: A,
     events: &[NewEvent],
 ) -> Result<Vec<Uuid>, EnqueueError> {
-    default_outbox().enqueue_batch(conn, events).await
+    DEFAULT.enqueue_batch(conn, events).await
 }
 
-fn default_outbox() -> &'static SqliteOutbox {
-    static DEFAULT: OnceLock<SqliteOutbox> = OnceLock::new();
-    DEFAULT.get_or_init(SqliteOutbox::default)
-}
+/// The handle of the free functions: the default table.
+static DEFAULT: LazyLock<SqliteOutbox> = LazyLock::new(SqliteOutbox::default);

@@ -1,5 +1,6 @@
 //! A settled batch sorted by outcome: what every polling backend's `settle` starts from, as
-//! it records a batch with one statement per outcome kind (delivered, retried, dead).
+//! it records a batch with one statement per outcome kind (delivered, retried, dead), and
+//! each kind's list as JSON text for the databases that take a list as one JSON value.
 
 use time::OffsetDateTime;
 
@@ -34,6 +35,28 @@ impl<'a> SettledBatch<'a> {
         }
         batch
     }
+
+    /// The delivered positions as JSON text, `[position, …]`: one bind for a database that
+    /// reads a list from JSON (MySQL's `JSON_TABLE`, SQLite's `json_each`).
+    pub fn delivered_json(&self) -> String {
+        serde_json::Value::from(self.delivered.as_slice()).to_string()
+    }
+
+    /// The retries as JSON text, `[[position, next attempt, error], …]`, each time encoded by
+    /// `at` as the database's statement reads it.
+    pub fn retries_json(&self, at: impl Fn(OffsetDateTime) -> serde_json::Value) -> String {
+        let retries = (self.retries.iter()).map(|&(position, not_before, error)| {
+            serde_json::json!([position, at(not_before), error])
+        });
+        serde_json::Value::from_iter(retries).to_string()
+    }
+
+    /// The dead letters as JSON text, `[[position, reason], …]`.
+    pub fn dead_json(&self) -> String {
+        let dead =
+            (self.dead.iter()).map(|(position, reason)| serde_json::json!([position, reason]));
+        serde_json::Value::from_iter(dead).to_string()
+    }
 }
 
 #[cfg(test)]
@@ -65,5 +88,11 @@ mod tests {
         assert_eq!(batch.delivered, vec![1, 5]);
         assert_eq!(batch.retries, vec![(2, at, "e")]);
         assert_eq!(batch.dead, vec![(4, "r")]);
+        assert_eq!(batch.delivered_json(), "[1,5]");
+        assert_eq!(
+            batch.retries_json(|t| t.unix_timestamp().into()),
+            r#"[[2,0,"e"]]"#
+        );
+        assert_eq!(batch.dead_json(), r#"[[4,"r"]]"#);
     }
 }
