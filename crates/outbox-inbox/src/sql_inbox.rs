@@ -46,7 +46,7 @@ use std::sync::Arc;
 
 use outbox_core::{Identifier, QualifiedTable};
 use sqlx::pool::PoolConnection;
-use sqlx::query::{Query, QueryAs, QueryScalar};
+use sqlx::query::{Query, QueryScalar};
 use sqlx::{Database, Pool, SqlSafeStr, Transaction};
 
 use crate::DEFAULT_TABLE;
@@ -174,14 +174,6 @@ impl<D: Dialect> SqlInbox<D> {
     /// `sqlx::query`, unnamed through a transaction pooler.
     fn query<'q>(&self, sql: impl SqlSafeStr) -> Query<'q, D, D::Arguments> {
         sqlx::query(sql).persistent(self.named)
-    }
-
-    /// `sqlx::query_as`, unnamed through a transaction pooler.
-    fn query_as<'q, O>(&self, sql: impl SqlSafeStr) -> QueryAs<'q, D, O, D::Arguments>
-    where
-        O: for<'r> sqlx::FromRow<'r, D::Row>,
-    {
-        sqlx::query_as(sql).persistent(self.named)
     }
 
     /// `sqlx::query_scalar`, unnamed through a transaction pooler.

@@ -46,7 +46,6 @@ impl Engine for Sqlite {
     const MIGRATIONS_APPLIED: &'static str =
         include_str!("../queries/sqlite/migrations_applied.sql");
     const MIGRATIONS_RECORD: &'static str = include_str!("../queries/sqlite/migrations_record.sql");
-    const MIGRATION_AT: bool = true;
     const BEGIN: Option<&'static str> = Some("BEGIN IMMEDIATE");
 
     type Id = String;

@@ -8,7 +8,7 @@
 
 use outbox_core::Identifier;
 pub use outbox_core::migration::MigrateError;
-use outbox_core::migration::{self, Migration};
+use outbox_core::migration::Migration;
 use sqlx::{Acquire as _, Executor as _, MySqlPool};
 
 use crate::sql::{render, statements};
@@ -19,13 +19,6 @@ pub(crate) const MIGRATIONS: &[Migration] =
 
 /// The schema version this build of the library expects.
 pub const SCHEMA_VERSION: i32 = 1;
-
-const BOOKKEEPING: &str = "CREATE TABLE IF NOT EXISTS {{name:_migrations}} (
-    version    INT          NOT NULL PRIMARY KEY,
-    name       VARCHAR(100) NOT NULL,
-    checksum   VARCHAR(32)  NOT NULL,
-    applied_at DATETIME(6)  NOT NULL DEFAULT CURRENT_TIMESTAMP(6)
-) ENGINE = InnoDB";
 
 /// Longest wait for another `migrate` of the same table to finish.
 const LOCK_TIMEOUT_SECONDS: i32 = 60;
@@ -63,18 +56,9 @@ pub async fn migrate(
         ))));
     }
     let result = async {
-        conn.execute(sqlx::AssertSqlSafe(render(BOOKKEEPING, table)))
-            .await
-            .map_err(db)?;
-        let applied: Vec<(i32, String)> = sqlx::query_as(sqlx::AssertSqlSafe(render(
-            "SELECT version, checksum FROM {{name:_migrations}} ORDER BY version",
-            table,
-        )))
-        .fetch_all(&mut *conn)
-        .await
-        .map_err(db)?;
-        let plan = migration::plan(MIGRATIONS, &applied)
-            .map_err(|c| MigrateError::conflict("outbox", &name, c))?;
+        let book = outbox_sql::bookkeeping!("outbox", &name, |sql| render(sql, table));
+        let mut run = book.on(&mut *conn);
+        let plan = run.pending(MIGRATIONS).await?;
         let mut report = MigrationReport {
             applied: Vec::new(),
             version: plan.current,
@@ -82,20 +66,12 @@ pub async fn migrate(
         for (m, checksum) in plan.to_apply {
             let sql = render(m.sql, table);
             for statement in statements(&sql) {
-                conn.execute(sqlx::raw_sql(sqlx::AssertSqlSafe(statement.to_owned())))
+                (&mut *run.conn)
+                    .execute(sqlx::raw_sql(sqlx::AssertSqlSafe(statement.to_owned())))
                     .await
                     .map_err(|e| trigger_privilege(&name, e).unwrap_or_else(db))?;
             }
-            sqlx::query(sqlx::AssertSqlSafe(render(
-                "INSERT INTO {{name:_migrations}} (version, name, checksum) VALUES (?, ?, ?)",
-                table,
-            )))
-            .bind(m.version)
-            .bind(m.name)
-            .bind(&checksum)
-            .execute(&mut *conn)
-            .await
-            .map_err(db)?;
+            run.record(m, &checksum).await?;
             report.applied.push((m.version, m.name));
             report.version = m.version;
         }

@@ -8,7 +8,7 @@
 
 use outbox_core::QualifiedTable;
 pub use outbox_core::migration::MigrateError;
-use outbox_core::migration::{self, Migration};
+use outbox_core::migration::Migration;
 use sqlx::{Executor, PgPool};
 
 use crate::partition::{self, Layout, Partitioning};
@@ -24,12 +24,6 @@ pub(crate) const MIGRATIONS: &[Migration] = outbox_core::migrations!("migrations
 /// The schema version this build of the library expects.
 pub const SCHEMA_VERSION: i32 = 8;
 
-const BOOKKEEPING: &str = "CREATE TABLE IF NOT EXISTS {{qname:_migrations}} (
-    version    integer     PRIMARY KEY,
-    name       text        NOT NULL,
-    checksum   text        NOT NULL,
-    applied_at timestamptz NOT NULL DEFAULT now()
-)";
 const WAKEUP_ON: &str = "DROP TRIGGER IF EXISTS {{name:_wakeup}} ON {{table}};
 CREATE TRIGGER {{name:_wakeup}} AFTER INSERT ON {{table}}
     FOR EACH STATEMENT EXECUTE FUNCTION {{qname:_notify}}();";
@@ -108,19 +102,10 @@ pub async fn migrate_with(
     tx.execute(sqlx::AssertSqlSafe(schema_sql))
         .await
         .map_err(db)?;
-    tx.execute(sqlx::AssertSqlSafe(render(BOOKKEEPING, table)))
-        .await
-        .map_err(db)?;
-    let applied: Vec<(i32, String)> = crate::sql::query_as(sqlx::AssertSqlSafe(render(
-        "SELECT version, checksum FROM {{qname:_migrations}} ORDER BY version",
-        table,
-    )))
-    .fetch_all(&mut *tx)
-    .await
-    .map_err(db)?;
-    let plan = migration::plan(MIGRATIONS, &applied)
-        .map_err(|c| MigrateError::conflict("outbox", &name, c))?;
-    let layout = partition::layout(&mut tx, table).await.map_err(db)?;
+    let book = outbox_sql::bookkeeping!("outbox", &name, |sql| render(sql, table));
+    let mut run = book.on(&mut *tx);
+    let plan = run.pending(MIGRATIONS).await?;
+    let layout = partition::layout(run.conn, table).await.map_err(db)?;
     if layout != Layout::Missing {
         crate::retention::layout_matches(table, options.partitioning, layout)
             .map_err(|e| MigrateError::Layout(e.to_string()))?;
@@ -140,20 +125,8 @@ pub async fn migrate_with(
             5 if partitioned => render(&partition::partitioned_lock_key(m.sql), table),
             _ => render(m.sql, table),
         };
-        tx.execute(sqlx::raw_sql(sqlx::AssertSqlSafe(sql)))
-            .await
-            .map_err(db)?;
-        crate::sql::query(sqlx::AssertSqlSafe(render(
-            "INSERT INTO {{qname:_migrations}} (version, name, checksum) VALUES ($1, $2, $3)",
-            table,
-        )))
-        .bind(m.version)
-        .bind(m.name)
-        .bind(&checksum)
-        .execute(&mut *tx)
-        .await
-        .map_err(db)?;
-        tracing::info!(table = %name, version = m.version, migration = m.name, "applied migration");
+        run.run_script(sql).await?;
+        run.record(m, &checksum).await?;
         report.applied.push((m.version, m.name));
         report.version = m.version;
     }

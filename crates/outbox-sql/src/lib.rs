@@ -10,6 +10,7 @@
 
 pub mod backfill;
 pub mod error;
+pub mod migrate;
 pub mod poll;
 mod query_set;
 pub mod rows;

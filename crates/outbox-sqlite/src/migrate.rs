@@ -8,8 +8,8 @@
 
 use outbox_core::Identifier;
 pub use outbox_core::migration::MigrateError;
-use outbox_core::migration::{self, Migration};
-use sqlx::{Executor, SqlitePool};
+use outbox_core::migration::Migration;
+use sqlx::SqlitePool;
 
 use crate::sql::render;
 
@@ -20,14 +20,6 @@ pub(crate) const MIGRATIONS: &[Migration] = outbox_core::migrations!("migrations
 
 /// The schema version this build of the library expects.
 pub const SCHEMA_VERSION: i32 = 2;
-
-const BOOKKEEPING: &str = "CREATE TABLE IF NOT EXISTS {{name:_migrations}} (
-    version    INTEGER PRIMARY KEY,
-    name       TEXT    NOT NULL,
-    checksum   TEXT    NOT NULL,
-    -- Unix microseconds, like every timestamp of the outbox.
-    applied_at INTEGER NOT NULL
-)";
 
 /// What `migrate` did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,44 +37,24 @@ pub async fn migrate(
     table: &Identifier,
 ) -> Result<MigrationReport, MigrateError> {
     let name = table.to_string();
-    let db = |source| MigrateError::database("outbox", &name, source);
-    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await.map_err(db)?;
-    tx.execute(sqlx::AssertSqlSafe(render(BOOKKEEPING, table)))
+    let book = outbox_sql::bookkeeping!("outbox", &name, |sql| render(sql, table));
+    let mut tx = pool
+        .begin_with("BEGIN IMMEDIATE")
         .await
-        .map_err(db)?;
-    let applied: Vec<(i32, String)> = sqlx::query_as(sqlx::AssertSqlSafe(render(
-        "SELECT version, checksum FROM {{name:_migrations}} ORDER BY version",
-        table,
-    )))
-    .fetch_all(&mut *tx)
-    .await
-    .map_err(db)?;
-    let plan = migration::plan(MIGRATIONS, &applied)
-        .map_err(|c| MigrateError::conflict("outbox", &name, c))?;
+        .map_err(|e| book.error(e))?;
+    let mut run = book.on(&mut *tx);
+    let plan = run.pending(MIGRATIONS).await?;
     let mut report = MigrationReport {
         applied: Vec::new(),
         version: plan.current,
     };
     for (m, checksum) in plan.to_apply {
-        tx.execute(sqlx::raw_sql(sqlx::AssertSqlSafe(render(m.sql, table))))
-            .await
-            .map_err(db)?;
-        sqlx::query(sqlx::AssertSqlSafe(render(
-            "INSERT INTO {{name:_migrations}} (version, name, checksum, applied_at) VALUES (?1, ?2, ?3, ?4)",
-            table,
-        )))
-        .bind(m.version)
-        .bind(m.name)
-        .bind(&checksum)
-        .bind(crate::timestamp::to_micros(time::OffsetDateTime::now_utc()))
-        .execute(&mut *tx)
-        .await
-        .map_err(db)?;
-        tracing::info!(table = %name, version = m.version, migration = m.name, "applied migration");
+        run.run_script(render(m.sql, table)).await?;
+        run.record(m, &checksum).await?;
         report.applied.push((m.version, m.name));
         report.version = m.version;
     }
-    tx.commit().await.map_err(db)?;
+    tx.commit().await.map_err(|e| book.error(e))?;
     Ok(report)
 }
 

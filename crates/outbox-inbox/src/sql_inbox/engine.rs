@@ -33,11 +33,8 @@ pub trait Engine: Database + HasStatementCache {
     const MIGRATIONS_PREPARE: &'static str;
     /// `queries/<db>/migrations_applied.sql`: `(version, checksum)` rows.
     const MIGRATIONS_APPLIED: &'static str;
-    /// `queries/<db>/migrations_record.sql`: version, name, checksum (and the clock
-    /// when [`MIGRATION_AT`](Self::MIGRATION_AT)).
+    /// `queries/<db>/migrations_record.sql`: version, name, checksum.
     const MIGRATIONS_RECORD: &'static str;
-    /// The bookkeeping row takes its `applied_at` as a parameter (no SQL default).
-    const MIGRATION_AT: bool = false;
     /// The statement that opens an inbox transaction (`None`: sqlx's `BEGIN`).
     const BEGIN: Option<&'static str> = None;
     /// Single reads and writes on the pool (`contains`, `applied_position`, each purge

@@ -1,8 +1,8 @@
 //! `migrate`: the inbox tables created or upgraded, once per database even when several
 //! instances start together, each migration recorded in `<table>_migrations`.
 
-use sqlx::{Executor, Pool};
-use time::OffsetDateTime;
+use outbox_sql::migrate::Bookkeeping;
+use sqlx::Pool;
 
 use super::{SqlInbox, begin};
 use crate::error::{MigrateError, MigrationReport};
@@ -52,39 +52,22 @@ with_sql_bounds! {
             conn: &mut D::Connection,
             name: &str,
         ) -> Result<MigrationReport, MigrateError> {
-            let db = |source| MigrateError::database("inbox", name, source);
-            conn.execute(sqlx::raw_sql(sqlx::AssertSqlSafe(
-                self.render(D::MIGRATIONS_PREPARE),
-            )))
-            .await
-            .map_err(db)?;
-            let applied: Vec<(i32, String)> = self
-                .query_as(sqlx::AssertSqlSafe(self.render(D::MIGRATIONS_APPLIED)))
-                .fetch_all(&mut *conn)
-                .await
-                .map_err(db)?;
-            let plan = outbox_core::migration::plan(D::MIGRATIONS, &applied)
-                .map_err(|c| MigrateError::conflict("inbox", name, c))?;
+            let book = Bookkeeping {
+                kind: "inbox",
+                table: name,
+                create: self.render(D::MIGRATIONS_PREPARE),
+                read: self.render(D::MIGRATIONS_APPLIED),
+                record: self.render(D::MIGRATIONS_RECORD),
+            };
+            let mut run = book.on(conn);
+            let plan = run.pending(D::MIGRATIONS).await?;
             let mut report = MigrationReport {
                 applied: Vec::new(),
                 version: plan.current,
             };
             for (m, checksum) in plan.to_apply {
-                conn.execute(sqlx::raw_sql(sqlx::AssertSqlSafe(self.render(m.sql))))
-                    .await
-                    .map_err(db)?;
-                let record = self
-                    .query(sqlx::AssertSqlSafe(self.render(D::MIGRATIONS_RECORD)))
-                    .bind(m.version)
-                    .bind(m.name)
-                    .bind(checksum);
-                let record = if D::MIGRATION_AT {
-                    record.bind(D::time(OffsetDateTime::now_utc()))
-                } else {
-                    record
-                };
-                record.execute(&mut *conn).await.map_err(db)?;
-                tracing::info!(table = %name, version = m.version, migration = m.name, "applied inbox migration");
+                run.run_script(self.render(m.sql)).await?;
+                run.record(m, &checksum).await?;
                 report.applied.push((m.version, m.name));
                 report.version = m.version;
             }

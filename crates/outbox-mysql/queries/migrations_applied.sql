@@ -1,0 +1,2 @@
+-- The migrations recorded as applied, with their checksums, in version order.
+SELECT version, checksum FROM {{name:_migrations}} ORDER BY version
