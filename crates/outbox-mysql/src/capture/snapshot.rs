@@ -18,12 +18,13 @@
 //! column's collation, so `>` is the column's own order), a binary key in hex. Other key
 //! types are refused.
 
-use outbox_core::capture::recorded::{check_recorded, check_trigger};
+use outbox_core::capture::recorded::check_recorded;
 use outbox_core::capture::snapshot::{
-    Chunked, Recorded, SnapshotTx, entry_names, resume_or_begin, single_key, starting,
+    Chunked, Recorded, entry_names, resume_or_begin, single_key, starting,
 };
-use outbox_core::capture::{CaptureEntry, CaptureError, Dialect, op_trigger_name, splice_literals};
+use outbox_core::capture::{CaptureEntry, CaptureError, Dialect, splice_literals};
 use outbox_core::migration::render_sql;
+use outbox_sql::snapshot::{SnapshotDb, SqlSnapshot, check_triggers};
 use sqlx::pool::PoolConnection;
 use sqlx::{Executor, MySql, MySqlPool, Transaction};
 
@@ -79,16 +80,13 @@ fn key_sql(data_type: &str, column_type: &str) -> Option<(&'static str, &'static
 }
 
 /// The chunk statements of one capture's snapshot (see the module docs); `[first chunk,
-/// later chunks]` where they differ.
+/// later chunks]` where they differ. The progress row's statements are [`SqlSnapshot`]'s.
 pub(crate) struct MySqlSnapshot {
     pool: MySqlPool,
-    name: String,
-    lock: String,
     rows: [String; 2],
     /// The insert up to its `VALUES`, and one row's tuple.
     insert: String,
     tuple: String,
-    advance: String,
 }
 
 impl MySqlCapture {
@@ -96,7 +94,7 @@ impl MySqlCapture {
     pub(crate) async fn snapshot(
         &self,
         entry: CaptureEntry<'_>,
-    ) -> Result<Chunked<MySqlSnapshot>, CaptureError> {
+    ) -> Result<Chunked<SqlSnapshot<MySqlSnapshot>>, CaptureError> {
         let context = starting(entry)?;
         let config = entry.config;
         let name = config.name();
@@ -220,18 +218,19 @@ impl MySqlCapture {
             .expect("capture_snapshot_chunk.sql has a VALUES");
         let run = MySqlSnapshot {
             pool: self.pool.clone(),
-            name: name.to_string(),
-            lock: render(LOCK, &self.outbox),
             rows: [
                 literals(&rendered(ROWS, &after[0]))?,
                 literals(&rendered(ROWS, &after[1]))?,
             ],
             insert: format!("{insert}VALUES "),
             tuple: literals(tuple.trim())?,
-            advance: render(ADVANCE, &self.outbox),
         };
         let start = resume.start(&name, &table, &key, rows_left);
-        Ok(Chunked::new(start, run))
+        let (lock, advance) = (render(LOCK, &self.outbox), render(ADVANCE, &self.outbox));
+        Ok(Chunked::new(
+            start,
+            SqlSnapshot::new(&name, lock, advance, run),
+        ))
     }
 
     /// The capture must be installed as configured: recorded with this entry, its triggers
@@ -246,15 +245,7 @@ impl MySqlCapture {
         let name = entry.config.name();
         let recorded = self.recorded(conn, &name, context).await?;
         check_recorded(entry, self.outbox.as_str(), table, recorded)?;
-        for op in entry.config.ops() {
-            let on: Option<String> = sqlx::query_scalar(TRIGGER_OF)
-                .bind(op_trigger_name(&name, op))
-                .fetch_optional(&mut **conn)
-                .await
-                .map_err(db(context))?;
-            check_trigger(entry, op, table, on.as_deref())?;
-        }
-        Ok(())
+        check_triggers::<MySql>(&mut **conn, entry, table, TRIGGER_OF, context).await
     }
 }
 
@@ -272,25 +263,17 @@ fn number(e: &sqlx::Error) -> Option<u16> {
     }
 }
 
-impl SnapshotTx for MySqlSnapshot {
-    type Tx = Transaction<'static, MySql>;
+impl SnapshotDb for MySqlSnapshot {
+    type Database = MySql;
     type Key = String;
-    type Error = sqlx::Error;
 
-    async fn begin(&self) -> Result<Self::Tx, sqlx::Error> {
+    async fn begin(&self) -> Result<Transaction<'static, MySql>, sqlx::Error> {
         self.pool.begin().await
-    }
-
-    async fn lock(&self, tx: &mut Self::Tx) -> Result<Option<Option<String>>, sqlx::Error> {
-        sqlx::query_scalar(sqlx::AssertSqlSafe(self.lock.as_str()))
-            .bind(&self.name)
-            .fetch_optional(&mut **tx)
-            .await
     }
 
     async fn write(
         &self,
-        tx: &mut Self::Tx,
+        tx: &mut Transaction<'static, MySql>,
         last: Option<&String>,
         limit: u32,
     ) -> Result<(u64, Option<String>), sqlx::Error> {
@@ -311,27 +294,6 @@ impl SnapshotTx for MySqlSnapshot {
         }
         insert.execute(&mut **tx).await?;
         Ok((rows.len() as u64, Some(high.clone())))
-    }
-
-    async fn advance(
-        &self,
-        tx: &mut Self::Tx,
-        last: Option<&String>,
-        rows: u64,
-        finished: bool,
-    ) -> Result<(), sqlx::Error> {
-        sqlx::query(sqlx::AssertSqlSafe(self.advance.as_str()))
-            .bind(last)
-            .bind(rows as i64)
-            .bind(finished)
-            .bind(&self.name)
-            .execute(&mut **tx)
-            .await
-            .map(drop)
-    }
-
-    async fn commit(&self, tx: Self::Tx) -> Result<(), sqlx::Error> {
-        tx.commit().await
     }
 
     /// A deadlock (an application transaction holding one aggregate's head row wants a row

@@ -8,11 +8,14 @@
 //! ([queries/capture_snapshot_chunk.sql](../../queries/capture_snapshot_chunk.sql)).
 
 use outbox_core::capture::snapshot::{
-    Chunked, Recorded, SnapshotTx, entry_names, not_installed, resume_or_begin, single_key,
-    starting,
+    Chunked, Recorded, entry_names, not_installed, resume_or_begin, single_key, starting,
 };
 use outbox_core::capture::{CaptureEntry, CaptureError};
 use outbox_core::{Identifier, QualifiedTable};
+use outbox_sql::error::has_code;
+use outbox_sql::snapshot::{SnapshotDb, SqlSnapshot};
+use sqlx::postgres::PgArguments;
+use sqlx::query::Query;
 use sqlx::{Postgres, Transaction};
 
 use super::{PgCapture, Plan, db, event_type_column};
@@ -31,16 +34,14 @@ const TRIGGER_NAMED: &str = query_file!("capture_trigger_named");
 /// A fixed event type in a snapshot chunk: its 6th parameter.
 const SNAPSHOT_EVENT_TYPE_FIXED: &str = "$6::text";
 
-/// The chunk statements of one capture's snapshot (see the module docs).
+/// The chunk statement of one capture's snapshot (see the module docs). The progress row's
+/// statements are [`SqlSnapshot`]'s.
 pub(crate) struct PgSnapshot {
     pool: crate::db::Db,
-    name: String,
     table: String,
     key: String,
     /// The chunk statement, rendered for this capture.
     chunk: String,
-    lock: String,
-    advance: String,
     aggregate_type: String,
     event_type: Option<String>,
 }
@@ -50,7 +51,7 @@ impl PgCapture {
     pub(crate) async fn snapshot(
         &self,
         entry: CaptureEntry<'_>,
-    ) -> Result<Chunked<PgSnapshot>, CaptureError> {
+    ) -> Result<Chunked<SqlSnapshot<PgSnapshot>>, CaptureError> {
         let context = starting(entry)?;
         let name = entry.config.name();
         let mut tx = self.begin(&context).await?;
@@ -106,19 +107,18 @@ impl PgCapture {
             &named,
         );
         let start = resume.start(&name, &table, &key, rows_left);
+        let run = PgSnapshot {
+            pool: self.pool.clone(),
+            table,
+            key: key.to_string(),
+            chunk,
+            aggregate_type: config.aggregate_type.clone(),
+            event_type: config.event_type.clone(),
+        };
+        let (lock, advance) = (render(LOCK, &self.outbox), render(ADVANCE, &self.outbox));
         Ok(Chunked::new(
             start,
-            PgSnapshot {
-                pool: self.pool.clone(),
-                name: name.to_string(),
-                table,
-                key: key.to_string(),
-                chunk,
-                lock: render(LOCK, &self.outbox),
-                advance: render(ADVANCE, &self.outbox),
-                aggregate_type: config.aggregate_type.clone(),
-                event_type: config.event_type.clone(),
-            },
+            SqlSnapshot::new(&name, lock, advance, run),
         ))
     }
 
@@ -187,25 +187,22 @@ fn plan_names<'p>(plan: &'p Plan<'_>, key: &'p Identifier) -> Vec<(&'p str, &'p 
     named
 }
 
-impl SnapshotTx for PgSnapshot {
-    type Tx = Transaction<'static, Postgres>;
+impl SnapshotDb for PgSnapshot {
+    type Database = Postgres;
     type Key = String;
-    type Error = sqlx::Error;
 
-    async fn begin(&self) -> Result<Self::Tx, sqlx::Error> {
+    async fn begin(&self) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
         self.pool.begin().await
     }
 
-    async fn lock(&self, tx: &mut Self::Tx) -> Result<Option<Option<String>>, sqlx::Error> {
-        crate::sql::query_scalar(sqlx::AssertSqlSafe(self.lock.as_str()))
-            .bind(&self.name)
-            .fetch_optional(&mut **tx)
-            .await
+    /// Named (cached) unless a transaction pooler is in between.
+    fn query(sql: &str) -> Query<'static, Postgres, PgArguments> {
+        crate::sql::query(sqlx::AssertSqlSafe(sql))
     }
 
     async fn write(
         &self,
-        tx: &mut Self::Tx,
+        tx: &mut Transaction<'static, Postgres>,
         last: Option<&String>,
         limit: u32,
     ) -> Result<(u64, Option<String>), sqlx::Error> {
@@ -226,39 +223,13 @@ impl SnapshotTx for PgSnapshot {
         Ok((rows.max(0) as u64, new_last))
     }
 
-    async fn advance(
-        &self,
-        tx: &mut Self::Tx,
-        last: Option<&String>,
-        rows: u64,
-        finished: bool,
-    ) -> Result<(), sqlx::Error> {
-        crate::sql::query(sqlx::AssertSqlSafe(self.advance.as_str()))
-            .bind(&self.name)
-            .bind(last)
-            .bind(rows as i64)
-            .bind(finished)
-            .execute(&mut **tx)
-            .await
-            .map(drop)
-    }
-
-    async fn commit(&self, tx: Self::Tx) -> Result<(), sqlx::Error> {
-        tx.commit().await
-    }
-
     /// A deadlock (an application transaction locked the rows of one aggregate in another
     /// order) or a serialization failure.
     fn retryable(e: &sqlx::Error) -> bool {
-        is_code(e, "40P01") || is_code(e, "40001")
+        has_code(e, "40P01") || has_code(e, "40001")
     }
 
     fn null_in_row(e: &sqlx::Error) -> bool {
-        is_code(e, "23502")
+        has_code(e, "23502")
     }
-}
-
-/// Whether `e` is the database's error `code` (SQLSTATE).
-fn is_code(e: &sqlx::Error, code: &str) -> bool {
-    matches!(e, sqlx::Error::Database(d) if d.code().as_deref() == Some(code))
 }

@@ -12,13 +12,16 @@
 //! Tables without a declared primary key (rowid only) are refused: `VACUUM` may renumber the
 //! rowids of such a table, so a resumed snapshot could skip or repeat rows.
 
-use outbox_core::capture::recorded::{check_recorded, check_trigger};
+use outbox_core::capture::recorded::check_recorded;
 use outbox_core::capture::snapshot::{
-    Chunked, Recorded, SnapshotTx, entry_names, resume_or_begin, single_key, starting,
+    Chunked, Recorded, entry_names, resume_or_begin, single_key, starting,
 };
-use outbox_core::capture::{CaptureEntry, CaptureError, op_trigger_name, splice};
+use outbox_core::capture::{CaptureEntry, CaptureError, splice};
 use outbox_core::migration::render_sql;
-use sqlx::sqlite::{SqliteArgumentsBuffer, SqliteRow, SqliteTypeInfo};
+use outbox_sql::error::has_code;
+use outbox_sql::snapshot::{LockedKey, SnapshotDb, SqlSnapshot, check_triggers};
+use sqlx::query::Query;
+use sqlx::sqlite::{SqliteArguments, SqliteArgumentsBuffer, SqliteRow, SqliteTypeInfo};
 use sqlx::{Executor, Row, Sqlite, SqlitePool, Transaction};
 
 use super::{Plan, SqliteCapture, TRIGGER_OF, TRIGGER_SQL, db};
@@ -87,18 +90,23 @@ impl sqlx::Encode<'_, Sqlite> for Key {
     }
 }
 
-/// The chunk statements of one capture's snapshot (see the module docs).
+/// The lock statement reads the key's storage class and value.
+impl LockedKey<Sqlite> for Key {
+    fn locked(row: &SqliteRow) -> Result<Option<Self>, sqlx::Error> {
+        Self::read(row, 0)
+    }
+}
+
+/// The chunk statements of one capture's snapshot (see the module docs). The progress row's
+/// statements are [`SqlSnapshot`]'s.
 pub(crate) struct SqliteSnapshot {
     pool: SqlitePool,
-    name: String,
     table: String,
     aggregate_type: String,
     event_type: Option<String>,
-    lock: String,
     /// The chunk's insert and its last key: first chunk, later chunks.
     chunk: [String; 2],
     last: [String; 2],
-    advance: String,
 }
 
 impl SqliteCapture {
@@ -106,7 +114,7 @@ impl SqliteCapture {
     pub(crate) async fn snapshot(
         &self,
         entry: CaptureEntry<'_>,
-    ) -> Result<Chunked<SqliteSnapshot>, CaptureError> {
+    ) -> Result<Chunked<SqlSnapshot<SqliteSnapshot>>, CaptureError> {
         let context = starting(entry)?;
         let config = entry.config;
         let name = config.name();
@@ -219,19 +227,18 @@ impl SqliteCapture {
             )
         };
         let start = resume.start(&name, &table, &key, rows_left);
+        let run = SqliteSnapshot {
+            pool: self.pool.clone(),
+            table,
+            aggregate_type: config.aggregate_type.clone(),
+            event_type: config.event_type.clone(),
+            chunk: [chunk(FROM_START), chunk(AFTER_KEY)],
+            last: [statement(LAST, FROM_START), statement(LAST, AFTER_KEY)],
+        };
+        let (lock, advance) = (render(LOCK, &self.outbox), render(ADVANCE, &self.outbox));
         Ok(Chunked::new(
             start,
-            SqliteSnapshot {
-                pool: self.pool.clone(),
-                name: name.to_string(),
-                table,
-                aggregate_type: config.aggregate_type.clone(),
-                event_type: config.event_type.clone(),
-                lock: render(LOCK, &self.outbox),
-                chunk: [chunk(FROM_START), chunk(AFTER_KEY)],
-                last: [statement(LAST, FROM_START), statement(LAST, AFTER_KEY)],
-                advance: render(ADVANCE, &self.outbox),
-            },
+            SqlSnapshot::new(&name, lock, advance, run),
         ))
     }
 
@@ -247,15 +254,7 @@ impl SqliteCapture {
         let name = entry.config.name();
         let recorded = self.recorded(tx, &name, context).await?;
         check_recorded(entry, self.outbox.as_str(), table, recorded)?;
-        for op in entry.config.ops() {
-            let on: Option<String> = sqlx::query_scalar(TRIGGER_OF)
-                .bind(op_trigger_name(&name, op))
-                .fetch_optional(&mut **tx)
-                .await
-                .map_err(db(context))?;
-            check_trigger(entry, op, table, on.as_deref())?;
-        }
-        Ok(())
+        check_triggers::<Sqlite>(&mut **tx, entry, table, TRIGGER_OF, context).await
     }
 }
 
@@ -264,27 +263,18 @@ fn now() -> i64 {
     crate::timestamp::to_micros(time::OffsetDateTime::now_utc())
 }
 
-impl SnapshotTx for SqliteSnapshot {
-    type Tx = Transaction<'static, Sqlite>;
+impl SnapshotDb for SqliteSnapshot {
+    type Database = Sqlite;
     type Key = Key;
-    type Error = sqlx::Error;
 
     /// `BEGIN IMMEDIATE`: SQLite's write lock from the first statement on.
-    async fn begin(&self) -> Result<Self::Tx, sqlx::Error> {
+    async fn begin(&self) -> Result<Transaction<'static, Sqlite>, sqlx::Error> {
         self.pool.begin_with("BEGIN IMMEDIATE").await
-    }
-
-    async fn lock(&self, tx: &mut Self::Tx) -> Result<Option<Option<Key>>, sqlx::Error> {
-        let row = sqlx::query(sqlx::AssertSqlSafe(self.lock.as_str()))
-            .bind(&self.name)
-            .fetch_optional(&mut **tx)
-            .await?;
-        row.map(|row| Key::read(&row, 0)).transpose()
     }
 
     async fn write(
         &self,
-        tx: &mut Self::Tx,
+        tx: &mut Transaction<'static, Sqlite>,
         last: Option<&Key>,
         limit: u32,
     ) -> Result<(u64, Option<Key>), sqlx::Error> {
@@ -309,37 +299,24 @@ impl SnapshotTx for SqliteSnapshot {
         Ok((rows, Key::read(&row, 0)?))
     }
 
-    async fn advance(
-        &self,
-        tx: &mut Self::Tx,
-        last: Option<&Key>,
-        rows: u64,
-        finished: bool,
-    ) -> Result<(), sqlx::Error> {
-        sqlx::query(sqlx::AssertSqlSafe(self.advance.as_str()))
-            .bind(&self.name)
-            .bind(last)
-            .bind(rows as i64)
-            .bind(finished)
-            .bind(now())
-            .execute(&mut **tx)
-            .await
-            .map(drop)
-    }
-
-    async fn commit(&self, tx: Self::Tx) -> Result<(), sqlx::Error> {
-        tx.commit().await
+    /// The time `finished_at` takes (`?5`).
+    fn bind_advance(
+        query: Query<'static, Sqlite, SqliteArguments>,
+    ) -> Query<'static, Sqlite, SqliteArguments> {
+        query.bind(now())
     }
 
     /// `SQLITE_BUSY` (and its extended codes): the write lock was not granted within
     /// `source.busy_timeout` while writers kept it busy. The chunk wrote nothing; it waits
     /// its turn again. (One writer at a time: no deadlocks.)
     fn retryable(e: &sqlx::Error) -> bool {
-        matches!(e, sqlx::Error::Database(d) if matches!(d.code().as_deref(), Some("5" | "261" | "517")))
+        ["5", "261", "517"]
+            .into_iter()
+            .any(|code| has_code(e, code))
     }
 
     /// `SQLITE_CONSTRAINT_NOTNULL`: the outbox's NOT NULL columns.
     fn null_in_row(e: &sqlx::Error) -> bool {
-        matches!(e, sqlx::Error::Database(d) if d.code().as_deref() == Some("1299"))
+        has_code(e, "1299")
     }
 }
