@@ -25,20 +25,23 @@
 
 use std::collections::{HashMap, HashSet};
 
+use outbox_core::admin_rows::Columns;
 use outbox_core::backfill::{
     AggregateKey, Backfiller, Candidate, ChunkOutcome, ChunkStore, HandedOut, Held, InsertRow,
     PendingRow, apply_chunk, by_aggregate, check_kept, headers_json, ids_json, keys_json,
 };
 use outbox_core::{Identifier, SourceError};
-use sqlx::mysql::MySqlDatabaseError;
-use sqlx::{MySql, MySqlPool, Row, Transaction};
+use outbox_sql::backfill::{PlainColumns, handed_out};
+use outbox_sql::rows::fetch_decoded;
+use sqlx::mysql::{MySqlDatabaseError, MySqlRow};
+use sqlx::{MySql, MySqlPool, Transaction};
 use time::{OffsetDateTime, PrimitiveDateTime};
 use uuid::Uuid;
 
 use crate::config::{Mode, MySqlConfig, OnDelivered};
 use crate::error::source_error;
 use crate::poll::{decode, utc};
-use crate::sql::render;
+use crate::sql::{Cols, render};
 
 /// How often a chunk that lost a deadlock is run again.
 const DEADLOCK_RETRIES: u32 = 20;
@@ -164,34 +167,16 @@ impl Backfiller for MySqlBackfill {
             ))
         })?;
         let since = since.map(utc);
-        let ids: Vec<String> = sqlx::query_scalar(stmt(&self.q.ids))
-            .bind(since)
-            .bind(since)
-            .fetch_all(&self.pool)
+        let query = sqlx::query(stmt(&self.q.ids)).bind(since).bind(since);
+        fetch_decoded(query, &self.pool, |r| Cols(r).id(0))
             .await
-            .map_err(|e| source_error("selecting events to backfill", &self.outbox, e))?;
-        ids.iter()
-            .map(|id| uuid(id))
-            .collect::<Result<_, _>>()
             .map_err(|e| source_error("selecting events to backfill", &self.outbox, e))
     }
 
     async fn events(&self, ids: &[Uuid]) -> Result<Vec<Candidate>, SourceError> {
-        let rows = sqlx::query(stmt(&self.q.events))
-            .bind(ids_json(ids))
-            .fetch_all(&self.pool)
+        let query = sqlx::query(stmt(&self.q.events)).bind(ids_json(ids));
+        fetch_decoded(query, &self.pool, decode_candidate)
             .await
-            .map_err(|e| source_error("reading events to backfill", &self.outbox, e))?;
-        rows.iter()
-            .map(|r| {
-                let (mut event, seq) = decode(r)?;
-                event.attempts = 0;
-                Ok(Candidate {
-                    outbox_seq: seq,
-                    event,
-                })
-            })
-            .collect::<Result<_, sqlx::Error>>()
             .map_err(|e| source_error("reading events to backfill", &self.outbox, e))
     }
 
@@ -235,22 +220,17 @@ impl ChunkStore for MySqlBackfill {
             .await
             .map_err(|e| self.err("holding aggregates", e))?;
         let held_json = keys_json(&held);
-        let rows = sqlx::query(stmt(&self.q.pending))
-            .bind(&held_json)
-            .fetch_all(&mut **tx)
+        let query = sqlx::query(stmt(&self.q.pending)).bind(&held_json);
+        let rows = fetch_decoded(query, &mut **tx, decode_pending)
             .await
             .map_err(|e| self.err("locking pending rows", e))?;
         let mut leased: HashSet<AggregateKey> = HashSet::new();
-        let mut locked = Vec::with_capacity(rows.len());
-        for r in &rows {
-            let (row, lease) =
-                decode_pending(r).map_err(|e| self.err("locking pending rows", e))?;
+        let mut pending = by_aggregate(rows.into_iter().map(|(row, lease)| {
             if lease {
                 leased.insert(row.key());
             }
-            locked.push(row);
-        }
-        let mut pending = by_aggregate(locked);
+            row
+        }));
         self.outbox_seqs(tx, &mut pending).await?;
         let counts: Vec<(String, String, i64)> = sqlx::query_as(stmt(&self.q.pending_count))
             .bind(&held_json)
@@ -274,33 +254,19 @@ impl ChunkStore for MySqlBackfill {
         tx: &mut Self::Tx,
         keys: &[AggregateKey],
     ) -> Result<HashMap<AggregateKey, HandedOut>, SourceError> {
-        let rows = sqlx::query(stmt(&self.q.handed_out))
-            .bind(keys_json(keys))
-            .fetch_all(&mut **tx)
+        let query = sqlx::query(stmt(&self.q.handed_out)).bind(keys_json(keys));
+        let rows = fetch_decoded(query, &mut **tx, handed_out)
             .await
             .map_err(|e| self.err("reading what the subscription delivered", e))?;
-        rows.iter()
-            .map(|r| {
-                let rows: i64 = r.try_get(3)?;
-                let positioned: i64 = r.try_get(4)?;
-                let handed = HandedOut::from_facts(r.try_get(2)?, rows != 0, positioned != 0);
-                Ok(((r.try_get(0)?, r.try_get(1)?), handed))
-            })
-            .collect::<Result<_, sqlx::Error>>()
-            .map_err(|e| self.err("reading what the subscription delivered", e))
+        Ok(rows.into_iter().collect())
     }
 
     async fn present(&self, tx: &mut Self::Tx, ids: &[Uuid]) -> Result<HashSet<Uuid>, SourceError> {
-        let found: Vec<String> = sqlx::query_scalar(stmt(&self.q.present))
-            .bind(ids_json(ids))
-            .fetch_all(&mut **tx)
+        let query = sqlx::query(stmt(&self.q.present)).bind(ids_json(ids));
+        let found = fetch_decoded(query, &mut **tx, |r| Cols(r).id(0))
             .await
             .map_err(|e| self.err("reading the subscription's event ids", e))?;
-        found
-            .iter()
-            .map(|id| uuid(id))
-            .collect::<Result<_, _>>()
-            .map_err(|e| self.err("reading the subscription's event ids", e))
+        Ok(found.into_iter().collect())
     }
 
     async fn put_in_line(
@@ -374,28 +340,29 @@ fn is_deadlock(e: &SourceError) -> bool {
     false
 }
 
-fn uuid(text: &str) -> Result<Uuid, sqlx::Error> {
-    Uuid::parse_str(text).map_err(|e| sqlx::Error::Decode(Box::new(e)))
-}
-
 /// `next_attempt_at` of a row ready at once (the column's default).
 const READY: PrimitiveDateTime = time::macros::datetime!(1970-01-01 00:00:01);
 
+/// A row of `backfill_events.sql` (the claim's layout): the event, with no attempts, at its
+/// outbox seq.
+fn decode_candidate(r: &MySqlRow) -> Result<Candidate, sqlx::Error> {
+    let (mut event, outbox_seq) = decode(r)?;
+    event.attempts = 0;
+    Ok(Candidate { outbox_seq, event })
+}
+
 /// A pending row (claim layout, then next_attempt_at, last_error, leased) and whether a
 /// live lease-token claim holds it.
-fn decode_pending(r: &sqlx::mysql::MySqlRow) -> Result<(PendingRow, bool), sqlx::Error> {
+fn decode_pending(r: &MySqlRow) -> Result<(PendingRow, bool), sqlx::Error> {
     let (event, _) = decode(r)?;
-    let next: Option<PrimitiveDateTime> = r.try_get(10)?;
-    let leased: i64 = r.try_get(12)?;
-    Ok((
-        PendingRow {
-            event,
-            next_attempt_at: next.map(PrimitiveDateTime::assume_utc),
-            last_error: r.try_get(11)?,
-            outbox_seq: None,
-        },
-        leased != 0,
-    ))
+    let c = Cols(r);
+    let row = PendingRow {
+        event,
+        next_attempt_at: c.time_opt(10)?,
+        last_error: c.text_opt(11)?,
+        outbox_seq: None,
+    };
+    Ok((row, r.flag(12)?))
 }
 
 #[cfg(test)]

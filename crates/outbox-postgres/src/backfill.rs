@@ -10,14 +10,14 @@
 
 use std::collections::{HashMap, HashSet};
 
-use bytes::Bytes;
 use outbox_core::backfill::{
     Backfiller, Candidate, ChunkStore, HandedOut, Held, InsertRow, PendingRow, by_aggregate,
     check_kept,
 };
-use outbox_core::{Event, Position, QualifiedTable, SourceError};
+use outbox_core::{QualifiedTable, SourceError};
+use outbox_sql::backfill::{aggregate_key, candidate, handed_out, pending_row};
+use outbox_sql::rows::fetch_decoded;
 use sqlx::postgres::PgRow;
-use sqlx::types::Json;
 use sqlx::{Postgres, Row, Transaction};
 use time::OffsetDateTime;
 use uuid::Uuid;
@@ -25,7 +25,7 @@ use uuid::Uuid;
 use crate::config::{Mode, OnDelivered, PostgresConfig};
 use crate::error::source_error;
 use crate::event_arrays::EventArrays;
-use crate::sql::{render, render_with};
+use crate::sql::{Cols, render, render_with};
 
 /// An aggregate's key.
 type Key = outbox_core::backfill::AggregateKey;
@@ -122,19 +122,9 @@ impl Backfiller for PgBackfill {
     }
 
     async fn events(&self, ids: &[Uuid]) -> Result<Vec<Candidate>, SourceError> {
-        let rows = crate::sql::query(sqlx::AssertSqlSafe(self.q.events.as_str()))
-            .bind(ids)
-            .fetch_all(&self.db)
+        let query = crate::sql::query(sqlx::AssertSqlSafe(self.q.events.as_str())).bind(ids);
+        fetch_decoded(query, &self.db, |r| candidate(r, &Cols(r)))
             .await
-            .map_err(|e| source_error("reading events to backfill", &self.outbox, e))?;
-        rows.iter()
-            .map(|r| {
-                Ok(Candidate {
-                    outbox_seq: r.try_get(0)?,
-                    event: decode_event(r, 1, r.try_get(0)?)?,
-                })
-            })
-            .collect::<Result<_, sqlx::Error>>()
             .map_err(|e| source_error("reading events to backfill", &self.outbox, e))
     }
 }
@@ -196,12 +186,8 @@ impl ChunkStore for PgBackfill {
         tx: &mut Self::Tx,
         keys: &[Key],
     ) -> Result<HashMap<Key, HandedOut>, SourceError> {
-        let decode = |r: &PgRow| -> Result<(Key, HandedOut), sqlx::Error> {
-            let handed = HandedOut::from_facts(r.try_get(2)?, r.try_get(3)?, r.try_get(4)?);
-            Ok(((r.try_get(0)?, r.try_get(1)?), handed))
-        };
         let what = "reading what the subscription delivered";
-        self.read_keys(tx, &self.q.handed_out, keys, None, what, decode)
+        self.read_keys(tx, &self.q.handed_out, keys, None, what, handed_out)
             .await
     }
 
@@ -231,14 +217,10 @@ impl PgBackfill {
         if let Some(lock_name) = lock_name {
             query = query.bind(lock_name);
         }
-        let rows = query
-            .fetch_all(&mut **tx)
+        let rows = fetch_decoded(query, &mut **tx, decode)
             .await
             .map_err(|e| self.err(context, e))?;
-        rows.iter()
-            .map(decode)
-            .collect::<Result<_, _>>()
-            .map_err(|e| self.err(context, e))
+        Ok(rows.into_iter().collect())
     }
 
     async fn try_lock_aggregates(
@@ -246,17 +228,10 @@ impl PgBackfill {
         tx: &mut Transaction<'static, Postgres>,
         keys: &[Key],
     ) -> Result<Vec<Key>, SourceError> {
-        let decode = |r: &PgRow| Ok((r.try_get(0)?, r.try_get(1)?));
         let lock_name = Some(self.lock_name.as_str());
-        self.read_keys(
-            tx,
-            &self.q.hold,
-            keys,
-            lock_name,
-            "holding aggregates",
-            decode,
-        )
-        .await
+        let what = "holding aggregates";
+        self.read_keys(tx, &self.q.hold, keys, lock_name, what, aggregate_key)
+            .await
     }
 
     async fn lock_pending(
@@ -266,7 +241,9 @@ impl PgBackfill {
     ) -> Result<Held, SourceError> {
         let what = "locking pending rows";
         let rows: Vec<PendingRow> = self
-            .read_keys(tx, &self.q.pending, keys, None, what, decode_pending)
+            .read_keys(tx, &self.q.pending, keys, None, what, |r| {
+                pending_row(r, &Cols(r))
+            })
             .await?;
         Ok(by_aggregate(rows))
     }
@@ -276,7 +253,7 @@ impl PgBackfill {
         tx: &mut Transaction<'static, Postgres>,
         keys: &[Key],
     ) -> Result<HashMap<Key, i64>, SourceError> {
-        let decode = |r: &PgRow| Ok(((r.try_get(0)?, r.try_get(1)?), r.try_get(2)?));
+        let decode = |r: &PgRow| Ok((aggregate_key(r)?, r.try_get(2)?));
         let what = "counting pending rows";
         self.read_keys(tx, &self.q.pending_count, keys, None, what, decode)
             .await
@@ -311,36 +288,6 @@ impl PgBackfill {
 
 fn split(keys: &[Key]) -> (Vec<&str>, Vec<&str>) {
     keys.iter().map(|(t, i)| (t.as_str(), i.as_str())).unzip()
-}
-
-/// An event from columns `at`.. (id, aggregate type and id, event type, payload, headers,
-/// created_at).
-fn decode_event(r: &PgRow, at: usize, position: i64) -> Result<Event, sqlx::Error> {
-    let headers: Json<serde_json::Map<String, serde_json::Value>> = r.try_get(at + 5)?;
-    let payload: Vec<u8> = r.try_get(at + 4)?;
-    Ok(Event {
-        id: r.try_get(at)?,
-        position: Position(position),
-        aggregate_type: r.try_get(at + 1)?,
-        aggregate_id: r.try_get(at + 2)?,
-        event_type: r.try_get(at + 3)?,
-        payload: Bytes::from(payload),
-        headers: outbox_core::enqueue::decode_headers(headers.0),
-        created_at: r.try_get(at + 6)?,
-        attempts: 0,
-    })
-}
-
-fn decode_pending(r: &PgRow) -> Result<PendingRow, sqlx::Error> {
-    let mut event = decode_event(r, 0, 0)?;
-    let attempts: i32 = r.try_get(7)?;
-    event.attempts = u32::try_from(attempts).unwrap_or(0);
-    Ok(PendingRow {
-        event,
-        next_attempt_at: r.try_get(8)?,
-        last_error: r.try_get(9)?,
-        outbox_seq: r.try_get(10)?,
-    })
 }
 
 #[cfg(test)]

@@ -25,21 +25,22 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 
-use bytes::Bytes;
+use outbox_core::admin_rows::Columns;
 use outbox_core::backfill::{
     AggregateKey, Backfiller, Candidate, ChunkOutcome, ChunkStore, HandedOut, Held, InsertRow,
-    PendingRow, apply_chunk, by_aggregate, check_kept, headers_json, ids_json, keys_json,
+    apply_chunk, by_aggregate, check_kept, headers_json, ids_json, keys_json,
 };
-use outbox_core::{Event, Identifier, Position, SourceError};
-use sqlx::sqlite::SqliteRow;
+use outbox_core::{Identifier, SourceError};
+use outbox_sql::backfill::{candidate, handed_out, pending_row};
+use outbox_sql::rows::fetch_decoded;
 use sqlx::{Row, Sqlite, SqlitePool, Transaction};
 use time::OffsetDateTime;
 use uuid::Uuid;
 
 use crate::config::{OnDelivered, SqliteConfig};
 use crate::error::source_error;
-use crate::sql::stmt;
-use crate::timestamp::{duration_micros, from_micros, to_micros};
+use crate::sql::{Cols, stmt};
+use crate::timestamp::{duration_micros, to_micros};
 
 /// Backfilling one subscription table from its outbox.
 #[derive(Debug)]
@@ -175,15 +176,9 @@ impl ChunkStore for SqliteBackfill {
             .take_lease(tx)
             .await
             .map_err(|e| self.err("taking the subscription's relay lease", e))?;
-        let rows = sqlx::query(stmt(&self.q.pending))
-            .bind(keys_json(keys))
-            .fetch_all(&mut **tx)
+        let query = sqlx::query(stmt(&self.q.pending)).bind(keys_json(keys));
+        let rows = fetch_decoded(query, &mut **tx, |r| pending_row(r, &Cols(r)))
             .await
-            .map_err(|e| self.err("reading pending rows", e))?;
-        let rows = rows
-            .iter()
-            .map(decode_pending)
-            .collect::<Result<Vec<_>, _>>()
             .map_err(|e| self.err("reading pending rows", e))?;
         // An aggregate without pending rows is held too.
         let mut out = by_aggregate(rows);
@@ -202,31 +197,19 @@ impl ChunkStore for SqliteBackfill {
         tx: &mut Self::Tx,
         keys: &[AggregateKey],
     ) -> Result<HashMap<AggregateKey, HandedOut>, SourceError> {
-        let rows = sqlx::query(stmt(&self.q.handed_out))
-            .bind(keys_json(keys))
-            .fetch_all(&mut **tx)
+        let query = sqlx::query(stmt(&self.q.handed_out)).bind(keys_json(keys));
+        let rows = fetch_decoded(query, &mut **tx, handed_out)
             .await
             .map_err(|e| self.err("reading what the subscription delivered", e))?;
-        rows.iter()
-            .map(|r| {
-                let handed = HandedOut::from_facts(r.try_get(2)?, r.try_get(3)?, r.try_get(4)?);
-                Ok(((r.try_get(0)?, r.try_get(1)?), handed))
-            })
-            .collect::<Result<_, sqlx::Error>>()
-            .map_err(|e| self.err("reading what the subscription delivered", e))
+        Ok(rows.into_iter().collect())
     }
 
     async fn present(&self, tx: &mut Self::Tx, ids: &[Uuid]) -> Result<HashSet<Uuid>, SourceError> {
-        let found: Vec<String> = sqlx::query_scalar(stmt(&self.q.present))
-            .bind(ids_json(ids))
-            .fetch_all(&mut **tx)
+        let query = sqlx::query(stmt(&self.q.present)).bind(ids_json(ids));
+        let found = fetch_decoded(query, &mut **tx, |r| Cols(r).id(0))
             .await
             .map_err(|e| self.err("reading the subscription's event ids", e))?;
-        found
-            .iter()
-            .map(|id| uuid(id))
-            .collect::<Result<_, _>>()
-            .map_err(|e| self.err("reading the subscription's event ids", e))
+        Ok(found.into_iter().collect())
     }
 
     async fn put_in_line(
@@ -270,32 +253,16 @@ impl ChunkStore for SqliteBackfill {
 impl Backfiller for SqliteBackfill {
     async fn ids(&self, since: Option<OffsetDateTime>) -> Result<Vec<Uuid>, SourceError> {
         check_kept(self.keeps_delivered, &self.outbox)?;
-        let ids: Vec<String> = sqlx::query_scalar(stmt(&self.q.ids))
-            .bind(since.map(to_micros))
-            .fetch_all(&self.pool)
+        let query = sqlx::query(stmt(&self.q.ids)).bind(since.map(to_micros));
+        fetch_decoded(query, &self.pool, |r| Cols(r).id(0))
             .await
-            .map_err(|e| source_error("selecting events to backfill", &self.outbox, e))?;
-        ids.iter()
-            .map(|id| uuid(id))
-            .collect::<Result<_, _>>()
             .map_err(|e| source_error("selecting events to backfill", &self.outbox, e))
     }
 
     async fn events(&self, ids: &[Uuid]) -> Result<Vec<Candidate>, SourceError> {
-        let rows = sqlx::query(stmt(&self.q.events))
-            .bind(ids_json(ids))
-            .fetch_all(&self.pool)
+        let query = sqlx::query(stmt(&self.q.events)).bind(ids_json(ids));
+        fetch_decoded(query, &self.pool, |r| candidate(r, &Cols(r)))
             .await
-            .map_err(|e| source_error("reading events to backfill", &self.outbox, e))?;
-        rows.iter()
-            .map(|r| {
-                let seq: i64 = r.try_get(0)?;
-                Ok(Candidate {
-                    outbox_seq: seq,
-                    event: decode_event(r, 1, seq)?,
-                })
-            })
-            .collect::<Result<_, sqlx::Error>>()
             .map_err(|e| source_error("reading events to backfill", &self.outbox, e))
     }
 
@@ -337,43 +304,6 @@ impl Drop for SqliteBackfill {
             );
         }
     }
-}
-
-fn uuid(text: &str) -> Result<Uuid, sqlx::Error> {
-    Uuid::parse_str(text).map_err(|e| sqlx::Error::Decode(Box::new(e)))
-}
-
-/// An event from columns `at`.. (id, aggregate type and id, event type, payload, headers,
-/// created_at).
-fn decode_event(r: &SqliteRow, at: usize, position: i64) -> Result<Event, sqlx::Error> {
-    let id: String = r.try_get(at)?;
-    let headers: String = r.try_get(at + 5)?;
-    let headers: serde_json::Map<String, serde_json::Value> = serde_json::from_str(&headers)
-        .map_err(|e| sqlx::Error::Decode(format!("invalid headers: {e}").into()))?;
-    let payload: Vec<u8> = r.try_get(at + 4)?;
-    Ok(Event {
-        id: uuid(&id)?,
-        position: Position(position),
-        aggregate_type: r.try_get(at + 1)?,
-        aggregate_id: r.try_get(at + 2)?,
-        event_type: r.try_get(at + 3)?,
-        payload: Bytes::from(payload),
-        headers: outbox_core::enqueue::decode_headers(headers),
-        created_at: from_micros(r.try_get(at + 6)?),
-        attempts: 0,
-    })
-}
-
-fn decode_pending(r: &SqliteRow) -> Result<PendingRow, sqlx::Error> {
-    let mut event = decode_event(r, 0, 0)?;
-    let attempts: i64 = r.try_get(7)?;
-    event.attempts = u32::try_from(attempts).unwrap_or(0);
-    Ok(PendingRow {
-        event,
-        next_attempt_at: r.try_get::<Option<i64>, _>(8)?.map(from_micros),
-        last_error: r.try_get(9)?,
-        outbox_seq: r.try_get(10)?,
-    })
 }
 
 #[cfg(test)]
