@@ -210,7 +210,9 @@ impl Store {
         }
     }
 
-    /// Drops the CDC source's slot (slots are cluster-wide and keep WAL while they exist).
+    /// Drops the CDC source's slot (slots are cluster-wide and keep WAL while they exist),
+    /// once the server's walsender of the exited relay has let go of it (it notices the
+    /// closed connection a moment after the relay exits).
     async fn drop_slot(&self) -> anyhow::Result<()> {
         if let Self::Postgres {
             url,
@@ -218,8 +220,22 @@ impl Store {
         } = self
         {
             let pool = sqlx::PgPool::connect(url).await?;
+            let slot = format!("s_{tag}");
+            outbox_testkit::wait::eventually(WAIT, || async {
+                let active: Option<bool> = sqlx::query_scalar(
+                    "SELECT active FROM pg_replication_slots WHERE slot_name = $1",
+                )
+                .bind(&slot)
+                .fetch_optional(&pool)
+                .await
+                .ok()
+                .flatten();
+                active == Some(false)
+            })
+            .await
+            .with_context(|| format!("slot {slot} still active after the relay exited"))?;
             sqlx::query("SELECT pg_drop_replication_slot($1)")
-                .bind(format!("s_{tag}"))
+                .bind(&slot)
                 .execute(&pool)
                 .await?;
         }
