@@ -99,9 +99,15 @@ impl Db {
                     .connect(&self.url)
                     .await?,
             ),
-            Kind::Sqlite => Pool::Lite(
-                outbox_sqlite::connect(&outbox_sqlite::SqliteConfig::new(&self.url)).await?,
-            ),
+            Kind::Sqlite => {
+                // The producers share SQLite's one write lock with two relays and the
+                // backfill's chunks on a busy machine; SQLite's busy handler sleeps up to
+                // 100 ms between tries, so 5 s (the default) ran out once in CI ("database is
+                // locked"). An application writing beside a backfill waits as long.
+                let mut config = outbox_sqlite::SqliteConfig::new(&self.url);
+                config.busy_timeout = Duration::from_secs(60);
+                Pool::Lite(outbox_sqlite::connect(&config).await?)
+            }
             Kind::MariaDb => Pool::My(
                 sqlx::mysql::MySqlPoolOptions::new()
                     .max_connections(4)

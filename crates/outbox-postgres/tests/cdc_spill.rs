@@ -16,6 +16,7 @@ use outbox_core::{DeadLetterPolicy, NewEvent, Ordering};
 use outbox_postgres::{PgCdcInspector, PgCdcSource};
 use uuid::Uuid;
 
+/// How long a drain may go without a new event (the wait follows progress).
 const WAIT: Duration = Duration::from_secs(60);
 const THRESHOLD: usize = 1_000;
 const BIG: usize = 20_000;

@@ -49,8 +49,10 @@ where
 
 /// Fetches from `source` and settles every event as delivered, `batch` at a time, until the
 /// event `until` arrived or, with `stop_after`, at least that many were settled; returns the
-/// ids in the order fetched. Fails after `timeout`. For sources driven directly, without a
-/// relay (an empty fetch waits with [`outbox_core::Source::wait_for_events`]).
+/// ids in the order fetched. Fails once `timeout` passed without a new event (an event seen
+/// before, handed over again after a lost session, is no progress). For sources driven
+/// directly, without a relay (an empty fetch waits with
+/// [`outbox_core::Source::wait_for_events`]).
 pub async fn settle_until<S: outbox_core::Source>(
     source: &mut S,
     until: uuid::Uuid,
@@ -59,16 +61,22 @@ pub async fn settle_until<S: outbox_core::Source>(
     timeout: Duration,
 ) -> anyhow::Result<Vec<uuid::Uuid>> {
     let mut got = Vec::new();
+    let mut seen = std::collections::HashSet::new();
     settle_while(source, batch, timeout, |events| {
         got.extend(events.iter().map(|e| e.id));
-        !got.contains(&until) && stop_after.is_none_or(|n| got.len() < n)
+        let before = seen.len();
+        seen.extend(events.iter().map(|e| e.id));
+        Step {
+            more: !got.contains(&until) && stop_after.is_none_or(|n| got.len() < n),
+            progressed: seen.len() > before,
+        }
     })
     .await?;
     Ok(got)
 }
 
 /// As [`settle_until`], until `count` events were settled, remembering nothing else (for
-/// memory benchmarks).
+/// memory benchmarks: any batch counts as progress).
 pub async fn settle_count<S: outbox_core::Source>(
     source: &mut S,
     count: usize,
@@ -78,7 +86,10 @@ pub async fn settle_count<S: outbox_core::Source>(
     let mut settled = 0;
     settle_while(source, batch, timeout, |events| {
         settled += events.len();
-        settled < count
+        Step {
+            more: settled < count,
+            progressed: true,
+        }
     })
     .await
 }
@@ -96,18 +107,29 @@ pub fn all_delivered(events: &[outbox_core::Event]) -> Vec<outbox_core::source::
         .collect()
 }
 
-/// Fetches and settles as delivered while `more` (given each batch) says so.
+/// What [`settle_while`]'s caller makes of one settled batch.
+struct Step {
+    /// Go on fetching.
+    more: bool,
+    /// The batch held something not seen before: the wait starts over.
+    progressed: bool,
+}
+
+/// Fetches and settles as delivered while `step` (given each batch) says so; gives up once
+/// `timeout` passed without progress (the wait follows progress, so a busy machine slows it
+/// down without failing it, and a source that hands over the same events again and again
+/// still fails).
 async fn settle_while<S: outbox_core::Source>(
     source: &mut S,
     batch: usize,
     timeout: Duration,
-    mut more: impl FnMut(&[outbox_core::Event]) -> bool,
+    mut step: impl FnMut(&[outbox_core::Event]) -> Step,
 ) -> anyhow::Result<()> {
-    let deadline = Instant::now() + timeout;
+    let mut deadline = Instant::now() + timeout;
     loop {
         anyhow::ensure!(
             Instant::now() < deadline,
-            "the source did not deliver what was expected within {timeout:?}"
+            "the source handed over nothing new for {timeout:?} before what was expected"
         );
         let fetched = match source.fetch(batch, time::OffsetDateTime::now_utc()).await {
             Ok(fetched) => fetched,
@@ -129,7 +151,11 @@ async fn settle_while<S: outbox_core::Source>(
                 time::OffsetDateTime::now_utc(),
             )
             .await?;
-        if !more(&fetched.events) {
+        let Step { more, progressed } = step(&fetched.events);
+        if progressed {
+            deadline = Instant::now() + timeout;
+        }
+        if !more {
             return Ok(());
         }
     }

@@ -214,8 +214,16 @@ impl Source for MySqlCdcSource {
         self.check_lock().await?;
         change_stream::pump(&mut Binlog(self))?;
         if self.cs.catch_up.is_some() {
-            let timeout = self.config.connect_timeout;
+            // The lock's session idles while the log is read: a catch-up longer than the
+            // claim would let the server free the lock under it (and, the next check failing,
+            // start the session over and read the same log again, without end under load).
+            let timeout = self
+                .config
+                .connect_timeout
+                .min(self.config.claim_timeout / 2);
             change_stream::catch_up(&mut Binlog(self), limit, timeout).await?;
+            // Seen again after the read, so the batch's claim counts from now.
+            self.check_lock().await?;
         }
         self.resolve(now).await?;
         self.save_position(false).await?;
