@@ -98,6 +98,14 @@ fn default_spill_after_bytes() -> u64 {
 }
 
 impl MySqlConfig {
+    /// `claim_timeout` in the whole seconds the server's idle limits take (`wait_timeout`,
+    /// `idle_transaction_timeout`), rounded up: the server must not end a session before the
+    /// relay's claim on it ends, so `2.5s` is 3, never 2.
+    pub fn claim_timeout_secs(&self) -> u64 {
+        let whole = self.claim_timeout.as_secs();
+        (whole + u64::from(self.claim_timeout.subsec_nanos() > 0)).max(1)
+    }
+
     /// Settings with every default and the given URL.
     pub fn new(url: impl Into<String>) -> Self {
         Self {
@@ -187,6 +195,21 @@ impl MySqlConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_servers_idle_limit_never_ends_before_the_claim() {
+        let mut c = MySqlConfig::new("mysql://x/db");
+        for (claim, secs) in [
+            (2_000, 2),
+            (2_500, 3),
+            (1_000, 1),
+            (60_000, 60),
+            (59_001, 60),
+        ] {
+            c.claim_timeout = Duration::from_millis(claim);
+            assert_eq!(c.claim_timeout_secs(), secs, "claim_timeout {claim} ms");
+        }
+    }
 
     #[test]
     fn defaults_unknown_keys_and_urls() {

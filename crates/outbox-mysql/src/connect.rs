@@ -15,7 +15,7 @@ use crate::config::MySqlConfig;
 /// MariaDB, `wait_timeout` on MySQL, which has no per-transaction limit.
 pub async fn connect(config: &MySqlConfig, max_connections: u32) -> Result<MySqlPool, sqlx::Error> {
     let options = MySqlConnectOptions::from_str(&config.connect_url())?;
-    let timeout = config.claim_timeout.as_secs().max(1);
+    let timeout = config.claim_timeout_secs();
     MySqlPoolOptions::new()
         .max_connections(max_connections.max(1))
         .acquire_timeout(config.connect_timeout)

@@ -162,7 +162,7 @@ impl MySqlCdcSource {
         .map_err(|_| SourceError::unavailable("connecting for the CDC lock timed out"))?
         .map_err(|e| self.db_err("connecting for the CDC lock", e))?;
         sqlx::query("SET SESSION wait_timeout = ?")
-            .bind(self.config.claim_timeout.as_secs().max(1))
+            .bind(self.config.claim_timeout_secs())
             .execute(&mut conn)
             .await
             .map_err(|e| self.db_err("setting the CDC lock's timeout", e))?;
