@@ -7,8 +7,10 @@
 //!
 //! Each freeze lands mid-publish, where a relay spends nearly all of its time: the receiver
 //! holds its answers until the victim has sent its wave and gone quiet, the victim is stopped,
-//! and the answers go out. A stop in the microseconds between the relay's deadline check and
-//! its socket write is the window docs/ordering.md names as left; a random stop lands there
+//! and the answers go out. On a starved machine "gone quiet" may be a relay stopped by the
+//! scheduler halfway through its wave: the rest of the wave must then stay unsent after the
+//! resume (the relay's check inside a wave). A stop in the microseconds between a clock check
+//! and a socket write is the window docs/ordering.md names as left; a random stop lands there
 //! now and then, which would make this test flaky without testing anything more.
 
 mod support;

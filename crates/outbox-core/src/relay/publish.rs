@@ -73,8 +73,16 @@ impl<K: Sink> Relay<K> {
                 continue;
             }
             let spans = self.start_spans(&mut wave);
-            let deliveries = self.publish_wave(&wave).await;
-            self.settle_wave(&wave, deliveries, spans, policy, rng, &mut batch);
+            match self.publish_wave(&wave, valid_until).await {
+                Some(deliveries) => {
+                    self.settle_wave(&wave, deliveries, spans, policy, rng, &mut batch);
+                }
+                None => {
+                    batch.expired = true;
+                    batch.report.fenced += wave.len() as u64;
+                    self.fence_wave(&wave, spans, &mut batch);
+                }
+            }
         }
         (batch.settlements, batch.report, batch.sink_down)
     }
@@ -132,9 +140,20 @@ impl<K: Sink> Relay<K> {
 
     /// Publishes one wave and awaits its acknowledgements, one result per event: a sink error,
     /// a wrong number of results or no answer within `relay.publish_timeout` fails them all.
-    async fn publish_wave(&self, wave: &[Event]) -> Vec<Delivery> {
+    /// `None`: the claim (`valid_until`) ended while the wave was under way, and the sink was
+    /// not let on with it (see [`within_claim`]).
+    async fn publish_wave(
+        &self,
+        wave: &[Event],
+        valid_until: Option<tokio::time::Instant>,
+    ) -> Option<Vec<Delivery>> {
         let timeout = self.config.publish_timeout;
-        match tokio::time::timeout(timeout, self.sink.publish(wave)).await {
+        let publish = tokio::time::timeout(timeout, self.sink.publish(wave));
+        let published = match valid_until {
+            Some(deadline) => within_claim(publish, deadline).await?,
+            None => publish.await,
+        };
+        Some(match published {
             Ok(Ok(d)) if d.len() == wave.len() => d,
             Ok(Ok(d)) => {
                 let e = SinkError::transient(format!(
@@ -152,7 +171,24 @@ impl<K: Sink> Relay<K> {
                 ));
                 vec![Err(e); wave.len()]
             }
+        })
+    }
+
+    /// A wave cut short because the claim ended under it: every event goes back (some may
+    /// have reached the broker; the replica that owns them now publishes them again, from the
+    /// oldest, in order), and nothing more of the batch is published.
+    fn fence_wave(&self, wave: &[Event], mut spans: Spans, batch: &mut BatchOutcome) {
+        tracing::warn!(
+            sink = self.sink.name(),
+            events = wave.len(),
+            "the claim on this batch ended while a wave was being published (was the relay paused?); sending nothing more of it: another replica delivers it"
+        );
+        let err = SinkError::unavailable("the claim ended while the wave was being published");
+        for _ in wave {
+            let mut span = spans.as_mut().and_then(Iterator::next);
+            end_span(&mut span, AttemptOutcome::Released { error: &err });
         }
+        batch.release(wave);
     }
 
     /// Records each event's outcome, its metrics and its span's end.
@@ -277,6 +313,31 @@ impl<K: Sink> Relay<K> {
         );
         Outcome::DeadLetter { reason }
     }
+}
+
+/// Runs `publish` while the claim lasts: the clock is read before every poll, and once
+/// `deadline` passed the sink's future is dropped without being polled again, so a relay
+/// stopped in the middle of a wave (SIGSTOP, a frozen VM, a starved CPU) and resumed after its
+/// claim ran out sends nothing more of it; `None` then. Without this, the publish timeout would
+/// not help: `tokio::time::timeout` polls the future before its own timer, and a resumed sink
+/// would first send the requests it had not sent yet. What is left is a send already handed to
+/// the operating system (or to a client library's own thread) before the stop.
+async fn within_claim<F: std::future::Future>(
+    publish: F,
+    deadline: tokio::time::Instant,
+) -> Option<F::Output> {
+    let mut publish = std::pin::pin!(publish);
+    let mut claim_ends = std::pin::pin!(tokio::time::sleep_until(deadline));
+    std::future::poll_fn(|cx| {
+        if tokio::time::Instant::now() >= deadline {
+            return std::task::Poll::Ready(None);
+        }
+        if let std::task::Poll::Ready(out) = publish.as_mut().poll(cx) {
+            return std::task::Poll::Ready(Some(out));
+        }
+        claim_ends.as_mut().poll(cx).map(|()| None)
+    })
+    .await
 }
 
 /// Ends an attempt's span, if there is one, with its outcome.

@@ -209,6 +209,69 @@ async fn a_claim_running_out_mid_batch_stops_before_the_wave_that_could_not_fini
     assert_eq!(report.delivered, 2);
 }
 
+/// Sends the first event of a wave, then its process stops (the thread sleeps, so no timer
+/// or socket of the runtime moves) for `.0`, then it sends the rest: a relay paused in the
+/// middle of a wave, which a slow network makes the common case.
+struct FreezesMidWave(Duration, std::sync::Mutex<Vec<i64>>);
+
+impl Sink for FreezesMidWave {
+    fn name(&self) -> &'static str {
+        "freezes"
+    }
+    async fn publish(&self, batch: &[Event]) -> Result<Vec<Delivery>, SinkError> {
+        let sent = |events: &[Event]| {
+            self.1
+                .lock()
+                .expect("lock")
+                .extend(events.iter().map(|e| e.position.0));
+        };
+        sent(&batch[..1]);
+        std::thread::sleep(self.0);
+        // Back from the stop: the runtime turns its timers before this future runs again.
+        tokio::task::yield_now().await;
+        sent(&batch[1..]);
+        Ok(vec![Ok(()); batch.len()])
+    }
+    async fn healthcheck(&self) -> Result<(), SinkError> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_relay_stopped_mid_wave_past_its_claim_sends_nothing_more_of_it() {
+    let sink = Arc::new(FreezesMidWave(
+        Duration::from_millis(400),
+        std::sync::Mutex::new(Vec::new()),
+    ));
+    let relay = Relay::new(
+        RelayConfig {
+            publish_timeout: Duration::from_millis(100),
+            ..RelayConfig::default()
+        },
+        sink.clone(),
+    );
+    // The wave may start (it could finish within publish_timeout), then the stop outlasts
+    // the claim.
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(200);
+    let (settlements, report, sink_down) = relay
+        .publish_batch(
+            vec![ev("a", 1), ev("b", 2), ev("c", 3)],
+            &relay.config.retry_policy(),
+            &mut rand::rng(),
+            Some(deadline),
+        )
+        .await;
+    assert_eq!(
+        *sink.1.lock().expect("lock"),
+        vec![1],
+        "only what was sent before the stop"
+    );
+    assert!(settlements.iter().all(|s| s.outcome == Outcome::Released));
+    assert_eq!(report.fenced, 3);
+    assert_eq!(report.delivered, 0);
+    assert!(sink_down.is_none(), "the broker is not to blame");
+}
+
 #[test]
 fn after_the_claim_expired_only_deliveries_are_recorded() {
     let at = |p: i64, outcome: Outcome| Settlement {
