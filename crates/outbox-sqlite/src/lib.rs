@@ -75,7 +75,11 @@ pub const POOL_SIZE: u32 = 4;
 /// - `journal_mode = WAL`: readers (the relay's claim, `status`) never block the writer and
 ///   the writer never blocks them; producers and the relay may be separate processes;
 /// - `busy_timeout = config.busy_timeout`: a writer waits for SQLite's one write lock instead
-///   of failing at once with "database is locked";
+///   of failing at once with "database is locked". SQLite's busy handler sleeps up to 100 ms
+///   between tries, and the relay's own writes try every millisecond: an application's pool
+///   that writes beside a busy relay, a backfill or a snapshot should wait longer than the
+///   relay's 5 s default (the backfill test's producers wait 60 s; 5 s ran out once on a
+///   loaded CI machine);
 /// - `synchronous` per [`Synchronous`] (`NORMAL` by default: a killed process loses nothing,
 ///   a power loss may undo the last commits);
 /// - `foreign_keys = ON`, so the application's own constraints hold in its transactions.
