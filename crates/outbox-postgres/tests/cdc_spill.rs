@@ -16,7 +16,8 @@ use outbox_core::{DeadLetterPolicy, NewEvent, Ordering};
 use outbox_postgres::{PgCdcInspector, PgCdcSource};
 use uuid::Uuid;
 
-/// How long a drain may go without a new event (the wait follows progress).
+/// How long a drain may go without a new event (the wait follows progress); also the bound
+/// on waiting for a closed connection.
 const WAIT: Duration = Duration::from_secs(60);
 const THRESHOLD: usize = 1_000;
 const BIG: usize = 20_000;
