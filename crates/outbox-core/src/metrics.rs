@@ -12,6 +12,10 @@ pub const EVENTS_DEAD_LETTERED: &str = "outbox_events_dead_lettered_total";
 pub const SETTLE_FAILURES: &str = "outbox_settle_failures_total";
 /// Counter: fetches that failed because the database was unavailable.
 pub const SOURCE_ERRORS: &str = "outbox_source_errors_total";
+/// Counter: events a relay did not publish, or whose retry or dead letter it did not record,
+/// because its claim ran out first (a paused relay: SIGSTOP, a frozen VM, a starved CPU);
+/// the replica that owns them now delivers them. Label `sink`.
+pub const EVENTS_FENCED: &str = "outbox_events_fenced_total";
 /// Histogram (seconds): from the event's `created_at` to the broker's acknowledgement.
 pub const COMMIT_TO_ACK_SECONDS: &str = "outbox_commit_to_ack_seconds";
 /// Histogram: events per fetched batch.
@@ -86,6 +90,10 @@ pub fn describe() {
     describe_counter!(
         SOURCE_ERRORS,
         "Fetches that failed because the database was unavailable"
+    );
+    describe_counter!(
+        EVENTS_FENCED,
+        "Events left to another replica because this relay's claim ran out (a paused relay)"
     );
     describe_histogram!(
         COMMIT_TO_ACK_SECONDS,

@@ -329,6 +329,7 @@ impl<K: Sink> Relay<K> {
                 // replica's now. Deliveries are facts and are recorded; a retry or a dead
                 // letter is a decision about a claim this relay no longer holds.
                 let fenced = fence_settlements(&mut settlements);
+                self.count_fenced(fenced);
                 if fenced > 0 {
                     batch_report.fenced += fenced;
                     tracing::warn!(

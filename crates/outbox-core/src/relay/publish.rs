@@ -84,7 +84,16 @@ impl<K: Sink> Relay<K> {
                 }
             }
         }
+        self.count_fenced(batch.report.fenced);
         (batch.settlements, batch.report, batch.sink_down)
+    }
+
+    /// Counts `n` events fenced (left to the replica that owns them now) in the metrics.
+    pub(super) fn count_fenced(&self, n: u64) {
+        if n > 0 {
+            metrics::counter!(m::EVENTS_FENCED, self.labels(&[("sink", self.sink.name())]))
+                .increment(n);
+        }
     }
 
     /// Whether the claim ends before a publish started now could finish. Checked on the

@@ -237,8 +237,8 @@ impl Sink for FreezesMidWave {
     }
 }
 
-#[tokio::test]
-async fn a_relay_stopped_mid_wave_past_its_claim_sends_nothing_more_of_it() {
+/// A relay (`publish_timeout` 100 ms) whose sink stops for 400 ms after a wave's first send.
+fn freezing_relay() -> (Relay<FreezesMidWave>, Arc<FreezesMidWave>) {
     let sink = Arc::new(FreezesMidWave(
         Duration::from_millis(400),
         std::sync::Mutex::new(Vec::new()),
@@ -250,6 +250,12 @@ async fn a_relay_stopped_mid_wave_past_its_claim_sends_nothing_more_of_it() {
         },
         sink.clone(),
     );
+    (relay, sink)
+}
+
+#[tokio::test]
+async fn a_relay_stopped_mid_wave_past_its_claim_sends_nothing_more_of_it() {
+    let (relay, sink) = freezing_relay();
     // The wave may start (it could finish within publish_timeout), then the stop outlasts
     // the claim.
     let deadline = tokio::time::Instant::now() + Duration::from_millis(200);
@@ -270,6 +276,75 @@ async fn a_relay_stopped_mid_wave_past_its_claim_sends_nothing_more_of_it() {
     assert_eq!(report.fenced, 3);
     assert_eq!(report.delivered, 0);
     assert!(sink_down.is_none(), "the broker is not to blame");
+}
+
+/// A metrics recorder that keeps one counter, `outbox_events_fenced_total`.
+struct FencedCounter(Arc<std::sync::atomic::AtomicU64>);
+
+impl metrics::Recorder for FencedCounter {
+    fn describe_counter(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_gauge(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_histogram(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn register_counter(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
+        if key.name() == crate::metrics::EVENTS_FENCED {
+            metrics::Counter::from_arc(self.0.clone())
+        } else {
+            metrics::Counter::noop()
+        }
+    }
+    fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+        metrics::Gauge::noop()
+    }
+    fn register_histogram(
+        &self,
+        _: &metrics::Key,
+        _: &metrics::Metadata<'_>,
+    ) -> metrics::Histogram {
+        metrics::Histogram::noop()
+    }
+}
+
+#[test]
+fn fenced_events_are_counted_in_the_metrics() {
+    let fenced = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let recorder = FencedCounter(fenced.clone());
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let (relay, _) = freezing_relay();
+    let report = metrics::with_local_recorder(&recorder, || {
+        runtime.block_on(async {
+            let deadline = tokio::time::Instant::now() + Duration::from_millis(200);
+            let batch = vec![ev("a", 1), ev("b", 2), ev("a", 3)];
+            let policy = relay.config.retry_policy();
+            relay
+                .publish_batch(batch, &policy, &mut rand::rng(), Some(deadline))
+                .await
+                .1
+        })
+    });
+    // The first wave cut mid-way (2 events) and the second never started (1).
+    assert_eq!(report.fenced, 3);
+    assert_eq!(fenced.load(std::sync::atomic::Ordering::SeqCst), 3);
 }
 
 #[test]
