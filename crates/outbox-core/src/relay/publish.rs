@@ -331,20 +331,20 @@ impl<K: Sink> Relay<K> {
 /// not help: `tokio::time::timeout` polls the future before its own timer, and a resumed sink
 /// would first send the requests it had not sent yet. What is left is a send already handed to
 /// the operating system (or to a client library's own thread) before the stop.
+///
+/// No timer of its own: `publish` carries `relay.publish_timeout`, and a wave starts only if
+/// that ends before the claim does (`claim_expires_first`), so the timeout always wakes it
+/// first.
 async fn within_claim<F: std::future::Future>(
     publish: F,
     deadline: tokio::time::Instant,
 ) -> Option<F::Output> {
     let mut publish = std::pin::pin!(publish);
-    let mut claim_ends = std::pin::pin!(tokio::time::sleep_until(deadline));
     std::future::poll_fn(|cx| {
         if tokio::time::Instant::now() >= deadline {
             return std::task::Poll::Ready(None);
         }
-        if let std::task::Poll::Ready(out) = publish.as_mut().poll(cx) {
-            return std::task::Poll::Ready(Some(out));
-        }
-        claim_ends.as_mut().poll(cx).map(|()| None)
+        publish.as_mut().poll(cx).map(Some)
     })
     .await
 }
